@@ -1,0 +1,1 @@
+//! activator (see DESIGN.md).

@@ -1,0 +1,97 @@
+//! Names shared by every part of the system (DESIGN.md §3). Keeping them in the API crate means
+//! the subsetter, the activators and a replacement subsetter written against this crate cannot
+//! drift apart on a label spelling or a hash.
+
+/// Prefix of the per-member label on ActivationEndpoints: `member.local-activator.dev/<h>`.
+pub const MEMBER_LABEL_PREFIX: &str = "member.local-activator.dev/";
+/// App pod label: the revision's name.
+pub const REVISION_LABEL: &str = "local-activator.dev/revision";
+/// App pod label: the revision's uid.
+pub const REVISION_UID_LABEL: &str = "local-activator.dev/revision-uid";
+/// App pod label: the node whose activator created the pod.
+pub const NODE_LABEL: &str = "local-activator.dev/node";
+
+/// Activator (DaemonSet) pod labels, by which the subsetter discovers members.
+pub const APP_NAME_LABEL: &str = "app.kubernetes.io/name";
+pub const APP_NAME_VALUE: &str = "local-activator";
+pub const COMPONENT_LABEL: &str = "app.kubernetes.io/component";
+pub const COMPONENT_VALUE: &str = "activator";
+/// The label selector that finds activator pods.
+pub const ACTIVATOR_SELECTOR: &str =
+    "app.kubernetes.io/name=local-activator,app.kubernetes.io/component=activator";
+
+/// Request headers naming a revision (set by an ingress).
+pub const HEADER_REVISION_NAMESPACE: &str = "x-revision-namespace";
+pub const HEADER_REVISION_NAME: &str = "x-revision-name";
+/// Knative's equivalents, accepted too.
+pub const HEADER_KNATIVE_NAMESPACE: &str = "knative-serving-namespace";
+pub const HEADER_KNATIVE_REVISION: &str = "knative-serving-revision";
+/// Added by an activator that forwards to a peer; a request carrying it is never forwarded again.
+pub const HEADER_ACTIVATOR_HOP: &str = "x-activator-hop";
+
+/// Activator ports.
+pub const DATA_PORT: u16 = 8080;
+pub const ADMIN_PORT: u16 = 9090;
+
+/// FNV-1a 64-bit hash of a node name, as 16 lowercase hex digits.
+pub fn node_hash(node: &str) -> String {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let h = node
+        .bytes()
+        .fold(OFFSET, |h, b| (h ^ u64::from(b)).wrapping_mul(PRIME));
+    format!("{h:016x}")
+}
+
+/// The membership label key for `node`: `member.local-activator.dev/<fnv1a64 hex>`.
+pub fn member_label(node: &str) -> String {
+    format!("{MEMBER_LABEL_PREFIX}{}", node_hash(node))
+}
+
+/// The label selector an activator on `node` uses to watch the ActivationEndpoints listing it.
+pub fn member_selector(node: &str) -> String {
+    member_label(node)
+}
+
+/// The deterministic name of the `ordinal`-th app pod of `revision` created by the activator on
+/// `node`. Two activators never produce the same name (the node hash differs), and a retried
+/// create produces the same one (so 409 AlreadyExists means "already done").
+///
+/// Revision names are at most 63 characters, so the result (63 + 1 + 16 + 1 + digits) stays
+/// far below the 253-character limit of pod names.
+pub fn pod_name(revision: &str, node: &str, ordinal: u32) -> String {
+    format!("{revision}-{}-{ordinal}", node_hash(node))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fnv1a_matches_reference_vectors() {
+        // Reference values of FNV-1a 64 (from the FNV test suite).
+        assert_eq!(node_hash(""), "cbf29ce484222325");
+        assert_eq!(node_hash("a"), "af63dc4c8601ec8c");
+        assert_eq!(node_hash("foobar"), "85944171f73967e8");
+    }
+
+    #[test]
+    fn member_label_is_a_valid_qualified_key() {
+        let l = member_label("node-17");
+        let (prefix, name) = l.split_once('/').unwrap();
+        assert_eq!(prefix, "member.local-activator.dev");
+        assert_eq!(name.len(), 16);
+        assert!(
+            name.chars()
+                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+        );
+    }
+
+    #[test]
+    fn pod_names_differ_per_node_and_ordinal_and_are_stable() {
+        assert_eq!(pod_name("r", "n1", 0), pod_name("r", "n1", 0));
+        assert_ne!(pod_name("r", "n1", 0), pod_name("r", "n2", 0));
+        assert_ne!(pod_name("r", "n1", 0), pod_name("r", "n1", 1));
+        assert!(pod_name(&"x".repeat(63), "some-node", 999).len() <= 253);
+    }
+}

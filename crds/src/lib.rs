@@ -1,0 +1,45 @@
+//! The local-activator API (group `local-activator.dev`, version `v1alpha1`).
+//!
+//! - [`Revision`]: one immutable version of an app that scales to zero.
+//! - [`ActivationEndpoints`]: the subset of activators serving a revision, written by the
+//!   subsetter (or a replacement) and read by activators.
+//! - [`contract`]: the labels, headers, names and hashes shared between the parts
+//!   (DESIGN.md §3), so every component derives them the same way.
+
+pub mod activation_endpoints;
+pub mod contract;
+pub mod crdgen;
+pub mod revision;
+
+pub use activation_endpoints::{
+    ActivationEndpoints, ActivationEndpointsSpec, ActivationEndpointsStatus, ActivatorMember,
+};
+pub use revision::{Revision, RevisionSpec, RevisionStatus};
+
+/// The API group of both kinds.
+pub const GROUP: &str = "local-activator.dev";
+/// The served (and stored) version of both kinds.
+pub const VERSION: &str = "v1alpha1";
+
+/// Errors of this crate's API.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("serializing CRD {name} to YAML: {source}")]
+    Yaml {
+        name: String,
+        #[source]
+        source: serde_saphyr::ser::Error,
+    },
+    #[error("writing {path}: {source}")]
+    Write {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("reading {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}

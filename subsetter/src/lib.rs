@@ -1,0 +1,1 @@
+//! subsetter (see DESIGN.md).
