@@ -1,0 +1,71 @@
+//! The answers the activator makes itself (DESIGN.md §3): a status code, a short plain-text
+//! body saying why, and `Retry-After` where retrying later can help.
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode};
+use http_body_util::{BodyExt, Full, combinators::BoxBody};
+
+/// The body type of every response the activator returns (proxied or its own).
+pub type Body = BoxBody<Bytes, hyper::Error>;
+
+/// A request the activator answers itself instead of proxying.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub status: StatusCode,
+    pub reason: String,
+    pub retry_after_secs: Option<u32>,
+}
+
+impl Refusal {
+    /// 404: the request names no known revision.
+    pub fn unknown_revision(what: impl std::fmt::Display) -> Self {
+        Self::new(StatusCode::NOT_FOUND, format!("unknown revision: {what}"))
+    }
+    /// 503 + Retry-After: nobody can take the request right now.
+    pub fn unavailable(reason: impl Into<String>) -> Self {
+        Self {
+            retry_after_secs: Some(1),
+            ..Self::new(StatusCode::SERVICE_UNAVAILABLE, reason)
+        }
+    }
+    /// 504: the cold start or the request outlived its timeout.
+    pub fn timeout(reason: impl Into<String>) -> Self {
+        Self::new(StatusCode::GATEWAY_TIMEOUT, reason)
+    }
+    /// 502: the app (or the peer) is unreachable after retries.
+    pub fn bad_gateway(reason: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_GATEWAY, reason)
+    }
+    /// 400: the request itself is malformed.
+    pub fn bad_request(reason: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, reason)
+    }
+
+    fn new(status: StatusCode, reason: impl Into<String>) -> Self {
+        Self {
+            status,
+            reason: reason.into(),
+            retry_after_secs: None,
+        }
+    }
+
+    /// The HTTP response for this refusal.
+    pub fn into_response(self) -> Response<Body> {
+        let mut resp = Response::new(full(format!("{}\n", self.reason)));
+        *resp.status_mut() = self.status;
+        let h = resp.headers_mut();
+        h.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        if let Some(s) = self.retry_after_secs {
+            h.insert(http::header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        resp
+    }
+}
+
+/// A complete in-memory body.
+pub fn full(b: impl Into<Bytes>) -> Body {
+    Full::new(b.into()).map_err(|never| match never {}).boxed()
+}

@@ -1,0 +1,213 @@
+//! App pods on this node, per revision, with a channel per revision so a cold-starting request
+//! waits for the pod watch to report Ready instead of polling.
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use crds::contract::REVISION_LABEL;
+use dashmap::DashMap;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::routing::RevisionKey;
+
+/// What the activator needs to know of one app pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalPod {
+    pub name: String,
+    pub ip: Option<IpAddr>,
+    pub ready: bool,
+    /// Being deleted (deletionTimestamp set): take no new requests.
+    pub terminating: bool,
+    /// Phase Failed or Succeeded: it will never serve; its reason, e.g. `OutOfpods`.
+    pub failed: Option<String>,
+}
+
+impl LocalPod {
+    pub fn from_pod(pod: &Pod) -> Self {
+        let status = pod.status.as_ref();
+        let phase = status.and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
+        let ready = status
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        Self {
+            name: pod.name_any(),
+            ip: status
+                .and_then(|s| s.pod_ip.as_deref())
+                .and_then(|ip| ip.parse().ok()),
+            ready: ready && phase == "Running",
+            terminating: pod.metadata.deletion_timestamp.is_some(),
+            failed: matches!(phase, "Failed" | "Succeeded").then(|| {
+                status
+                    .and_then(|s| s.reason.clone())
+                    .unwrap_or_else(|| phase.to_string())
+            }),
+        }
+    }
+
+    /// Can take requests now.
+    pub fn serving(&self) -> bool {
+        self.ready && !self.terminating && self.failed.is_none() && self.ip.is_some()
+    }
+
+    /// Counts against the revision's pods on this node (will serve, or is starting).
+    pub fn live(&self) -> bool {
+        !self.terminating && self.failed.is_none()
+    }
+}
+
+/// A revision's pods on this node, by pod name.
+pub type RevisionPods = BTreeMap<String, LocalPod>;
+
+/// App pods on this node.
+#[derive(Clone)]
+pub struct PodCache {
+    by_revision: Arc<DashMap<RevisionKey, watch::Sender<RevisionPods>>>,
+    synced: watch::Receiver<bool>,
+}
+
+impl PodCache {
+    /// Watches pods with `spec.nodeName=<node>` that carry the revision label.
+    pub fn start(client: Client, node: &str, stop: CancellationToken) -> Self {
+        let by_revision: Arc<DashMap<RevisionKey, watch::Sender<RevisionPods>>> =
+            Arc::new(DashMap::new());
+        let (synced_tx, synced) = watch::channel(false);
+        let api: Api<Pod> = Api::all(client);
+        let cfg = watcher::Config::default()
+            .fields(&format!("spec.nodeName={node}"))
+            .labels(REVISION_LABEL)
+            .any_semantic();
+        let events = watcher(api, cfg).default_backoff();
+        let table = by_revision.clone();
+        tokio::spawn(async move {
+            let mut events = std::pin::pin!(events);
+            // Pods listed by the current relist, so those gone meanwhile can be dropped.
+            let mut relisted: Option<HashSet<(RevisionKey, String)>> = None;
+            loop {
+                let ev = tokio::select! {
+                    _ = stop.cancelled() => return,
+                    ev = events.next() => ev,
+                };
+                match ev {
+                    None => return,
+                    Some(Err(e)) => tracing::warn!(error = %e, "pod watch error; retrying"),
+                    Some(Ok(watcher::Event::Init)) => relisted = Some(HashSet::new()),
+                    Some(Ok(watcher::Event::InitApply(pod))) => {
+                        if let Some(key) = revision_of(&pod) {
+                            if let Some(seen) = relisted.as_mut() {
+                                seen.insert((key.clone(), pod.name_any()));
+                            }
+                            upsert(&table, key, LocalPod::from_pod(&pod));
+                        }
+                    }
+                    Some(Ok(watcher::Event::InitDone)) => {
+                        if let Some(seen) = relisted.take() {
+                            retain(&table, &seen);
+                        }
+                        let _ = synced_tx.send(true);
+                    }
+                    Some(Ok(watcher::Event::Apply(pod))) => {
+                        if let Some(key) = revision_of(&pod) {
+                            upsert(&table, key, LocalPod::from_pod(&pod));
+                        }
+                    }
+                    Some(Ok(watcher::Event::Delete(pod))) => {
+                        if let Some(key) = revision_of(&pod) {
+                            remove(&table, &key, &pod.name_any());
+                        }
+                    }
+                }
+            }
+        });
+        Self {
+            by_revision,
+            synced,
+        }
+    }
+
+    pub async fn synced(&self) {
+        let mut rx = self.synced.clone();
+        let _ = rx.wait_for(|s| *s).await;
+    }
+
+    /// The revision's pods on this node now.
+    pub fn snapshot(&self, key: &RevisionKey) -> RevisionPods {
+        self.by_revision
+            .get(key)
+            .map(|tx| tx.borrow().clone())
+            .unwrap_or_default()
+    }
+
+    /// A receiver that sees every change to the revision's pods on this node.
+    pub fn subscribe(&self, key: &RevisionKey) -> watch::Receiver<RevisionPods> {
+        self.by_revision
+            .entry(key.clone())
+            .or_insert_with(|| watch::channel(RevisionPods::new()).0)
+            .subscribe()
+    }
+
+    /// Number of revisions with pods (or waiters) on this node.
+    pub fn revisions(&self) -> usize {
+        self.by_revision.len()
+    }
+}
+
+fn revision_of(pod: &Pod) -> Option<RevisionKey> {
+    Some(RevisionKey::new(
+        pod.namespace()?,
+        pod.labels().get(REVISION_LABEL)?.clone(),
+    ))
+}
+
+fn upsert(
+    table: &DashMap<RevisionKey, watch::Sender<RevisionPods>>,
+    key: RevisionKey,
+    pod: LocalPod,
+) {
+    let tx = table
+        .entry(key)
+        .or_insert_with(|| watch::channel(RevisionPods::new()).0);
+    tx.send_if_modified(|pods| {
+        if pods.get(&pod.name) == Some(&pod) {
+            return false;
+        }
+        pods.insert(pod.name.clone(), pod);
+        true
+    });
+}
+
+fn remove(
+    table: &DashMap<RevisionKey, watch::Sender<RevisionPods>>,
+    key: &RevisionKey,
+    name: &str,
+) {
+    if let Some(tx) = table.get(key) {
+        tx.send_if_modified(|pods| pods.remove(name).is_some());
+    }
+}
+
+fn retain(
+    table: &DashMap<RevisionKey, watch::Sender<RevisionPods>>,
+    seen: &HashSet<(RevisionKey, String)>,
+) {
+    let gone: Vec<(RevisionKey, String)> = table
+        .iter()
+        .flat_map(|e| {
+            let key = e.key().clone();
+            e.value()
+                .borrow()
+                .keys()
+                .filter(|n| !seen.contains(&(key.clone(), (*n).clone())))
+                .map(|n| (key.clone(), n.clone()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    for (key, name) in gone {
+        remove(table, &key, &name);
+    }
+}

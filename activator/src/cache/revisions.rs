@@ -1,0 +1,97 @@
+//! Revisions, and the host routing table maintained from the same watch.
+
+use std::sync::{Arc, RwLock};
+
+use crds::Revision;
+use futures::StreamExt;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use tokio_util::sync::CancellationToken;
+
+use crate::routing::{HostTable, RevisionKey};
+
+/// Revisions known to this activator and the hosts they claim.
+#[derive(Clone)]
+pub struct RevisionCache {
+    store: Store<Revision>,
+    hosts: Arc<RwLock<HostTable>>,
+}
+
+impl RevisionCache {
+    /// Starts the watch; it runs until `stop` is cancelled.
+    pub fn start(client: Client, stop: CancellationToken) -> Self {
+        let (store, writer) = reflector::store();
+        let hosts = Arc::new(RwLock::new(HostTable::default()));
+        let table = hosts.clone();
+        let api: Api<Revision> = Api::all(client);
+        let events = watcher(api, watcher::Config::default().any_semantic())
+            .default_backoff()
+            .reflect(writer);
+        tokio::spawn(async move {
+            let mut events = std::pin::pin!(events);
+            // A relist builds a fresh table, swapped in when complete, so revisions deleted
+            // while the watch was down disappear and requests keep routing meanwhile.
+            let mut rebuilding: Option<HostTable> = None;
+            loop {
+                let ev = tokio::select! {
+                    _ = stop.cancelled() => return,
+                    ev = events.next() => ev,
+                };
+                match ev {
+                    None => return,
+                    Some(Err(e)) => tracing::warn!(error = %e, "revision watch error; retrying"),
+                    Some(Ok(watcher::Event::Init)) => rebuilding = Some(HostTable::default()),
+                    Some(Ok(watcher::Event::InitApply(rev))) => {
+                        if let Some(t) = rebuilding.as_mut() {
+                            claim(t, &rev);
+                        }
+                    }
+                    Some(Ok(watcher::Event::InitDone)) => {
+                        if let Some(t) = rebuilding.take() {
+                            *table.write().expect("host table lock") = t;
+                        }
+                    }
+                    Some(Ok(watcher::Event::Apply(rev))) => {
+                        claim(&mut table.write().expect("host table lock"), &rev)
+                    }
+                    Some(Ok(watcher::Event::Delete(rev))) => table
+                        .write()
+                        .expect("host table lock")
+                        .remove(&key_of(&rev)),
+                }
+            }
+        });
+        Self { store, hosts }
+    }
+
+    /// Waits until the first full list has been received.
+    pub async fn synced(&self) {
+        // The writer is never dropped while the watch runs, so this only fails on shutdown.
+        let _ = self.store.wait_until_ready().await;
+    }
+
+    pub fn get(&self, key: &RevisionKey) -> Option<Arc<Revision>> {
+        self.store
+            .get(&ObjectRef::new(&key.name).within(&key.namespace))
+    }
+
+    /// The revision a Host header routes to.
+    pub fn resolve_host(&self, host: &str) -> Option<RevisionKey> {
+        self.hosts.read().expect("host table lock").resolve(host)
+    }
+}
+
+fn key_of(rev: &Revision) -> RevisionKey {
+    RevisionKey::new(rev.namespace().unwrap_or_default(), rev.name_any())
+}
+
+fn claim(table: &mut HostTable, rev: &Revision) {
+    let created = rev
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| t.0.as_second())
+        .unwrap_or(0);
+    table.upsert(&key_of(rev), created, &rev.spec.hosts);
+}

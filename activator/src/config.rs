@@ -1,0 +1,50 @@
+//! Everything the activator is configured with, in one place (the binary fills it from flags
+//! and the downward-API environment; tests and the load test build it directly).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// Configuration of one activator.
+#[derive(Debug, Clone)]
+pub struct ActivatorConfig {
+    /// The node this activator runs on (`NODE_NAME`): app pods are created with this `spec.nodeName`.
+    pub node_name: String,
+    /// This activator's own pod (`POD_NAME`, `POD_NAMESPACE`), for logs and events.
+    pub pod_name: String,
+    pub pod_namespace: String,
+    /// Where requests are accepted (port 8080 on the pod IP by default).
+    pub data_addr: SocketAddr,
+    /// `/healthz`, `/readyz`, `/metrics` (port 9090 by default).
+    pub admin_addr: SocketAddr,
+    /// Upper bound on connecting to a pod or a peer activator.
+    pub connect_timeout: Duration,
+    /// How long an idle pooled connection to a pod or peer is kept.
+    pub pool_idle_timeout: Duration,
+    /// How many times a request without a body is retried on another connection attempt
+    /// when the app or peer refuses the connection.
+    pub connect_retries: u32,
+    /// How long a non-member caches a revision's ActivationEndpoints before reading it again.
+    pub endpoints_ttl: Duration,
+}
+
+impl ActivatorConfig {
+    /// A configuration with the defaults for everything but the identity and addresses.
+    pub fn new(
+        node_name: impl Into<String>,
+        data_addr: SocketAddr,
+        admin_addr: SocketAddr,
+    ) -> Self {
+        let node_name = node_name.into();
+        Self {
+            pod_name: format!("local-activator-{node_name}"),
+            pod_namespace: "local-activator".into(),
+            node_name,
+            data_addr,
+            admin_addr,
+            connect_timeout: Duration::from_secs(2),
+            pool_idle_timeout: Duration::from_secs(90),
+            connect_retries: 3,
+            endpoints_ttl: Duration::from_secs(5),
+        }
+    }
+}

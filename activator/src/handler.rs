@@ -1,0 +1,226 @@
+//! The request path, top to bottom:
+//!
+//! 1. **resolve**: which revision the request names (headers, then Host) — 404 if none;
+//! 2. **route**: serve here if this node is in the revision's subset, else forward to a member
+//!    (once: a request carrying `x-activator-hop` is never forwarded again);
+//! 3. **pod**: a ready pod of the revision on this node, cold-starting one if needed — 504 when
+//!    that outlives the revision's timeout;
+//! 4. **proxy**: to the pod's IP — 502 when it is unreachable after retries.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crds::ActivatorMember;
+use crds::contract::{
+    HEADER_ACTIVATOR_HOP, HEADER_KNATIVE_NAMESPACE, HEADER_KNATIVE_REVISION, HEADER_REVISION_NAME,
+    HEADER_REVISION_NAMESPACE,
+};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
+use http_body_util::BodyExt;
+use hyper::body::{Body as _, Incoming};
+
+use crate::answer::{Body, Refusal, full};
+use crate::cache::endpoints::{EndpointsCache, Membership};
+use crate::cache::revisions::RevisionCache;
+use crate::metrics::{Metrics, Outcome};
+use crate::proxy::Upstream;
+use crate::routing::RevisionKey;
+use crate::scheduler::LocalScheduler;
+
+/// Response header naming the activator that served (or forwarded) the request.
+pub const HEADER_SERVED_BY: &str = "x-activator-node";
+/// Response header set when the request waited for a pod to start.
+pub const HEADER_COLD_START: &str = "x-activator-cold-start";
+
+/// What the request path needs; shared by all connections.
+pub struct Handler {
+    pub node: String,
+    pub revisions: RevisionCache,
+    pub endpoints: EndpointsCache,
+    pub scheduler: LocalScheduler,
+    pub upstream: Upstream,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Handler {
+    pub async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
+        let (route, result) = self.serve(req.map(BodyExt::boxed)).await;
+        let mut resp = match result {
+            Ok(resp) => resp,
+            Err(refusal) => {
+                tracing::debug!(status = %refusal.status, reason = %refusal.reason, "refused");
+                refusal.into_response()
+            }
+        };
+        let route = if resp.status().is_success() || route != "refused" {
+            route
+        } else {
+            "refused"
+        };
+        self.metrics
+            .requests
+            .get_or_create(&Outcome {
+                route,
+                code: resp.status().as_u16(),
+            })
+            .inc();
+        if let Ok(v) = HeaderValue::from_str(&self.node) {
+            resp.headers_mut().entry(HEADER_SERVED_BY).or_insert(v);
+        }
+        resp
+    }
+
+    async fn serve(&self, req: Request<Body>) -> (&'static str, Result<Response<Body>, Refusal>) {
+        // 1. resolve
+        let key = match self.resolve(req.headers()) {
+            Ok(k) => k,
+            Err(r) => return ("refused", Err(r)),
+        };
+        let Some(rev) = self.revisions.get(&key) else {
+            return ("refused", Err(Refusal::unknown_revision(&key)));
+        };
+        let timeout = Duration::from_secs(rev.spec.timeout_seconds.max(1).unsigned_abs());
+        let deadline = tokio::time::Instant::now() + timeout;
+
+        // 2. route
+        let hopped = req.headers().contains_key(HEADER_ACTIVATOR_HOP);
+        let membership = match self.endpoints.membership(&key, hopped).await {
+            Ok(m) => m,
+            Err(e) => {
+                return (
+                    "refused",
+                    Err(Refusal::unavailable(format!(
+                        "reading the activators of revision {key}: {e}"
+                    ))),
+                );
+            }
+        };
+        let quota = match membership {
+            Membership::Member(me) => me,
+            Membership::Unassigned => {
+                return (
+                    "refused",
+                    Err(Refusal::unavailable(format!(
+                        "revision {key} has no activators assigned yet"
+                    ))),
+                );
+            }
+            Membership::Others(_) if hopped => {
+                return (
+                    "refused",
+                    Err(Refusal::unavailable(format!(
+                        "forwarded request for revision {key} reached node {}, which is not a member",
+                        self.node
+                    ))),
+                );
+            }
+            Membership::Others(members) => {
+                let fwd = self.forward(&key, req, members);
+                return match tokio::time::timeout_at(deadline, fwd).await {
+                    Ok(r) => ("forwarded", r),
+                    Err(_) => (
+                        "forwarded",
+                        Err(Refusal::timeout(format!(
+                            "revision {key}: no answer from its activators within {}s",
+                            timeout.as_secs()
+                        ))),
+                    ),
+                };
+            }
+        };
+
+        // 3. pod, 4. proxy — both within the revision's timeout.
+        let serve_here = async {
+            let target = self.scheduler.ready_pod(&key, &rev, &quota).await?;
+            let mut resp = self
+                .upstream
+                .send(req, target.addr, &[], &format!("pod of revision {key}"))
+                .await?;
+            if target.cold {
+                resp.headers_mut()
+                    .insert(HEADER_COLD_START, HeaderValue::from_static("true"));
+            }
+            Ok(resp)
+        };
+        match tokio::time::timeout_at(deadline, serve_here).await {
+            Ok(r) => ("proxied", r),
+            Err(_) => (
+                "proxied",
+                Err(Refusal::timeout(format!(
+                    "revision {key}: no ready pod and answer within {}s",
+                    timeout.as_secs()
+                ))),
+            ),
+        }
+    }
+
+    /// Stage 1: the revision a request names.
+    fn resolve(&self, headers: &HeaderMap) -> Result<RevisionKey, Refusal> {
+        let header = |n: &str| headers.get(n).and_then(|v| v.to_str().ok());
+        let named = header(HEADER_REVISION_NAMESPACE)
+            .zip(header(HEADER_REVISION_NAME))
+            .or_else(|| header(HEADER_KNATIVE_NAMESPACE).zip(header(HEADER_KNATIVE_REVISION)));
+        if let Some((ns, name)) = named {
+            return Ok(RevisionKey::new(ns, name));
+        }
+        let host = header(http::header::HOST.as_str())
+            .ok_or_else(|| Refusal::unknown_revision("the request has no Host header"))?;
+        self.revisions
+            .resolve_host(host)
+            .ok_or_else(|| Refusal::unknown_revision(format!("no revision serves host {host}")))
+    }
+
+    /// Stage 2b: forward to a member, trying the next one when a member is unreachable.
+    async fn forward(
+        &self,
+        key: &RevisionKey,
+        req: Request<Body>,
+        members: Vec<ActivatorMember>,
+    ) -> Result<Response<Body>, Refusal> {
+        // Spread requests over members; start at a hash of the node so different entry
+        // activators do not all pick the same member first.
+        let start = crds::contract::node_hash(&self.node)
+            .bytes()
+            .fold(0usize, |a, b| a.wrapping_add(b as usize))
+            % members.len();
+        let hop = [(
+            HeaderName::from_static(HEADER_ACTIVATOR_HOP),
+            self.node.clone(),
+        )];
+        let mut req = Some(req);
+        let mut last = Refusal::unavailable(format!("revision {key} has no reachable activator"));
+        for i in 0..members.len() {
+            let m = &members[(start + i) % members.len()];
+            let Ok(addr) = m.address.parse() else {
+                tracing::warn!(revision = %key, address = %m.address, "member has a bad address");
+                continue;
+            };
+            let Some(r) = req.take() else { break };
+            // Only a body-less request can be replayed to the next member.
+            let replay = r.body().is_end_stream().then(|| replay_of(&r));
+            match self
+                .upstream
+                .send(r, addr, &hop, &format!("activator on node {}", m.node))
+                .await
+            {
+                Ok(resp) => return Ok(resp),
+                Err(e) => {
+                    self.endpoints.invalidate(key);
+                    last = e;
+                    req = replay;
+                }
+            }
+        }
+        Err(last)
+    }
+}
+
+/// A copy of a body-less request, for sending it again.
+fn replay_of(r: &Request<Body>) -> Request<Body> {
+    let mut copy = Request::new(full(bytes::Bytes::new()));
+    *copy.method_mut() = r.method().clone();
+    *copy.uri_mut() = r.uri().clone();
+    *copy.version_mut() = r.version();
+    *copy.headers_mut() = r.headers().clone();
+    copy
+}
