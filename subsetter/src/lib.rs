@@ -1,1 +1,15 @@
-//! subsetter (see DESIGN.md).
+//! The subsetter: gives each Revision a subset of N activators, recorded in its
+//! ActivationEndpoints (DESIGN.md §3). Policies, shares, conditions and the plan of each
+//! reconcile are pure code; `controller` wires them to the API with kube-runtime.
+
+pub mod activators;
+pub mod conditions;
+pub mod error;
+pub mod index;
+pub mod metrics;
+pub mod plan;
+pub mod policy;
+pub mod shares;
+
+pub use error::{Error, Result};
+pub use policy::{LeastLoaded, Random, SubsetPolicy};

@@ -1,0 +1,196 @@
+//! Status conditions of ActivationEndpoints and Revisions.
+//!
+//! `lastTransitionTime` changes only when a condition's status does; reason, message and
+//! observedGeneration may change without a transition. Keeping the old time when nothing
+//! changed is also what makes an unchanged status compare equal, so the reconciler can skip
+//! the write.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+
+pub const READY: &str = "Ready";
+pub const DEGRADED: &str = "Degraded";
+
+/// Reasons (CamelCase, as Kubernetes conditions use).
+pub mod reason {
+    pub const SUBSET_ASSIGNED: &str = "SubsetAssigned";
+    pub const NO_ACTIVATORS: &str = "NoActivators";
+    pub const INSUFFICIENT_ACTIVATORS: &str = "InsufficientActivators";
+    pub const SINGLE_ACTIVATOR: &str = "SingleActivator";
+    pub const FULL_SUBSET: &str = "FullSubset";
+    pub const INVALID_SPEC: &str = "InvalidSpec";
+}
+
+/// A condition without its transition time: what the reconciler decides.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Desired {
+    pub type_: &'static str,
+    pub status: bool,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// The conditions `desired`, with each `lastTransitionTime` kept from `existing` when the
+/// status is unchanged and set to `now` otherwise.
+pub fn merge(
+    existing: &[Condition],
+    desired: &[Desired],
+    generation: Option<i64>,
+    now: Timestamp,
+) -> Vec<Condition> {
+    desired
+        .iter()
+        .map(|d| {
+            let status = if d.status { "True" } else { "False" };
+            let last_transition_time = existing
+                .iter()
+                .find(|c| c.type_ == d.type_ && c.status == status)
+                .map(|c| c.last_transition_time.clone())
+                .unwrap_or(Time(now));
+            Condition {
+                type_: d.type_.to_owned(),
+                status: status.to_owned(),
+                reason: d.reason.to_owned(),
+                message: d.message.clone(),
+                observed_generation: generation,
+                last_transition_time,
+            }
+        })
+        .collect()
+}
+
+/// Ready and Degraded of an ActivationEndpoints with `members` of a wanted `wanted`.
+pub fn subset(members: usize, wanted: usize) -> Vec<Desired> {
+    let ready = if members == 0 {
+        Desired {
+            type_: READY,
+            status: false,
+            reason: reason::NO_ACTIVATORS,
+            message: "no Ready activator is available".into(),
+        }
+    } else {
+        Desired {
+            type_: READY,
+            status: true,
+            reason: reason::SUBSET_ASSIGNED,
+            message: format!("{members} activator(s) assigned"),
+        }
+    };
+    let degraded = if members < wanted {
+        Desired {
+            type_: DEGRADED,
+            status: true,
+            reason: reason::INSUFFICIENT_ACTIVATORS,
+            message: format!("{members} of {wanted} wanted activators available"),
+        }
+    } else if wanted <= 1 {
+        Desired {
+            type_: DEGRADED,
+            status: true,
+            reason: reason::SINGLE_ACTIVATOR,
+            message: "one activator: losing its node interrupts the revision".into(),
+        }
+    } else {
+        Desired {
+            type_: DEGRADED,
+            status: false,
+            reason: reason::FULL_SUBSET,
+            message: format!("{members} of {wanted} wanted activators"),
+        }
+    };
+    vec![ready, degraded]
+}
+
+/// Ready of a Revision: its subset's readiness, or False/InvalidSpec.
+pub fn revision(problems: &[String], members: usize) -> Vec<Desired> {
+    let ready = if !problems.is_empty() {
+        Desired {
+            type_: READY,
+            status: false,
+            reason: reason::INVALID_SPEC,
+            message: problems.join("; "),
+        }
+    } else if members == 0 {
+        Desired {
+            type_: READY,
+            status: false,
+            reason: reason::NO_ACTIVATORS,
+            message: "no Ready activator is available".into(),
+        }
+    } else {
+        Desired {
+            type_: READY,
+            status: true,
+            reason: reason::SUBSET_ASSIGNED,
+            message: format!("{members} activator(s) assigned"),
+        }
+    };
+    vec![ready]
+}
+
+/// Whether the ActivationEndpoints conditions say the subset is short of its wanted N: then a
+/// new activator should trigger it.
+pub fn is_short(conditions: &[Condition]) -> bool {
+    conditions.iter().any(|c| {
+        c.type_ == DEGRADED && c.status == "True" && c.reason == reason::INSUFFICIENT_ACTIVATORS
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: i64) -> Timestamp {
+        Timestamp::from_second(s).unwrap()
+    }
+
+    #[test]
+    fn transition_time_kept_while_status_unchanged() {
+        let first = merge(&[], &subset(3, 3), Some(1), t(100));
+        let again = merge(&first, &subset(3, 3), Some(1), t(200));
+        assert_eq!(first, again);
+        assert_eq!(again[0].last_transition_time, Time(t(100)));
+    }
+
+    #[test]
+    fn transition_time_moves_when_status_flips() {
+        let first = merge(&[], &subset(3, 3), Some(1), t(100));
+        let degraded = merge(&first, &subset(2, 3), Some(1), t(200));
+        let ready = degraded.iter().find(|c| c.type_ == READY).unwrap();
+        let deg = degraded.iter().find(|c| c.type_ == DEGRADED).unwrap();
+        assert_eq!(ready.last_transition_time, Time(t(100)));
+        assert_eq!(deg.last_transition_time, Time(t(200)));
+        assert_eq!(deg.status, "True");
+        assert!(is_short(&degraded));
+        assert!(!is_short(&first));
+    }
+
+    #[test]
+    fn reason_change_without_status_change_keeps_time() {
+        // N = 1 (SingleActivator) -> 0 of 2 wanted (InsufficientActivators): both Degraded=True.
+        let a = merge(&[], &subset(1, 1), None, t(1));
+        let b = merge(&a, &subset(1, 2), None, t(2));
+        let deg = b.iter().find(|c| c.type_ == DEGRADED).unwrap();
+        assert_eq!(deg.reason, reason::INSUFFICIENT_ACTIVATORS);
+        assert_eq!(deg.last_transition_time, Time(t(1)));
+    }
+
+    #[test]
+    fn single_activator_is_degraded_and_empty_is_not_ready() {
+        let c = subset(1, 1);
+        assert!(
+            c.iter()
+                .any(|d| d.type_ == DEGRADED && d.status && d.reason == reason::SINGLE_ACTIVATOR)
+        );
+        let c = subset(0, 3);
+        assert!(c.iter().any(|d| d.type_ == READY && !d.status));
+    }
+
+    #[test]
+    fn invalid_spec_wins_over_membership() {
+        let c = revision(&["spec.port 0 is outside 1-65535".into()], 3);
+        assert_eq!(c[0].reason, reason::INVALID_SPEC);
+        assert!(!c[0].status);
+        assert!(c[0].message.contains("spec.port"));
+    }
+}

@@ -1,0 +1,167 @@
+//! The membership index: who is in which subset, kept from the ActivationEndpoints watch (and
+//! from the subsetter's own writes, which the watch confirms a moment later).
+//!
+//! It answers the two questions that keep the subsetter's work proportional to what changed:
+//! which revisions had a lost activator (node -> revisions), and which revisions are short of
+//! their wanted N (a new activator triggers only those). It also gives each activator's load
+//! (the number of subsets it is in) to the least-loaded policy.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+/// A revision (and its ActivationEndpoints): namespace and name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl Key {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+#[derive(Default, Debug)]
+pub struct MembershipIndex {
+    members: HashMap<Key, Vec<String>>,
+    by_node: HashMap<String, HashSet<Key>>,
+    short: HashSet<Key>,
+}
+
+impl MembershipIndex {
+    /// Records the subset of `key`: its member nodes, and whether it is short of its N.
+    pub fn set(&mut self, key: &Key, nodes: Vec<String>, short: bool) {
+        self.unlink(key);
+        for n in &nodes {
+            self.by_node
+                .entry(n.clone())
+                .or_default()
+                .insert(key.clone());
+        }
+        self.members.insert(key.clone(), nodes);
+        if short {
+            self.short.insert(key.clone());
+        } else {
+            self.short.remove(key);
+        }
+    }
+
+    pub fn remove(&mut self, key: &Key) {
+        self.unlink(key);
+        self.members.remove(key);
+        self.short.remove(key);
+    }
+
+    /// Keeps only `keys` (after a relist, drop what the relist no longer shows).
+    pub fn retain(&mut self, keys: &HashSet<Key>) {
+        let gone: Vec<Key> = self
+            .members
+            .keys()
+            .filter(|k| !keys.contains(*k))
+            .cloned()
+            .collect();
+        for k in gone {
+            self.remove(&k);
+        }
+    }
+
+    fn unlink(&mut self, key: &Key) {
+        if let Some(old) = self.members.get(key) {
+            for n in old {
+                if let Some(set) = self.by_node.get_mut(n) {
+                    set.remove(key);
+                    if set.is_empty() {
+                        self.by_node.remove(n);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The revisions whose subset includes `node`.
+    pub fn revisions_on(&self, node: &str) -> BTreeSet<Key> {
+        self.by_node
+            .get(node)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// The revisions with fewer members than they want.
+    pub fn short(&self) -> BTreeSet<Key> {
+        self.short.iter().cloned().collect()
+    }
+
+    /// In how many subsets `node` is.
+    pub fn load(&self, node: &str) -> usize {
+        self.by_node.get(node).map(HashSet::len).unwrap_or(0)
+    }
+
+    pub fn members(&self, key: &Key) -> Option<&[String]> {
+        self.members.get(key).map(Vec::as_slice)
+    }
+
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nodes(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn reverse_index_follows_updates() {
+        let mut ix = MembershipIndex::default();
+        let r1 = Key::new("ns", "r1");
+        let r2 = Key::new("ns", "r2");
+        ix.set(&r1, nodes(&["a", "b"]), false);
+        ix.set(&r2, nodes(&["b", "c"]), true);
+        assert_eq!(
+            ix.revisions_on("b"),
+            BTreeSet::from([r1.clone(), r2.clone()])
+        );
+        assert_eq!(ix.load("b"), 2);
+        assert_eq!(ix.short(), BTreeSet::from([r2.clone()]));
+
+        ix.set(&r1, nodes(&["a", "c"]), false);
+        assert_eq!(ix.revisions_on("b"), BTreeSet::from([r2.clone()]));
+        assert_eq!(ix.load("c"), 2);
+
+        ix.set(&r2, nodes(&["b", "c", "d"]), false);
+        assert!(ix.short().is_empty());
+
+        ix.remove(&r1);
+        assert_eq!(ix.load("a"), 0);
+        assert!(ix.revisions_on("a").is_empty());
+        assert_eq!(ix.len(), 1);
+    }
+
+    #[test]
+    fn retain_drops_what_a_relist_no_longer_shows() {
+        let mut ix = MembershipIndex::default();
+        let r1 = Key::new("ns", "r1");
+        let r2 = Key::new("ns", "r2");
+        ix.set(&r1, nodes(&["a"]), true);
+        ix.set(&r2, nodes(&["a"]), false);
+        ix.retain(&HashSet::from([r2.clone()]));
+        assert_eq!(ix.revisions_on("a"), BTreeSet::from([r2]));
+        assert!(ix.short().is_empty());
+    }
+}

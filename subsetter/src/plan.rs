@@ -1,0 +1,346 @@
+//! What one reconcile should write, computed without IO from the revision, its current
+//! ActivationEndpoints, the available activators and a policy. The reconciler only performs
+//! the writes this plan says are needed, so an unchanged world costs no API write.
+
+use std::collections::{BTreeMap, HashSet};
+
+use crds::contract::{MEMBER_LABEL_PREFIX, member_label};
+use crds::{ActivationEndpoints, ActivationEndpointsStatus, ActivatorMember, Revision};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::jiff::Timestamp;
+use serde_json::{Map, Value, json};
+
+use crate::activators::Activator;
+use crate::conditions;
+use crate::policy::{Candidate, SubsetPolicy, SubsetRequest};
+use crate::shares;
+
+/// The wanted N of `revision`.
+pub fn wanted(revision: &Revision, default_n: usize) -> usize {
+    revision
+        .spec
+        .activators
+        .and_then(|n| usize::try_from(n).ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(default_n)
+}
+
+/// The subset part of a plan.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SubsetPlan {
+    /// The status to write (compare with the current one to skip the write).
+    pub status: ActivationEndpointsStatus,
+    /// A JSON merge patch of `metadata.labels`, or None when the labels are right.
+    pub label_patch: Option<Value>,
+    /// All labels the object should carry (for a create).
+    pub labels: BTreeMap<String, String>,
+    /// Whether the status differs from the current one.
+    pub status_changed: bool,
+    /// Members that joined and left (churn).
+    pub joined: usize,
+    pub left: usize,
+    /// Fewer members than wanted.
+    pub short: bool,
+}
+
+/// Inputs of [`subset`].
+pub struct SubsetInputs<'a> {
+    pub key: &'a str,
+    pub revision: &'a Revision,
+    pub current: Option<&'a ActivationEndpoints>,
+    pub available: &'a BTreeMap<String, Activator>,
+    /// Subsets each node is in now (including this revision's current one).
+    pub load: &'a dyn Fn(&str) -> usize,
+    pub policy: &'a dyn SubsetPolicy,
+    pub default_n: usize,
+    pub now: Timestamp,
+}
+
+pub fn subset(inp: &SubsetInputs<'_>) -> SubsetPlan {
+    let n = wanted(inp.revision, inp.default_n);
+    let current_status = inp.current.and_then(|ae| ae.status.as_ref());
+    let current_nodes: Vec<String> = current_status
+        .map(|s| s.activators.iter().map(|m| m.node.clone()).collect())
+        .unwrap_or_default();
+    let current_set: HashSet<&str> = current_nodes.iter().map(String::as_str).collect();
+    let candidates: Vec<Candidate> = inp
+        .available
+        .keys()
+        .map(|node| Candidate {
+            node: node.clone(),
+            load: (inp.load)(node).saturating_sub(usize::from(current_set.contains(node.as_str()))),
+        })
+        .collect();
+    let chosen = inp.policy.choose(&SubsetRequest {
+        revision: inp.key,
+        available: &candidates,
+        current: &current_nodes,
+        wanted: n,
+    });
+    let spec = &inp.revision.spec;
+    let shares = shares::split(spec.max_scale, spec.min_scale, chosen.len());
+    let activators: Vec<ActivatorMember> = chosen
+        .iter()
+        .zip(shares)
+        .filter_map(|(node, share)| {
+            let a = inp.available.get(node)?;
+            Some(ActivatorMember {
+                node: a.node.clone(),
+                address: a.address.clone(),
+                pod: a.pod.clone(),
+                max_pods: share.max_pods,
+                min_pods: share.min_pods,
+            })
+        })
+        .collect();
+    let existing: &[Condition] = current_status
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or(&[]);
+    let generation = inp.revision.metadata.generation;
+    let status = ActivationEndpointsStatus {
+        conditions: conditions::merge(
+            existing,
+            &conditions::subset(activators.len(), n),
+            generation,
+            inp.now,
+        ),
+        activators,
+        policy: Some(inp.policy.name().to_owned()),
+        observed_generation: generation,
+    };
+    let status_changed = current_status != Some(&status);
+    let chosen_set: HashSet<&str> = chosen.iter().map(String::as_str).collect();
+    let joined = chosen_set.difference(&current_set).count();
+    let left = current_set.difference(&chosen_set).count();
+    let labels: BTreeMap<String, String> = chosen
+        .iter()
+        .map(|node| (member_label(node), String::new()))
+        .collect();
+    let label_patch = inp.current.and_then(|ae| {
+        label_patch(
+            ae.metadata.labels.as_ref().unwrap_or(&BTreeMap::new()),
+            &labels,
+        )
+    });
+    SubsetPlan {
+        short: status.activators.len() < n,
+        status,
+        label_patch,
+        labels,
+        status_changed,
+        joined,
+        left,
+    }
+}
+
+/// The merge patch that makes the member labels of `current` equal to `wanted` (null removes a
+/// label), leaving labels outside the member prefix alone; None when nothing differs.
+pub fn label_patch(
+    current: &BTreeMap<String, String>,
+    wanted: &BTreeMap<String, String>,
+) -> Option<Value> {
+    let mut patch = Map::new();
+    for (k, v) in wanted {
+        if current.get(k) != Some(v) {
+            patch.insert(k.clone(), Value::String(v.clone()));
+        }
+    }
+    for k in current.keys() {
+        if k.starts_with(MEMBER_LABEL_PREFIX) && !wanted.contains_key(k) {
+            patch.insert(k.clone(), Value::Null);
+        }
+    }
+    (!patch.is_empty()).then(|| json!({ "metadata": { "labels": patch } }))
+}
+
+/// The Revision status conditions to write, or None when the current ones already say it.
+pub fn revision_conditions(
+    revision: &Revision,
+    problems: &[String],
+    members: usize,
+    now: Timestamp,
+) -> Option<(Option<i64>, Vec<Condition>)> {
+    let current = revision.status.as_ref();
+    let existing = current.map(|s| s.conditions.as_slice()).unwrap_or(&[]);
+    let generation = revision.metadata.generation;
+    let conds = conditions::merge(
+        existing,
+        &conditions::revision(problems, members),
+        generation,
+        now,
+    );
+    let same =
+        current.is_some_and(|s| s.conditions == conds && s.observed_generation == generation);
+    (!same).then_some((generation, conds))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::LeastLoaded;
+    use crds::RevisionSpec;
+    use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
+
+    fn revision(max: i32, min: i32, n: Option<i32>) -> Revision {
+        let mut r = Revision::new(
+            "r",
+            RevisionSpec {
+                template: PodTemplateSpec {
+                    metadata: None,
+                    spec: Some(PodSpec {
+                        containers: vec![Container {
+                            name: "app".into(),
+                            ..Default::default()
+                        }],
+                        ..Default::default()
+                    }),
+                },
+                port: 8080,
+                hosts: vec![],
+                container_concurrency: 0,
+                min_scale: min,
+                max_scale: max,
+                target_burst_capacity: 200,
+                activators: n,
+                idle_timeout_seconds: 300,
+                timeout_seconds: 300,
+            },
+        );
+        r.metadata.namespace = Some("ns".into());
+        r.metadata.generation = Some(1);
+        r
+    }
+
+    fn acts(nodes: &[&str]) -> BTreeMap<String, Activator> {
+        nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                (
+                    (*n).to_owned(),
+                    Activator {
+                        node: (*n).to_owned(),
+                        address: format!("10.0.0.{i}:8080"),
+                        pod: format!("act-{n}"),
+                    },
+                )
+            })
+            .collect()
+    }
+
+    fn plan(
+        rev: &Revision,
+        cur: Option<&ActivationEndpoints>,
+        av: &BTreeMap<String, Activator>,
+        now: i64,
+    ) -> SubsetPlan {
+        subset(&SubsetInputs {
+            key: "ns/r",
+            revision: rev,
+            current: cur,
+            available: av,
+            load: &|_| 0,
+            policy: &LeastLoaded,
+            default_n: 3,
+            now: Timestamp::from_second(now).unwrap(),
+        })
+    }
+
+    fn applied(plan: &SubsetPlan) -> ActivationEndpoints {
+        let mut ae = ActivationEndpoints::new("r", Default::default());
+        ae.metadata.labels = Some(plan.labels.clone());
+        ae.status = Some(plan.status.clone());
+        ae
+    }
+
+    #[test]
+    fn first_plan_has_members_labels_shares_and_conditions() {
+        let rev = revision(5, 2, None);
+        let av = acts(&["a", "b", "c", "d"]);
+        let p = plan(&rev, None, &av, 1);
+        assert_eq!(p.status.activators.len(), 3);
+        assert_eq!(p.labels.len(), 3);
+        assert!(
+            p.status
+                .activators
+                .iter()
+                .all(|m| p.labels.contains_key(&member_label(&m.node)))
+        );
+        assert_eq!(
+            p.status.activators.iter().map(|m| m.max_pods).sum::<i32>(),
+            5
+        );
+        assert_eq!(
+            p.status.activators.iter().map(|m| m.min_pods).sum::<i32>(),
+            2
+        );
+        assert_eq!(p.status.observed_generation, Some(1));
+        assert_eq!(p.status.policy.as_deref(), Some("least-loaded"));
+        assert!(p.status_changed && !p.short);
+        assert_eq!((p.joined, p.left), (3, 0));
+    }
+
+    #[test]
+    fn unchanged_world_plans_no_write() {
+        let rev = revision(0, 0, None);
+        let av = acts(&["a", "b", "c", "d"]);
+        let first = applied(&plan(&rev, None, &av, 1));
+        let again = plan(&rev, Some(&first), &av, 99);
+        assert!(!again.status_changed);
+        assert!(again.label_patch.is_none());
+    }
+
+    #[test]
+    fn lost_member_is_replaced_and_its_label_removed() {
+        let rev = revision(0, 0, None);
+        let av = acts(&["a", "b", "c", "d"]);
+        let first = applied(&plan(&rev, None, &av, 1));
+        let gone = first.status.as_ref().unwrap().activators[1].node.clone();
+        let mut av2 = av.clone();
+        av2.remove(&gone);
+        let p = plan(&rev, Some(&first), &av2, 2);
+        assert_eq!((p.joined, p.left), (1, 1));
+        let patch = p.label_patch.unwrap();
+        assert_eq!(
+            patch["metadata"]["labels"][member_label(&gone)],
+            Value::Null
+        );
+        let before = &first.status.as_ref().unwrap().activators;
+        assert_eq!(p.status.activators[0], before[0]);
+        assert_eq!(p.status.activators[2], before[2]);
+    }
+
+    #[test]
+    fn fewer_activators_than_wanted_is_short_and_degraded() {
+        let rev = revision(0, 0, Some(5));
+        let p = plan(&rev, None, &acts(&["a", "b"]), 1);
+        assert!(p.short);
+        assert!(conditions::is_short(&p.status.conditions));
+    }
+
+    #[test]
+    fn label_patch_leaves_foreign_labels_alone() {
+        let current = BTreeMap::from([
+            ("team".to_string(), "x".to_string()),
+            (member_label("a"), String::new()),
+        ]);
+        let wanted = BTreeMap::from([(member_label("a"), String::new())]);
+        assert!(label_patch(&current, &wanted).is_none());
+    }
+
+    #[test]
+    fn revision_conditions_skip_when_unchanged() {
+        let mut rev = revision(0, 0, None);
+        let (generation, conds) =
+            revision_conditions(&rev, &[], 3, Timestamp::from_second(1).unwrap()).unwrap();
+        rev.status = Some(crds::RevisionStatus {
+            observed_generation: generation,
+            conditions: conds,
+        });
+        assert!(revision_conditions(&rev, &[], 3, Timestamp::from_second(2).unwrap()).is_none());
+        assert!(
+            revision_conditions(&rev, &["bad".into()], 3, Timestamp::from_second(2).unwrap())
+                .is_some()
+        );
+    }
+}

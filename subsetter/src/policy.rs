@@ -1,0 +1,406 @@
+//! Subset policies: which activators serve a revision.
+//!
+//! A policy is pure (no IO) and replaceable: the reconciler hands it the revision key, the
+//! activators available now (with how many subsets each is already in), the current members and
+//! the wanted N, and writes back whatever it returns. Every membership change costs the app a
+//! cold start on the new member, so both built-in policies keep every current member that is
+//! still available *in its slot* and only fill the vacated slots (then append, if N grew).
+//! Keeping slots stable also keeps the per-member shares of maxScale stable (see `shares`).
+
+use std::collections::{BTreeSet, HashSet};
+use std::sync::Mutex;
+
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+
+/// One activator the policy may choose.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Candidate {
+    /// Node name: the identity of a member (one activator per node).
+    pub node: String,
+    /// How many subsets this activator is in now (not counting this revision's).
+    pub load: usize,
+}
+
+/// What a policy decides from.
+#[derive(Clone, Copy, Debug)]
+pub struct SubsetRequest<'a> {
+    /// `namespace/name` of the revision.
+    pub revision: &'a str,
+    /// The activators available now (Ready, on a Ready node), one per node.
+    pub available: &'a [Candidate],
+    /// The current members' nodes, in slot order (may include nodes no longer available).
+    pub current: &'a [String],
+    /// The wanted N (`spec.activators` or the default).
+    pub wanted: usize,
+}
+
+/// A replaceable subset policy.
+pub trait SubsetPolicy: Send + Sync {
+    /// The name written to `status.policy`.
+    fn name(&self) -> &str;
+    /// The members' nodes, in slot order: no duplicates, only available nodes, exactly
+    /// `min(wanted, available)` of them.
+    fn choose(&self, request: &SubsetRequest<'_>) -> Vec<String>;
+}
+
+/// The slot logic both built-in policies share: keep available current members in their
+/// slots, then let `pick` choose from the remaining candidates for each vacated slot and for
+/// each new slot at the end.
+pub fn keep_and_fill(
+    request: &SubsetRequest<'_>,
+    mut pick: impl FnMut(&[&Candidate]) -> usize,
+) -> Vec<String> {
+    let available: HashSet<&str> = request.available.iter().map(|c| c.node.as_str()).collect();
+    let n = request.wanted.min(available.len());
+    let mut seen = HashSet::new();
+    // Slots of the current subset; None = vacated (gone, or a duplicate entry).
+    let mut slots: Vec<Option<&str>> = request
+        .current
+        .iter()
+        .map(|node| {
+            let node = node.as_str();
+            (available.contains(node) && seen.insert(node)).then_some(node)
+        })
+        .collect();
+    // N shrank (or availability did): drop kept members from the end, so the earliest slots
+    // (and their shares) stay put.
+    let mut kept = slots.iter().flatten().count();
+    for slot in slots.iter_mut().rev() {
+        if kept <= n {
+            break;
+        }
+        if slot.take().is_some() {
+            kept -= 1;
+        }
+    }
+    let kept_nodes: HashSet<&str> = slots.iter().flatten().copied().collect();
+    let mut pool: Vec<&Candidate> = request
+        .available
+        .iter()
+        .filter(|c| !kept_nodes.contains(c.node.as_str()))
+        .collect();
+    // Deterministic pool order, whatever order the caller listed the activators in.
+    pool.sort_by(|a, b| a.node.cmp(&b.node));
+    pool.dedup_by(|a, b| a.node == b.node);
+    let mut missing = n - kept;
+    for slot in slots.iter_mut().filter(|s| s.is_none()) {
+        if missing == 0 || pool.is_empty() {
+            break;
+        }
+        let chosen = pool.remove(pick(&pool).min(pool.len() - 1));
+        *slot = Some(chosen.node.as_str());
+        missing -= 1;
+    }
+    while missing > 0 && !pool.is_empty() {
+        let chosen = pool.remove(pick(&pool).min(pool.len() - 1));
+        slots.push(Some(chosen.node.as_str()));
+        missing -= 1;
+    }
+    slots.into_iter().flatten().map(str::to_owned).collect()
+}
+
+/// Uniformly random replacements. The rng is injectable so tests are reproducible.
+pub struct Random {
+    rng: Mutex<StdRng>,
+}
+
+impl Random {
+    pub fn new() -> Self {
+        Self::seeded(rand::rng().random())
+    }
+    pub fn seeded(seed: u64) -> Self {
+        Self {
+            rng: Mutex::new(StdRng::seed_from_u64(seed)),
+        }
+    }
+}
+
+impl Default for Random {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SubsetPolicy for Random {
+    fn name(&self) -> &str {
+        "random"
+    }
+    fn choose(&self, request: &SubsetRequest<'_>) -> Vec<String> {
+        let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
+        keep_and_fill(request, |pool| rng.random_range(0..pool.len()))
+    }
+}
+
+/// Replacements are the activators in the fewest subsets. Ties are broken by a hash of
+/// (revision, node), so revisions created together spread over equally loaded activators
+/// instead of all landing on the alphabetically first one.
+#[derive(Default)]
+pub struct LeastLoaded;
+
+impl SubsetPolicy for LeastLoaded {
+    fn name(&self) -> &str {
+        "least-loaded"
+    }
+    fn choose(&self, request: &SubsetRequest<'_>) -> Vec<String> {
+        keep_and_fill(request, |pool| {
+            pool.iter()
+                .enumerate()
+                .min_by_key(|(_, c)| (c.load, tie_break(request.revision, &c.node)))
+                .map(|(i, _)| i)
+                .unwrap_or(0)
+        })
+    }
+}
+
+fn tie_break(revision: &str, node: &str) -> u64 {
+    // FNV-1a over "revision/node": stable across processes (std's hasher is seeded).
+    revision
+        .bytes()
+        .chain(std::iter::once(b'/'))
+        .chain(node.bytes())
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        })
+}
+
+/// The policy named on the command line.
+pub fn by_name(name: &str) -> Option<Box<dyn SubsetPolicy>> {
+    match name {
+        "random" => Some(Box::new(Random::new())),
+        "least-loaded" => Some(Box::new(LeastLoaded)),
+        _ => None,
+    }
+}
+
+/// Nodes in `a` and not in `b`: the members a change adds (used for churn metrics).
+pub fn added<'a>(new: &'a [String], old: &[String]) -> BTreeSet<&'a str> {
+    let old: HashSet<&str> = old.iter().map(String::as_str).collect();
+    new.iter()
+        .map(String::as_str)
+        .filter(|n| !old.contains(n))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cands(nodes: &[(&str, usize)]) -> Vec<Candidate> {
+        nodes
+            .iter()
+            .map(|(n, l)| Candidate {
+                node: (*n).to_owned(),
+                load: *l,
+            })
+            .collect()
+    }
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn fresh_subset_has_n_distinct_available_members() {
+        let avail = cands(&[("a", 0), ("b", 0), ("c", 0), ("d", 0), ("e", 0)]);
+        let out = Random::seeded(1).choose(&SubsetRequest {
+            revision: "ns/r",
+            available: &avail,
+            current: &[],
+            wanted: 3,
+        });
+        assert_eq!(out.len(), 3);
+        let set: HashSet<_> = out.iter().collect();
+        assert_eq!(set.len(), 3);
+        assert!(out.iter().all(|n| avail.iter().any(|c| &c.node == n)));
+    }
+
+    #[test]
+    fn lost_member_is_replaced_in_its_slot_and_others_stay() {
+        let avail = cands(&[("a", 0), ("c", 0), ("d", 5), ("e", 1)]);
+        let current = strings(&["a", "b", "c"]);
+        let out = LeastLoaded.choose(&SubsetRequest {
+            revision: "ns/r",
+            available: &avail,
+            current: &current,
+            wanted: 3,
+        });
+        assert_eq!(out, strings(&["a", "e", "c"]));
+    }
+
+    #[test]
+    fn n_is_capped_by_availability() {
+        let avail = cands(&[("a", 0), ("b", 0)]);
+        let out = Random::seeded(7).choose(&SubsetRequest {
+            revision: "ns/r",
+            available: &avail,
+            current: &[],
+            wanted: 5,
+        });
+        assert_eq!(out.len(), 2);
+    }
+
+    #[test]
+    fn shrinking_n_drops_members_from_the_end() {
+        let avail = cands(&[("a", 0), ("b", 0), ("c", 0)]);
+        let current = strings(&["c", "a", "b"]);
+        let out = Random::seeded(3).choose(&SubsetRequest {
+            revision: "ns/r",
+            available: &avail,
+            current: &current,
+            wanted: 2,
+        });
+        assert_eq!(out, strings(&["c", "a"]));
+    }
+
+    #[test]
+    fn duplicate_current_entries_are_collapsed() {
+        let avail = cands(&[("a", 0), ("b", 0), ("c", 9)]);
+        let current = strings(&["a", "a"]);
+        let out = LeastLoaded.choose(&SubsetRequest {
+            revision: "ns/r",
+            available: &avail,
+            current: &current,
+            wanted: 2,
+        });
+        assert_eq!(out, strings(&["a", "b"]));
+    }
+
+    #[test]
+    fn least_loaded_prefers_idle_activators() {
+        let avail = cands(&[("a", 10), ("b", 2), ("c", 0), ("d", 1), ("e", 7)]);
+        let mut out = LeastLoaded.choose(&SubsetRequest {
+            revision: "ns/r",
+            available: &avail,
+            current: &[],
+            wanted: 3,
+        });
+        out.sort();
+        assert_eq!(out, strings(&["b", "c", "d"]));
+    }
+
+    #[test]
+    fn least_loaded_spreads_ties_across_revisions() {
+        let avail: Vec<_> = (0..20)
+            .map(|i| Candidate {
+                node: format!("n{i}"),
+                load: 0,
+            })
+            .collect();
+        let firsts: HashSet<String> = (0..50)
+            .map(|r| {
+                LeastLoaded.choose(&SubsetRequest {
+                    revision: &format!("ns/r{r}"),
+                    available: &avail,
+                    current: &[],
+                    wanted: 1,
+                })[0]
+                    .clone()
+            })
+            .collect();
+        assert!(firsts.len() > 5, "ties all went to {firsts:?}");
+    }
+
+    #[test]
+    fn random_with_same_seed_is_reproducible() {
+        let avail = cands(&[("a", 0), ("b", 0), ("c", 0), ("d", 0), ("e", 0), ("f", 0)]);
+        let req = SubsetRequest {
+            revision: "ns/r",
+            available: &avail,
+            current: &[],
+            wanted: 3,
+        };
+        assert_eq!(
+            Random::seeded(42).choose(&req),
+            Random::seeded(42).choose(&req)
+        );
+    }
+
+    /// Property: for random clusters, current subsets and N, both policies return distinct,
+    /// available nodes, exactly min(N, available) of them, and keep every available current
+    /// member in its slot unless N shrank below the kept count.
+    #[test]
+    fn property_invariants_hold_for_random_inputs() {
+        let mut rng = StdRng::seed_from_u64(0x5eed);
+        let policies: [Box<dyn SubsetPolicy>; 2] =
+            [Box::new(Random::seeded(9)), Box::new(LeastLoaded)];
+        for _ in 0..2000 {
+            let nodes = rng.random_range(0..12usize);
+            let mut avail = Vec::new();
+            for i in 0..nodes {
+                if rng.random_bool(0.8) {
+                    avail.push(Candidate {
+                        node: format!("n{i}"),
+                        load: rng.random_range(0..5),
+                    });
+                }
+            }
+            let current: Vec<String> = (0..rng.random_range(0..6usize))
+                .map(|_| format!("n{}", rng.random_range(0..12usize)))
+                .collect();
+            let wanted = rng.random_range(1..7usize);
+            let req = SubsetRequest {
+                revision: "ns/p",
+                available: &avail,
+                current: &current,
+                wanted,
+            };
+            for policy in &policies {
+                let out = policy.choose(&req);
+                let distinct: HashSet<&String> = out.iter().collect();
+                assert_eq!(distinct.len(), out.len(), "duplicates in {out:?}");
+                assert_eq!(out.len(), wanted.min(avail.len()));
+                assert!(out.iter().all(|n| avail.iter().any(|c| &c.node == n)));
+                let mut seen = HashSet::new();
+                let still: Vec<&String> = current
+                    .iter()
+                    .filter(|n| avail.iter().any(|c| &c.node == *n) && seen.insert(*n))
+                    .collect();
+                let keepable = still.len().min(out.len());
+                for n in &still[..keepable] {
+                    assert!(
+                        out.contains(n),
+                        "{} dropped {n}: {current:?} -> {out:?}",
+                        policy.name()
+                    );
+                }
+                if still.len() <= out.len() {
+                    let churn = added(&out, &current).len();
+                    assert_eq!(churn, out.len() - still.len(), "needless churn");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn property_least_loaded_new_members_are_no_busier_than_skipped_ones() {
+        let mut rng = StdRng::seed_from_u64(77);
+        for _ in 0..1000 {
+            let avail: Vec<Candidate> = (0..rng.random_range(1..15usize))
+                .map(|i| Candidate {
+                    node: format!("n{i}"),
+                    load: rng.random_range(0..10),
+                })
+                .collect();
+            let wanted = rng.random_range(1..6usize);
+            let out = LeastLoaded.choose(&SubsetRequest {
+                revision: "ns/q",
+                available: &avail,
+                current: &[],
+                wanted,
+            });
+            let max_chosen = out
+                .iter()
+                .map(|n| avail.iter().find(|c| &c.node == n).unwrap().load)
+                .max()
+                .unwrap();
+            let min_skipped = avail
+                .iter()
+                .filter(|c| !out.contains(&c.node))
+                .map(|c| c.load)
+                .min();
+            if let Some(min_skipped) = min_skipped {
+                assert!(max_chosen <= min_skipped);
+            }
+        }
+    }
+}
