@@ -1,0 +1,726 @@
+//! Server-side apply and the field ownership (`metadata.managedFields`) of every write.
+
+use serde_json::{Map, Value};
+
+use super::PatchError;
+use super::fieldset::{
+    FieldSet, Pe, covers, element_key, from_fields_v1, path_string, to_fields_v1,
+};
+use super::lists::{SsaList, child_path, elem_path, list_rule};
+
+const APPLY: &str = "Apply";
+const UPDATE: &str = "Update";
+
+/// Fields nobody owns (the apiserver's strip set), by parent rule path.
+fn stripped(parent: &str, field: &str) -> bool {
+    match parent {
+        "" => matches!(field, "apiVersion" | "kind"),
+        "metadata" => matches!(
+            field,
+            "name"
+                | "namespace"
+                | "creationTimestamp"
+                | "selfLink"
+                | "uid"
+                | "clusterName"
+                | "generation"
+                | "managedFields"
+                | "resourceVersion"
+        ),
+        _ => false,
+    }
+}
+
+/// `metadata` itself is stripped too: only its fields can be owned.
+fn clean(mut set: FieldSet) -> FieldSet {
+    set.remove(&vec![Pe::Field("metadata".into())]);
+    set
+}
+
+/// One `metadata.managedFields` entry.
+#[derive(Debug, Clone)]
+struct Entry {
+    manager: String,
+    operation: String,
+    api_version: String,
+    subresource: Option<String>,
+    time: Option<String>,
+    set: FieldSet,
+}
+
+impl Entry {
+    fn same_identity(&self, manager: &str, operation: &str, api: &str, sub: Option<&str>) -> bool {
+        self.manager == manager
+            && self.operation == operation
+            && self.subresource.as_deref() == sub
+            // appliers keep one entry whatever version they apply with
+            && (operation == APPLY || self.api_version == api)
+    }
+
+    /// How the apiserver names a manager in conflict messages.
+    fn display(&self) -> String {
+        let mut s = format!("{:?}", self.manager);
+        if let Some(sub) = &self.subresource {
+            s.push_str(&format!(" with subresource {sub:?}"));
+        }
+        if self.operation == UPDATE {
+            s.push_str(&format!(" using {}", self.api_version));
+        }
+        s
+    }
+
+    fn to_value(&self) -> Value {
+        let mut m = Map::new();
+        m.insert("manager".into(), self.manager.clone().into());
+        m.insert("operation".into(), self.operation.clone().into());
+        m.insert("apiVersion".into(), self.api_version.clone().into());
+        if let Some(t) = &self.time {
+            m.insert("time".into(), t.clone().into());
+        }
+        m.insert("fieldsType".into(), "FieldsV1".into());
+        m.insert("fieldsV1".into(), to_fields_v1(&self.set));
+        if let Some(s) = &self.subresource {
+            m.insert("subresource".into(), s.clone().into());
+        }
+        Value::Object(m)
+    }
+}
+
+/// Reads `metadata.managedFields`. Entries that cannot be decoded are dropped (simplified:
+/// the real server refuses to work with corrupt managedFields and resets them).
+fn read_entries(obj: &Value) -> Vec<Entry> {
+    let Some(Value::Array(items)) = obj.pointer("/metadata/managedFields") else {
+        return Vec::new();
+    };
+    items
+        .iter()
+        .filter_map(|e| {
+            let s = |k: &str| e.get(k).and_then(Value::as_str).map(str::to_owned);
+            Some(Entry {
+                manager: s("manager").unwrap_or_default(),
+                operation: s("operation")?,
+                api_version: s("apiVersion").unwrap_or_default(),
+                subresource: s("subresource").filter(|s| !s.is_empty()),
+                time: s("time"),
+                set: from_fields_v1(e.get("fieldsV1")?).ok()?,
+            })
+        })
+        .collect()
+}
+
+fn write_entries(obj: &mut Value, mut entries: Vec<Entry>) {
+    entries.retain(|e| !e.set.is_empty());
+    // The apiserver's order: operation, then time, manager, apiVersion, subresource.
+    entries.sort_by(|a, b| {
+        (
+            &a.operation,
+            &a.time,
+            &a.manager,
+            &a.api_version,
+            &a.subresource,
+        )
+            .cmp(&(
+                &b.operation,
+                &b.time,
+                &b.manager,
+                &b.api_version,
+                &b.subresource,
+            ))
+    });
+    let Some(Value::Object(meta)) = obj.get_mut("metadata") else {
+        if entries.is_empty() {
+            return;
+        }
+        if let Value::Object(root) = obj {
+            root.insert("metadata".into(), Value::Object(Map::new()));
+        }
+        return write_entries(obj, entries);
+    };
+    if entries.is_empty() {
+        meta.remove("managedFields");
+    } else {
+        meta.insert(
+            "managedFields".into(),
+            Value::Array(entries.iter().map(Entry::to_value).collect()),
+        );
+    }
+}
+
+fn str_field<'a>(v: Option<&'a Value>, field: &str) -> Option<&'a str> {
+    v.and_then(|v| v.get(field)).and_then(Value::as_str)
+}
+
+/// Elements of a map-type list by key, or None when some element has no key (then the list
+/// is treated as atomic).
+fn keyed_elements<'a>(items: &'a [Value], keys: &[&str]) -> Option<Vec<(String, &'a Value)>> {
+    items
+        .iter()
+        .map(|i| Some((element_key(i, keys)?, i)))
+        .collect()
+}
+
+/// The set an applied configuration claims: its leaves and its map-list elements (not the
+/// maps on the way, as the real server's `ToFieldSet`).
+fn applied_set(v: &Value, kind: &str) -> Result<FieldSet, PatchError> {
+    let mut set = FieldSet::new();
+    let mut path = Vec::new();
+    applied_walk(v, kind, "", &mut path, &mut set)?;
+    Ok(clean(set))
+}
+
+fn applied_walk(
+    v: &Value,
+    kind: &str,
+    rule: &str,
+    path: &mut Vec<Pe>,
+    set: &mut FieldSet,
+) -> Result<(), PatchError> {
+    let Value::Object(m) = v else {
+        set.insert(path.clone());
+        return Ok(());
+    };
+    for (k, child) in m {
+        if child.is_null() || stripped(rule, k) {
+            continue;
+        }
+        let crule = child_path(rule, k);
+        path.push(Pe::Field(k.clone()));
+        match child {
+            Value::Object(cm) if cm.is_empty() => {
+                set.insert(path.clone());
+            }
+            Value::Object(_) => applied_walk(child, kind, &crule, path, set)?,
+            Value::Array(items) => match list_rule(kind, &crule).ssa {
+                SsaList::Atomic => {
+                    set.insert(path.clone());
+                }
+                SsaList::Set => {
+                    for i in items {
+                        path.push(Pe::Value(i.to_string()));
+                        if !set.insert(path.clone()) {
+                            return Err(PatchError::Invalid(format!(
+                                "{}: duplicate entries for key {}",
+                                path_string(&path[..path.len() - 1]),
+                                i
+                            )));
+                        }
+                        path.pop();
+                    }
+                }
+                SsaList::Map(keys) => {
+                    let erule = elem_path(&crule);
+                    for (n, i) in items.iter().enumerate() {
+                        let Some(key) = element_key(i, keys) else {
+                            return Err(PatchError::Invalid(format!(
+                                "{}: element {n}: associative list with keys has an element that omits key field {:?} (and doesn't have default value)",
+                                path_string(path),
+                                keys.iter()
+                                    .find(|k| i.get(**k).is_none_or(Value::is_null))
+                                    .copied()
+                                    .unwrap_or_default()
+                            )));
+                        };
+                        path.push(Pe::Key(key));
+                        if !set.insert(path.clone()) {
+                            return Err(PatchError::Invalid(format!(
+                                "{}: duplicate entries for key {}",
+                                path_string(&path[..path.len() - 1]),
+                                path_string(&path[path.len() - 1..]).trim_start_matches('.')
+                            )));
+                        }
+                        applied_walk(i, kind, &erule, path, set)?;
+                        path.pop();
+                    }
+                }
+            },
+            _ => {
+                set.insert(path.clone());
+            }
+        }
+        path.pop();
+    }
+    Ok(())
+}
+
+/// Every node of a subtree: what a write adds or removes when the whole subtree appears or
+/// disappears (maps included, hence the `.` entries of Update managers).
+fn all_nodes(v: &Value, kind: &str, rule: &str, path: &mut Vec<Pe>, set: &mut FieldSet) {
+    if !path.is_empty() {
+        set.insert(path.clone());
+    }
+    match v {
+        Value::Object(m) => {
+            for (k, child) in m {
+                if child.is_null() || stripped(rule, k) {
+                    continue;
+                }
+                path.push(Pe::Field(k.clone()));
+                all_nodes(child, kind, &child_path(rule, k), path, set);
+                path.pop();
+            }
+        }
+        Value::Array(items) => match list_rule(kind, rule).ssa {
+            SsaList::Atomic => {}
+            SsaList::Set => {
+                for i in items {
+                    path.push(Pe::Value(i.to_string()));
+                    set.insert(path.clone());
+                    path.pop();
+                }
+            }
+            SsaList::Map(keys) => {
+                if let Some(elems) = keyed_elements(items, keys) {
+                    let erule = elem_path(rule);
+                    for (key, i) in elems {
+                        path.push(Pe::Key(key));
+                        all_nodes(i, kind, &erule, path, set);
+                        path.pop();
+                    }
+                }
+            }
+        },
+        _ => {}
+    }
+}
+
+#[derive(Default, Debug)]
+struct Diff {
+    added: FieldSet,
+    modified: FieldSet,
+    removed: FieldSet,
+}
+
+fn present(v: Option<&Value>) -> Option<&Value> {
+    v.filter(|v| !v.is_null())
+}
+
+fn diff(
+    old: Option<&Value>,
+    new: Option<&Value>,
+    kind: &str,
+    rule: &str,
+    path: &mut Vec<Pe>,
+    d: &mut Diff,
+) {
+    match (present(old), present(new)) {
+        (None, None) => {}
+        (None, Some(n)) => all_nodes(n, kind, rule, path, &mut d.added),
+        (Some(o), None) => all_nodes(o, kind, rule, path, &mut d.removed),
+        (Some(Value::Object(o)), Some(Value::Object(n))) => {
+            let keys: std::collections::BTreeSet<&String> = o.keys().chain(n.keys()).collect();
+            for k in keys {
+                if stripped(rule, k) {
+                    continue;
+                }
+                path.push(Pe::Field(k.clone()));
+                diff(o.get(k), n.get(k), kind, &child_path(rule, k), path, d);
+                path.pop();
+            }
+        }
+        (Some(Value::Array(o)), Some(Value::Array(n))) if o != n => match list_rule(kind, rule).ssa
+        {
+            SsaList::Atomic => {
+                d.modified.insert(path.clone());
+            }
+            SsaList::Set => {
+                for i in o.iter().filter(|i| !n.contains(i)) {
+                    path.push(Pe::Value(i.to_string()));
+                    d.removed.insert(path.clone());
+                    path.pop();
+                }
+                for i in n.iter().filter(|i| !o.contains(i)) {
+                    path.push(Pe::Value(i.to_string()));
+                    d.added.insert(path.clone());
+                    path.pop();
+                }
+            }
+            SsaList::Map(keys) => match (keyed_elements(o, keys), keyed_elements(n, keys)) {
+                (Some(oe), Some(ne)) => {
+                    let erule = elem_path(rule);
+                    let mut seen = std::collections::BTreeSet::new();
+                    for (key, _) in oe.iter().chain(ne.iter()) {
+                        if !seen.insert(key.clone()) {
+                            continue;
+                        }
+                        let ov = oe.iter().find(|(k, _)| k == key).map(|(_, v)| *v);
+                        let nv = ne.iter().find(|(k, _)| k == key).map(|(_, v)| *v);
+                        path.push(Pe::Key(key.clone()));
+                        diff(ov, nv, kind, &erule, path, d);
+                        path.pop();
+                    }
+                }
+                _ => {
+                    d.modified.insert(path.clone());
+                }
+            },
+        },
+        (Some(o), Some(n)) => {
+            if o != n {
+                d.modified.insert(path.clone());
+            }
+        }
+    }
+}
+
+fn diff_objects(old: &Value, new: &Value, kind: &str) -> Diff {
+    let mut d = Diff::default();
+    diff(Some(old), Some(new), kind, "", &mut Vec::new(), &mut d);
+    d.added = clean(d.added);
+    d.modified = clean(d.modified);
+    d.removed = clean(d.removed);
+    d
+}
+
+/// Merges an applied configuration into the live object: maps recursively, map-type lists by
+/// key (new elements appended), set-type lists as a union, everything else replaced.
+fn merge_applied(live: &mut Value, applied: &Value, kind: &str, rule: &str) {
+    match (live, applied) {
+        (Value::Object(l), Value::Object(a)) => {
+            for (k, av) in a {
+                if av.is_null() || (rule == "metadata" && k == "managedFields") {
+                    continue;
+                }
+                let crule = child_path(rule, k);
+                match l.get_mut(k) {
+                    Some(lv) if !lv.is_null() => merge_applied(lv, av, kind, &crule),
+                    _ => {
+                        let mut fresh = if av.is_object() {
+                            Value::Object(Map::new())
+                        } else {
+                            Value::Null
+                        };
+                        merge_applied(&mut fresh, av, kind, &crule);
+                        l.insert(k.clone(), fresh);
+                    }
+                }
+            }
+        }
+        (Value::Array(l), Value::Array(a)) => match list_rule(kind, rule).ssa {
+            SsaList::Atomic => *l = a.clone(),
+            SsaList::Set => {
+                for i in a {
+                    if !l.contains(i) {
+                        l.push(i.clone());
+                    }
+                }
+            }
+            SsaList::Map(keys) => {
+                if keyed_elements(l, keys).is_none() {
+                    *l = a.clone();
+                    return;
+                }
+                let erule = elem_path(rule);
+                for ai in a {
+                    let Some(akey) = element_key(ai, keys) else {
+                        continue;
+                    };
+                    match l
+                        .iter_mut()
+                        .find(|li| element_key(li, keys).as_deref() == Some(&akey))
+                    {
+                        Some(li) => merge_applied(li, ai, kind, &erule),
+                        None => {
+                            let mut fresh = Value::Object(Map::new());
+                            merge_applied(&mut fresh, ai, kind, &erule);
+                            l.push(fresh);
+                        }
+                    }
+                }
+            }
+        },
+        (l, a) => *l = strip_nulls(a),
+    }
+}
+
+fn strip_nulls(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k.clone(), strip_nulls(v)))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.iter().map(strip_nulls).collect()),
+        other => other.clone(),
+    }
+}
+
+/// Removes the node at `path` from `v`; maps and lists emptied by the removal (below the
+/// object's top-level fields) go too, as Go's `omitempty` would drop them.
+fn remove_path(v: &mut Value, path: &[Pe], kind: &str, rule: &str, depth: usize) -> bool {
+    let Some((first, rest)) = path.split_first() else {
+        return false;
+    };
+    match (v, first) {
+        (Value::Object(m), Pe::Field(f)) => {
+            if rest.is_empty() {
+                return m.remove(f).is_some();
+            }
+            let Some(child) = m.get_mut(f) else {
+                return false;
+            };
+            let removed = remove_path(child, rest, kind, &child_path(rule, f), depth + 1);
+            let emptied = match child {
+                Value::Object(c) => c.is_empty(),
+                Value::Array(c) => c.is_empty(),
+                _ => false,
+            };
+            if removed && emptied && depth >= 1 {
+                m.remove(f);
+            }
+            removed
+        }
+        (Value::Array(items), pe) => {
+            let pos = match pe {
+                Pe::Key(k) => match list_rule(kind, rule).ssa {
+                    SsaList::Map(keys) => items
+                        .iter()
+                        .position(|i| element_key(i, keys).as_deref() == Some(k.as_str())),
+                    _ => None,
+                },
+                Pe::Value(s) => items.iter().position(|i| i.to_string() == *s),
+                Pe::Index(n) => (*n < items.len()).then_some(*n),
+                Pe::Field(_) => None,
+            };
+            let Some(pos) = pos else {
+                return false;
+            };
+            if rest.is_empty() {
+                items.remove(pos);
+                true
+            } else {
+                remove_path(&mut items[pos], rest, kind, &elem_path(rule), depth + 1)
+            }
+        }
+        _ => false,
+    }
+}
+
+/// The zero value of a built-in kind as the apiserver's typed objects have it: structs that
+/// are always present, so that creating an object does not claim them as added.
+fn empty_typed(kind: &str, api_version: &str) -> Value {
+    let fields: &[&str] = match (kind, api_version) {
+        ("Pod" | "Node" | "Namespace" | "CustomResourceDefinition", _) => {
+            &["metadata", "spec", "status"]
+        }
+        ("Lease", _) => &["metadata", "spec"],
+        ("Event", "v1") => &["metadata", "involvedObject", "source"],
+        ("Event", _) => &["metadata", "regarding", "deprecatedSource"],
+        _ => &["metadata"],
+    };
+    Value::Object(
+        fields
+            .iter()
+            .map(|f| ((*f).to_owned(), Value::Object(Map::new())))
+            .collect(),
+    )
+}
+
+fn conflict_error(conflicts: &[(String, String)]) -> PatchError {
+    // grouped by manager, managers sorted, paths in the order found
+    let mut managers: Vec<&str> = conflicts.iter().map(|(m, _)| m.as_str()).collect();
+    managers.sort();
+    managers.dedup();
+    let message = if let [(m, p)] = conflicts {
+        format!("Apply failed with 1 conflict: conflict with {m}: {p}")
+    } else {
+        let mut lines = Vec::new();
+        for m in managers {
+            lines.push(format!("conflicts with {m}:"));
+            for (_, p) in conflicts.iter().filter(|(cm, _)| cm == m) {
+                lines.push(format!("- {p}"));
+            }
+        }
+        format!(
+            "Apply failed with {} conflicts: {}",
+            conflicts.len(),
+            lines.join("\n")
+        )
+    };
+    PatchError::Conflict {
+        message,
+        causes: conflicts
+            .iter()
+            .map(|(m, p)| (p.clone(), format!("conflict with {m}")))
+            .collect(),
+    }
+}
+
+/// Server-side apply of `applied` (the request body, already decoded from YAML) by `manager`
+/// onto `live` (None: the object does not exist yet). Returns the new object with its
+/// `metadata.managedFields` updated; a conflict with another manager's fields fails unless
+/// `force`.
+pub fn server_side_apply(
+    live: Option<&Value>,
+    applied: &Value,
+    manager: &str,
+    force: bool,
+    subresource: Option<&str>,
+    now: &str,
+) -> Result<Value, PatchError> {
+    if !applied.is_object() {
+        return Err(PatchError::BadRequest(
+            "the body of an apply patch must be an object".into(),
+        ));
+    }
+    let kind = str_field(Some(applied), "kind")
+        .or(str_field(live, "kind"))
+        .unwrap_or_default()
+        .to_owned();
+    let api_version = str_field(Some(applied), "apiVersion")
+        .or(str_field(live, "apiVersion"))
+        .unwrap_or_default()
+        .to_owned();
+
+    let mut entries = live.map(read_entries).unwrap_or_default();
+    if let Some(live) = live
+        && entries.is_empty()
+    {
+        // An object nobody has claimed yet: its present fields belong to a synthetic
+        // manager, so that applying over them with other values conflicts.
+        let d = diff_objects(&empty_typed(&kind, &api_version), live, &kind);
+        entries.push(Entry {
+            manager: "before-first-apply".into(),
+            operation: UPDATE.into(),
+            api_version: str_field(Some(live), "apiVersion")
+                .unwrap_or_default()
+                .to_owned(),
+            subresource: None,
+            time: Some(now.to_owned()),
+            set: d.added.union(&d.modified).cloned().collect(),
+        });
+    }
+    let mine = entries
+        .iter()
+        .position(|e| e.same_identity(manager, APPLY, &api_version, subresource));
+    let last_set = mine.map(|i| entries[i].set.clone()).unwrap_or_default();
+    let new_set = applied_set(applied, &kind)?;
+
+    let base = live.cloned().unwrap_or_else(|| Value::Object(Map::new()));
+    let mut merged = base.clone();
+    merge_applied(&mut merged, applied, &kind, "");
+
+    // Fields this manager stopped applying go, unless someone else still owns them.
+    let others: FieldSet = entries
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| Some(*i) != mine)
+        .flat_map(|(_, e)| e.set.iter().cloned())
+        .collect();
+    let dropped: Vec<&Vec<Pe>> = last_set.difference(&new_set).collect();
+    // children before their parents
+    for path in dropped.into_iter().rev() {
+        if !covers(&others, path) && !covers(&new_set, path) {
+            remove_path(&mut merged, path, &kind, "", 0);
+        }
+    }
+
+    let d = diff_objects(&base, &merged, &kind);
+    let mut conflicts: Vec<(String, String)> = Vec::new();
+    let mut lost: Vec<(usize, Vec<Pe>)> = Vec::new();
+    for (i, e) in entries.iter().enumerate() {
+        if Some(i) == mine {
+            continue;
+        }
+        for p in e
+            .set
+            .iter()
+            .filter(|p| d.modified.contains(*p) || d.added.contains(*p))
+        {
+            conflicts.push((e.display(), path_string(p)));
+            lost.push((i, p.clone()));
+        }
+    }
+    if !conflicts.is_empty() && !force {
+        return Err(conflict_error(&conflicts));
+    }
+    for (i, p) in lost {
+        entries[i].set.remove(&p);
+    }
+    for (i, e) in entries.iter_mut().enumerate() {
+        if Some(i) != mine {
+            e.set = e.set.difference(&d.removed).cloned().collect();
+        }
+    }
+    match mine {
+        Some(i) => {
+            let e = &mut entries[i];
+            if e.set != new_set || e.api_version != api_version {
+                e.time = Some(now.to_owned());
+            }
+            e.set = new_set;
+            e.api_version = api_version;
+        }
+        None => entries.push(Entry {
+            manager: manager.to_owned(),
+            operation: APPLY.into(),
+            api_version,
+            subresource: subresource.map(str::to_owned),
+            time: Some(now.to_owned()),
+            set: new_set,
+        }),
+    }
+    write_entries(&mut merged, entries);
+    Ok(merged)
+}
+
+/// Records a create/update/patch write (operation `Update`) by `manager`: it gains the fields
+/// the write added or changed, loses the ones it removed, and every other manager loses the
+/// fields the write changed or removed. `new.metadata.managedFields` is rewritten from
+/// `old`'s (whatever the request body carried there is ignored).
+pub fn record_update(
+    old: Option<&Value>,
+    new: &mut Value,
+    manager: &str,
+    subresource: Option<&str>,
+    now: &str,
+) {
+    let kind = str_field(Some(new), "kind").unwrap_or_default().to_owned();
+    let api_version = str_field(Some(new), "apiVersion")
+        .unwrap_or_default()
+        .to_owned();
+    let mut entries = old.map(read_entries).unwrap_or_default();
+    let base = old
+        .cloned()
+        .unwrap_or_else(|| empty_typed(&kind, &api_version));
+    let d = diff_objects(&base, new, &kind);
+    let touched: FieldSet = d
+        .added
+        .iter()
+        .chain(&d.modified)
+        .chain(&d.removed)
+        .cloned()
+        .collect();
+    let mine = entries
+        .iter()
+        .position(|e| e.same_identity(manager, UPDATE, &api_version, subresource));
+    for (i, e) in entries.iter_mut().enumerate() {
+        if Some(i) != mine {
+            e.set = e.set.difference(&touched).cloned().collect();
+        }
+    }
+    let gained = |mut set: FieldSet| -> FieldSet {
+        set.extend(d.added.iter().cloned());
+        set.extend(d.modified.iter().cloned());
+        set.difference(&d.removed).cloned().collect()
+    };
+    match mine {
+        Some(i) => {
+            let e = &mut entries[i];
+            let set = gained(e.set.clone());
+            if set != e.set {
+                e.time = Some(now.to_owned());
+                e.set = set;
+            }
+        }
+        None => entries.push(Entry {
+            manager: manager.to_owned(),
+            operation: UPDATE.into(),
+            api_version,
+            subresource: subresource.map(str::to_owned),
+            time: Some(now.to_owned()),
+            set: gained(FieldSet::new()),
+        }),
+    }
+    write_entries(new, entries);
+}
