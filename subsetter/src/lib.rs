@@ -13,3 +13,9 @@ pub mod shares;
 
 pub use error::{Error, Result};
 pub use policy::{LeastLoaded, Random, SubsetPolicy};
+pub mod controller;
+pub mod leader;
+pub mod reconciler;
+
+pub use controller::Subsetter;
+pub use reconciler::Config;

@@ -1,0 +1,326 @@
+//! Wiring: watches, caches and triggers around the reconciler.
+//!
+//! - Revisions drive a kube-runtime `Controller` (filtered on generation, so the subsetter's
+//!   own status writes do not re-trigger it).
+//! - ActivationEndpoints are watched once: the reflector store gives the reconciler the current
+//!   members, the membership index is updated from the same events, and each change triggers
+//!   the owning Revision (what `.owns()` does, without a second watch).
+//! - Activator pods and Nodes are watched; whenever the usable activator set changes, only the
+//!   revisions that had a lost (or changed) activator are triggered, and a new activator
+//!   triggers only the revisions short of their N.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::future::Future;
+use std::sync::{Arc, Mutex, RwLock};
+
+use crds::contract::ACTIVATOR_SELECTOR;
+use crds::{ActivationEndpoints, Revision};
+use futures::channel::mpsc::{UnboundedSender, unbounded};
+use futures::{StreamExt, stream};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::runtime::controller::Controller;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::{WatchStreamExt, predicates};
+use kube::{Api, Client, ResourceExt};
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use crate::activators::{self, Activator};
+use crate::conditions;
+use crate::error::Result;
+use crate::index::{Key, MembershipIndex};
+use crate::metrics::Metrics;
+use crate::policy::SubsetPolicy;
+use crate::reconciler::{self, Config, Context};
+
+/// The subsetter controller. `run` may be called again after it returns (leader election
+/// starts it each time this replica becomes leader).
+pub struct Subsetter {
+    client: Client,
+    config: Config,
+    policy: Arc<dyn SubsetPolicy>,
+    metrics: Arc<Metrics>,
+}
+
+#[derive(Default, Clone, Copy)]
+struct Synced {
+    endpoints: bool,
+    pods: bool,
+    nodes: bool,
+}
+
+impl Synced {
+    fn all(self) -> bool {
+        self.endpoints && self.pods && self.nodes
+    }
+}
+
+impl Subsetter {
+    pub fn new(client: Client, config: Config, policy: Arc<dyn SubsetPolicy>) -> Self {
+        Self {
+            client,
+            config,
+            policy,
+            metrics: Arc::new(Metrics::default()),
+        }
+    }
+
+    pub fn metrics(&self) -> Arc<Metrics> {
+        Arc::clone(&self.metrics)
+    }
+
+    /// Runs until `stop` resolves (finishing in-flight reconciles) or a watch ends.
+    pub async fn run(&self, stop: impl Future<Output = ()> + Send + Sync + 'static) -> Result<()> {
+        let client = self.client.clone();
+        let (revisions, endpoints): (Api<Revision>, Api<ActivationEndpoints>) =
+            match &self.config.namespace {
+                Some(ns) => (
+                    Api::namespaced(client.clone(), ns),
+                    Api::namespaced(client.clone(), ns),
+                ),
+                None => (Api::all(client.clone()), Api::all(client.clone())),
+            };
+        let pods: Api<Pod> = match &self.config.activator_namespace {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        };
+        let nodes: Api<Node> = Api::all(client.clone());
+
+        let index = Arc::new(Mutex::new(MembershipIndex::default()));
+        let available = Arc::new(RwLock::new(Arc::new(BTreeMap::new())));
+        let (synced_tx, synced_rx) = watch::channel(false);
+        let synced = Arc::new(watch::Sender::new(Synced::default()));
+        {
+            // Fold the three flags into the one the reconciler waits on.
+            let mut rx = synced.subscribe();
+            tokio::spawn(async move {
+                if rx.wait_for(|s| s.all()).await.is_ok() {
+                    let _ = synced_tx.send(true);
+                }
+                // Keep the sender alive (reconcilers treat a dropped sender as shutdown).
+                synced_tx.closed().await;
+            });
+        }
+        let (trigger_tx, trigger_rx) = unbounded::<ObjectRef<Revision>>();
+        let (owned_tx, owned_rx) = unbounded::<ActivationEndpoints>();
+
+        let (ae_reader, ae_writer) = reflector::store();
+        let ae_task = tokio::spawn(watch_endpoints(
+            endpoints,
+            ae_writer,
+            ae_reader.clone(),
+            Arc::clone(&index),
+            Arc::clone(&synced),
+            owned_tx,
+            Arc::clone(&self.metrics),
+        ));
+        let act_task = tokio::spawn(watch_activators(
+            pods,
+            nodes,
+            Arc::clone(&index),
+            Arc::clone(&available),
+            Arc::clone(&synced),
+            trigger_tx,
+            Arc::clone(&self.metrics),
+        ));
+
+        let ctx = Arc::new(Context::new(
+            client,
+            self.config.clone(),
+            Arc::clone(&self.policy),
+            Arc::clone(&self.metrics),
+            index,
+            available,
+            ae_reader,
+            synced_rx,
+        ));
+
+        let (rev_reader, rev_writer) = reflector::store();
+        let revision_stream = watcher::watcher(revisions, watcher::Config::default())
+            .default_backoff()
+            .reflect(rev_writer)
+            .applied_objects()
+            .predicate_filter(predicates::generation, Default::default());
+        info!(namespace = ?self.config.namespace, policy = self.policy.name(), "subsetter starting");
+        Controller::for_stream(revision_stream, rev_reader)
+            .owns_stream(owned_rx.map(Ok))
+            .reconcile_on(trigger_rx)
+            .graceful_shutdown_on(stop)
+            .run(reconciler::reconcile, reconciler::error_policy, ctx)
+            .for_each(|res| async move {
+                if let Err(e) = res {
+                    debug!(error = %e, "controller event");
+                }
+            })
+            .await;
+        ae_task.abort();
+        act_task.abort();
+        info!("subsetter stopped");
+        Ok(())
+    }
+}
+
+fn key_of(ae: &ActivationEndpoints) -> Key {
+    Key::new(ae.namespace().unwrap_or_default(), ae.name_any())
+}
+
+fn index_entry(ae: &ActivationEndpoints) -> (Vec<String>, bool) {
+    let status = ae.status.clone().unwrap_or_default();
+    (
+        status.activators.into_iter().map(|m| m.node).collect(),
+        conditions::is_short(&status.conditions),
+    )
+}
+
+async fn watch_endpoints(
+    api: Api<ActivationEndpoints>,
+    writer: reflector::store::Writer<ActivationEndpoints>,
+    reader: Store<ActivationEndpoints>,
+    index: Arc<Mutex<MembershipIndex>>,
+    synced: Arc<watch::Sender<Synced>>,
+    owned: UnboundedSender<ActivationEndpoints>,
+    metrics: Arc<Metrics>,
+) {
+    let mut events = std::pin::pin!(
+        watcher::watcher(api, watcher::Config::default())
+            .default_backoff()
+            .reflect(writer)
+    );
+    while let Some(event) = events.next().await {
+        let event = match event {
+            Ok(e) => e,
+            Err(e) => {
+                warn!(error = %e, "ActivationEndpoints watch");
+                continue;
+            }
+        };
+        let mut ix = index.lock().unwrap_or_else(|p| p.into_inner());
+        match event {
+            Event::Apply(ae) => {
+                let (nodes, short) = index_entry(&ae);
+                ix.set(&key_of(&ae), nodes, short);
+                let _ = owned.unbounded_send(ae);
+            }
+            Event::Delete(ae) => {
+                ix.remove(&key_of(&ae));
+                let _ = owned.unbounded_send(ae);
+            }
+            Event::InitApply(ae) => {
+                let (nodes, short) = index_entry(&ae);
+                ix.set(&key_of(&ae), nodes, short);
+            }
+            Event::InitDone => {
+                let keys: HashSet<Key> = reader.state().iter().map(|a| key_of(a)).collect();
+                ix.retain(&keys);
+                synced.send_modify(|s| s.endpoints = true);
+            }
+            Event::Init => {}
+        }
+        metrics.subsets.set(ix.len() as i64);
+    }
+}
+
+/// What a pod or node event means for the activator set (the objects are in the stores).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Change {
+    PodsListed,
+    NodesListed,
+    Changed,
+    Other,
+}
+
+fn change<K>(e: &Event<K>, listed: Change) -> Change {
+    match e {
+        Event::InitDone => listed,
+        Event::Apply(_) | Event::Delete(_) => Change::Changed,
+        Event::Init | Event::InitApply(_) => Change::Other,
+    }
+}
+
+async fn watch_activators(
+    pods: Api<Pod>,
+    nodes: Api<Node>,
+    index: Arc<Mutex<MembershipIndex>>,
+    available: Arc<RwLock<Arc<BTreeMap<String, Activator>>>>,
+    synced: Arc<watch::Sender<Synced>>,
+    triggers: UnboundedSender<ObjectRef<Revision>>,
+    metrics: Arc<Metrics>,
+) {
+    let (pod_reader, pod_writer) = reflector::store::<Pod>();
+    let (node_reader, node_writer) = reflector::store::<Node>();
+    let pod_events = watcher::watcher(pods, watcher::Config::default().labels(ACTIVATOR_SELECTOR))
+        .default_backoff()
+        .reflect(pod_writer)
+        .map(|e| e.map(|e| change(&e, Change::PodsListed)));
+    let node_events = watcher::watcher(nodes, watcher::Config::default())
+        .default_backoff()
+        .reflect(node_writer)
+        .map(|e| e.map(|e| change(&e, Change::NodesListed)));
+    let mut events = std::pin::pin!(stream::select(pod_events, node_events));
+    let mut flags = (false, false);
+    let mut current: BTreeMap<String, Activator> = BTreeMap::new();
+    while let Some(event) = events.next().await {
+        let event = match event {
+            Ok(e) => e,
+            Err(e) => {
+                warn!(error = %e, "activator pod or node watch");
+                continue;
+            }
+        };
+        match event {
+            Change::PodsListed => flags.0 = true,
+            Change::NodesListed => flags.1 = true,
+            Change::Changed => {}
+            Change::Other => continue,
+        }
+        if !(flags.0 && flags.1) {
+            continue;
+        }
+        let node_ready: HashMap<String, bool> = node_reader
+            .state()
+            .iter()
+            .map(|n| (n.name_any(), activators::node_ready(n)))
+            .collect();
+        let pod_state = pod_reader.state();
+        let next = activators::available(pod_state.iter().map(|p| &**p), &node_ready);
+        let diff = activators::diff(&current, &next);
+        let first = !synced.borrow().pods;
+        if diff.is_empty() && !first {
+            continue;
+        }
+        *available.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(next.clone());
+        metrics.activators.set(next.len() as i64);
+        current = next;
+        if first {
+            // Publishing the first set before the flag: reconciles start only after it.
+            synced.send_modify(|s| {
+                s.pods = true;
+                s.nodes = true;
+            });
+            info!(activators = current.len(), "activator set synced");
+            continue;
+        }
+        let targets: BTreeSet<Key> = {
+            let ix = index.lock().unwrap_or_else(|p| p.into_inner());
+            let mut t = BTreeSet::new();
+            for node in diff.lost.iter().chain(&diff.changed) {
+                t.extend(ix.revisions_on(node));
+            }
+            if !diff.added.is_empty() {
+                t.extend(ix.short());
+            }
+            t
+        };
+        info!(
+            lost = ?diff.lost,
+            changed = ?diff.changed,
+            added = ?diff.added,
+            revisions = targets.len(),
+            "activator set changed"
+        );
+        for key in targets {
+            let _ = triggers.unbounded_send(ObjectRef::new(&key.name).within(&key.namespace));
+        }
+    }
+}

@@ -1,0 +1,78 @@
+//! Leader election on a coordination.k8s.io Lease (kube-lease-manager): two replicas can
+//! run, and only the holder of the Lease reconciles. A replica that loses the Lease stops its
+//! controller (finishing in-flight reconciles) and waits to win it again.
+
+use std::future::Future;
+use std::pin::pin;
+
+use kube::Client;
+use kube_lease_manager::LeaseManagerBuilder;
+use tokio::sync::oneshot;
+use tracing::info;
+
+use crate::error::Result;
+
+/// Where and how long the Lease is held.
+#[derive(Clone, Debug)]
+pub struct LeaseConfig {
+    pub name: String,
+    pub namespace: String,
+    /// Unique per replica (the pod name).
+    pub identity: String,
+    /// Seconds a holder may go without renewing before another replica takes over.
+    pub duration_seconds: u64,
+    /// Seconds before expiry at which the holder renews.
+    pub grace_seconds: u64,
+}
+
+/// Runs `work` whenever this replica holds the Lease, until `shutdown` resolves. `work` gets
+/// a future that resolves when it must stop (leadership lost or shutdown).
+pub async fn run_as_leader<W, F>(
+    client: Client,
+    config: LeaseConfig,
+    shutdown: impl Future<Output = ()>,
+    mut work: W,
+) -> Result<()>
+where
+    W: FnMut(Box<dyn Future<Output = ()> + Send + Sync + Unpin + 'static>) -> F,
+    F: Future<Output = Result<()>>,
+{
+    let manager = LeaseManagerBuilder::new(client, &config.name)
+        .with_namespace(&config.namespace)
+        .with_identity(&config.identity)
+        .with_duration(config.duration_seconds)
+        .with_grace(config.grace_seconds)
+        .build()
+        .await?;
+    let (mut leader, task) = manager.watch().await;
+    let mut shutdown = pin!(shutdown);
+    let outcome = loop {
+        tokio::select! {
+            _ = &mut shutdown => break Ok(()),
+            r = leader.wait_for(|l| *l) => if r.is_err() { break Ok(()) },
+        }
+        info!(identity = %config.identity, "became leader");
+        let (stop_tx, stop_rx) = oneshot::channel::<()>();
+        let stop = Box::new(Box::pin(async move {
+            let _ = stop_rx.await;
+        }));
+        let mut running = pin!(work(stop));
+        let lost = tokio::select! {
+            r = &mut running => break r,
+            _ = &mut shutdown => false,
+            _ = leader.wait_for(|l| !*l) => true,
+        };
+        let _ = stop_tx.send(());
+        let r = running.await;
+        if !lost {
+            break r;
+        }
+        info!(identity = %config.identity, "lost leadership");
+        r?;
+    };
+    // Dropping the receiver makes the manager release the Lease so a standby takes over at
+    // once instead of after the lease duration.
+    drop(leader);
+    let _ = task.await;
+    outcome
+}

@@ -1,0 +1,85 @@
+//! The subsetter binary: flags and environment, then the library.
+
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use clap::Parser;
+use subsetter::controller::Subsetter;
+use subsetter::leader::{LeaseConfig, run_as_leader};
+use subsetter::reconciler::Config;
+use tracing_subscriber::EnvFilter;
+
+#[derive(Parser, Debug)]
+#[command(about = "Gives each Revision a subset of N activators (ActivationEndpoints)")]
+struct Args {
+    /// Only Revisions of this namespace (default: all namespaces).
+    #[arg(long, env = "WATCH_NAMESPACE")]
+    namespace: Option<String>,
+    /// Only activator pods of this namespace (default: all namespaces).
+    #[arg(long, env = "ACTIVATOR_NAMESPACE")]
+    activator_namespace: Option<String>,
+    /// N for revisions without spec.activators.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..))]
+    default_activators: u16,
+    /// Subset policy: random or least-loaded.
+    #[arg(long, default_value = "random")]
+    policy: String,
+    /// Run without leader election (tests, a single replica).
+    #[arg(long)]
+    no_leader_election: bool,
+    #[arg(long, default_value = "local-activator-subsetter")]
+    lease_name: String,
+    /// Namespace of the Lease (default: this pod's namespace).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    lease_namespace: String,
+    /// Identity in the Lease (default: this pod's name).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    #[arg(long, default_value_t = 15)]
+    lease_duration_seconds: u64,
+    #[arg(long, default_value_t = 5)]
+    lease_grace_seconds: u64,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .init();
+    let args = Args::parse();
+    let policy = subsetter::policy::by_name(&args.policy)
+        .ok_or_else(|| subsetter::Error::UnknownPolicy(args.policy.clone()))?;
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to the API server")?;
+    let config = Config {
+        namespace: args.namespace,
+        activator_namespace: args.activator_namespace,
+        default_activators: usize::from(args.default_activators),
+        ..Config::default()
+    };
+    let subsetter = Arc::new(Subsetter::new(client.clone(), config, Arc::from(policy)));
+    let shutdown = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    if args.no_leader_election {
+        subsetter.run(shutdown).await?;
+        return Ok(());
+    }
+    let identity = args
+        .identity
+        .unwrap_or_else(|| format!("subsetter-{}", std::process::id()));
+    let lease = LeaseConfig {
+        name: args.lease_name,
+        namespace: args.lease_namespace,
+        identity,
+        duration_seconds: args.lease_duration_seconds,
+        grace_seconds: args.lease_grace_seconds,
+    };
+    run_as_leader(client, lease, shutdown, |stop| {
+        let subsetter = Arc::clone(&subsetter);
+        async move { subsetter.run(stop).await }
+    })
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,308 @@
+//! The per-Revision reconcile: validate, plan, and perform only the writes the plan needs.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use crds::{ActivationEndpoints, Revision};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::json;
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use crate::activators::Activator;
+use crate::error::{Error, Result};
+use crate::index::{Key, MembershipIndex};
+use crate::metrics::Metrics;
+use crate::plan::{self, SubsetInputs};
+use crate::policy::SubsetPolicy;
+
+/// What the controller is configured with.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Only Revisions of this namespace (None = all namespaces).
+    pub namespace: Option<String>,
+    /// Only activator pods of this namespace (None = all namespaces).
+    pub activator_namespace: Option<String>,
+    /// N for revisions without `spec.activators`.
+    pub default_activators: usize,
+    /// Field manager of every write.
+    pub field_manager: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            namespace: None,
+            activator_namespace: None,
+            default_activators: 3,
+            field_manager: "local-activator-subsetter".into(),
+        }
+    }
+}
+
+/// An object the reconciler wrote, with the resourceVersion it was written over. Until the
+/// reflector store moves past that version, the store is older than what the API holds, and
+/// a policy fed the stale members could pick different replacements (needless churn).
+struct Written {
+    from: Option<String>,
+    object: ActivationEndpoints,
+}
+
+/// Shared state of the reconciler.
+pub struct Context {
+    pub client: Client,
+    pub config: Config,
+    pub policy: Arc<dyn SubsetPolicy>,
+    pub metrics: Arc<Metrics>,
+    pub(crate) index: Arc<Mutex<MembershipIndex>>,
+    pub(crate) activators: Arc<RwLock<Arc<BTreeMap<String, Activator>>>>,
+    pub(crate) ae_store: Store<ActivationEndpoints>,
+    pub(crate) synced: watch::Receiver<bool>,
+    written: Mutex<HashMap<Key, Written>>,
+    failures: Mutex<HashMap<Key, u32>>,
+}
+
+impl Context {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        client: Client,
+        config: Config,
+        policy: Arc<dyn SubsetPolicy>,
+        metrics: Arc<Metrics>,
+        index: Arc<Mutex<MembershipIndex>>,
+        activators: Arc<RwLock<Arc<BTreeMap<String, Activator>>>>,
+        ae_store: Store<ActivationEndpoints>,
+        synced: watch::Receiver<bool>,
+    ) -> Self {
+        Self {
+            client,
+            config,
+            policy,
+            metrics,
+            index,
+            activators,
+            ae_store,
+            synced,
+            written: Mutex::default(),
+            failures: Mutex::default(),
+        }
+    }
+
+    fn current(&self, key: &Key) -> Option<ActivationEndpoints> {
+        let stored = self
+            .ae_store
+            .get(&ObjectRef::new(&key.name).within(&key.namespace));
+        let mut written = lock(&self.written);
+        if let Some(w) = written.get(key) {
+            let stored_rv = stored.as_ref().and_then(|o| o.resource_version());
+            if stored_rv == w.from {
+                return Some(w.object.clone());
+            }
+            written.remove(key);
+        }
+        stored.map(|o| (*o).clone())
+    }
+
+    fn patch_params(&self) -> PatchParams {
+        PatchParams {
+            field_manager: Some(self.config.field_manager.clone()),
+            ..Default::default()
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Reconciles one Revision.
+pub async fn reconcile(rev: Arc<Revision>, ctx: Arc<Context>) -> Result<Action> {
+    // Before the activator, node and ActivationEndpoints caches are synced, an empty cache
+    // would look like "no activators" and wipe every subset.
+    let mut synced = ctx.synced.clone();
+    // The sender lives as long as the controller; if it is gone the controller is stopping.
+    if synced.wait_for(|s| *s).await.is_err() {
+        return Ok(Action::await_change());
+    }
+    ctx.metrics.reconciles.inc();
+    let namespace = rev
+        .namespace()
+        .ok_or_else(|| Error::NoNamespace(rev.name_any()))?;
+    let name = rev.name_any();
+    let key = Key::new(&namespace, &name);
+    let revisions: Api<Revision> = Api::namespaced(ctx.client.clone(), &namespace);
+    let endpoints: Api<ActivationEndpoints> = Api::namespaced(ctx.client.clone(), &namespace);
+    let pp = ctx.patch_params();
+    let now = Timestamp::now();
+
+    let problems = rev.problems();
+    if !problems.is_empty() {
+        debug!(revision = %key, ?problems, "invalid spec");
+        write_revision_status(&ctx, &revisions, &rev, &problems, 0, now).await?;
+        lock(&ctx.failures).remove(&key);
+        return Ok(Action::await_change());
+    }
+
+    let current = ctx.current(&key);
+    if let Some(cur) = &current {
+        let owner_uid = cur
+            .owner_references()
+            .iter()
+            .find(|o| o.controller == Some(true))
+            .map(|o| o.uid.as_str());
+        if owner_uid != rev.uid().as_deref() {
+            // A leftover of an earlier Revision with this name (the garbage collector removes
+            // it soon); deleting it with a uid precondition cannot remove a newer object.
+            warn!(revision = %key, "ActivationEndpoints has another controller; deleting it");
+            let dp = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: cur.uid(),
+                    resource_version: None,
+                }),
+                ..Default::default()
+            };
+            match endpoints.delete(&name, &dp).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+                Err(e) => return Err(e.into()),
+            }
+            return Err(Error::ForeignOwner(key.to_string()));
+        }
+    }
+
+    let available = Arc::clone(&*ctx.activators.read().unwrap_or_else(|p| p.into_inner()));
+    let key_str = key.to_string();
+    let plan = {
+        let index = lock(&ctx.index);
+        plan::subset(&SubsetInputs {
+            key: &key_str,
+            revision: &rev,
+            current: current.as_ref(),
+            available: &available,
+            load: &|n| index.load(n),
+            policy: ctx.policy.as_ref(),
+            default_n: ctx.config.default_activators,
+            now,
+        })
+    };
+
+    let from = current.as_ref().and_then(|c| c.resource_version());
+    let status_patch = Patch::Merge(json!({ "status": plan.status }));
+    let mut wrote = None;
+    match &current {
+        None => {
+            let mut ae = ActivationEndpoints::new(&name, Default::default());
+            ae.metadata.namespace = Some(namespace.clone());
+            ae.metadata.labels = Some(plan.labels.clone());
+            ae.metadata.owner_references = rev.controller_owner_ref(&()).map(|o| vec![o]);
+            let post = PostParams {
+                field_manager: Some(ctx.config.field_manager.clone()),
+                ..Default::default()
+            };
+            endpoints.create(&post, &ae).await?;
+            ctx.metrics.writes.inc();
+            wrote = Some(endpoints.patch_status(&name, &pp, &status_patch).await?);
+            ctx.metrics.writes.inc();
+        }
+        Some(_) => {
+            if let Some(labels) = &plan.label_patch {
+                wrote = Some(endpoints.patch(&name, &pp, &Patch::Merge(labels)).await?);
+                ctx.metrics.writes.inc();
+            }
+            if plan.status_changed {
+                wrote = Some(endpoints.patch_status(&name, &pp, &status_patch).await?);
+                ctx.metrics.writes.inc();
+            }
+        }
+    }
+    if let Some(object) = wrote {
+        let nodes = plan
+            .status
+            .activators
+            .iter()
+            .map(|m| m.node.clone())
+            .collect();
+        lock(&ctx.index).set(&key, nodes, plan.short);
+        lock(&ctx.written).insert(key.clone(), Written { from, object });
+        ctx.metrics.members_joined.inc_by(plan.joined as u64);
+        ctx.metrics.members_left.inc_by(plan.left as u64);
+        info!(
+            revision = %key,
+            members = ?plan.status.activators.iter().map(|m| m.node.as_str()).collect::<Vec<_>>(),
+            joined = plan.joined,
+            left = plan.left,
+            "subset written"
+        );
+    }
+
+    write_revision_status(
+        &ctx,
+        &revisions,
+        &rev,
+        &[],
+        plan.status.activators.len(),
+        now,
+    )
+    .await?;
+    lock(&ctx.failures).remove(&key);
+    Ok(Action::await_change())
+}
+
+async fn write_revision_status(
+    ctx: &Context,
+    revisions: &Api<Revision>,
+    rev: &Revision,
+    problems: &[String],
+    members: usize,
+    now: Timestamp,
+) -> Result<()> {
+    if let Some((generation, conditions)) = plan::revision_conditions(rev, problems, members, now) {
+        let patch =
+            json!({ "status": { "observedGeneration": generation, "conditions": conditions } });
+        revisions
+            .patch_status(&rev.name_any(), &ctx.patch_params(), &Patch::Merge(patch))
+            .await?;
+        ctx.metrics.writes.inc();
+    }
+    Ok(())
+}
+
+/// Retries with exponential backoff per revision: 0.5 s, 1 s, 2 s ... up to 60 s.
+pub fn error_policy(rev: Arc<Revision>, error: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.errors.inc();
+    let key = Key::new(rev.namespace().unwrap_or_default(), rev.name_any());
+    // What we believed we wrote may not have happened: trust the store again.
+    lock(&ctx.written).remove(&key);
+    let attempt = {
+        let mut failures = lock(&ctx.failures);
+        let n = failures.entry(key.clone()).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    };
+    let delay = backoff(attempt);
+    warn!(revision = %key, %error, attempt, ?delay, "reconcile failed; retrying");
+    Action::requeue(delay)
+}
+
+pub(crate) fn backoff(attempt: u32) -> Duration {
+    let ms = 500u64.saturating_mul(1u64 << attempt.saturating_sub(1).min(16));
+    Duration::from_millis(ms.min(60_000))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        assert_eq!(backoff(1), Duration::from_millis(500));
+        assert_eq!(backoff(2), Duration::from_secs(1));
+        assert_eq!(backoff(4), Duration::from_secs(4));
+        assert_eq!(backoff(30), Duration::from_secs(60));
+    }
+}
