@@ -1,0 +1,24 @@
+//! The in-memory API server.
+
+mod builtin;
+mod crd;
+mod delete;
+mod discovery;
+mod gc;
+mod handlers;
+mod http;
+mod list;
+mod meta;
+pub mod patch;
+mod resource;
+pub mod schema;
+pub mod selector;
+mod server;
+mod stats;
+mod status;
+mod store;
+mod watch;
+
+pub use server::{ApiServer, ApiServerConfig};
+pub use stats::{RequestKey, Stats, WatchInfo};
+pub use watch::WatchStat;

@@ -1,0 +1,665 @@
+//! The HTTP server: binding, routing, accounting, latency injection, watches and shutdown.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::{Method, Request, Response, header};
+use hyper_util::rt::TokioIo;
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio::sync::{Notify, mpsc, watch as tokio_watch};
+use tokio::task::JoinHandle;
+
+use super::discovery;
+use super::gc;
+use super::handlers::{self, Ctx, Reply};
+use super::http::{Body, Query, error_response, json_response, text_response, value_response};
+use super::list::Selectors;
+use super::resource::ResourceDef;
+use super::stats::{Stats, StatsInner, metrics_text};
+use super::status::{ApiError, Cause};
+use super::store::State;
+use super::watch::{WatchStat, Watcher, bookmark_line, event_line};
+use crate::error::Error;
+
+/// How to run an [`ApiServer`].
+#[derive(Debug, Clone)]
+pub struct ApiServerConfig {
+    /// Address to bind; port 0 picks a free one.
+    pub bind: SocketAddr,
+    /// Delay before handling each request (simulates a remote API server).
+    pub latency: Option<Duration>,
+    /// Watch events kept per resource for resuming watches; a watch from an older
+    /// resourceVersion gets 410 Gone.
+    pub watch_history: usize,
+    /// How often watches with `allowWatchBookmarks` get a BOOKMARK.
+    pub bookmark_interval: Duration,
+}
+
+impl Default for ApiServerConfig {
+    fn default() -> Self {
+        Self {
+            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+            latency: None,
+            watch_history: 10_000,
+            bookmark_interval: Duration::from_secs(5),
+        }
+    }
+}
+
+pub(crate) struct Inner {
+    state: Mutex<State>,
+    stats: Mutex<StatsInner>,
+    addr: SocketAddr,
+    /// nanoseconds; u64::MAX = none
+    latency: AtomicU64,
+    next_watch: AtomicU64,
+    gc: Notify,
+    shutdown: tokio_watch::Sender<bool>,
+}
+
+impl Inner {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    fn stats(&self) -> MutexGuard<'_, StatsInner> {
+        self.stats.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// An in-memory Kubernetes API server speaking the real REST + watch protocol.
+#[derive(Clone)]
+pub struct ApiServer {
+    inner: Arc<Inner>,
+    tasks: Arc<Mutex<Vec<JoinHandle<()>>>>,
+}
+
+impl std::fmt::Debug for ApiServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiServer")
+            .field("addr", &self.inner.addr)
+            .finish()
+    }
+}
+
+fn latency_nanos(d: Option<Duration>) -> u64 {
+    d.map(|d| d.as_nanos().min(u64::MAX as u128 - 1) as u64)
+        .unwrap_or(u64::MAX)
+}
+
+impl ApiServer {
+    /// Binds and starts serving, with the namespaces a fresh cluster has.
+    pub async fn start(cfg: ApiServerConfig) -> Result<ApiServer, Error> {
+        let listener = TcpListener::bind(cfg.bind).await?;
+        let addr = listener.local_addr()?;
+        let (shutdown, _) = tokio_watch::channel(false);
+        let inner = Arc::new(Inner {
+            state: Mutex::new(State::new(cfg.watch_history)),
+            stats: Mutex::new(StatsInner::default()),
+            addr,
+            latency: AtomicU64::new(latency_nanos(cfg.latency)),
+            next_watch: AtomicU64::new(1),
+            gc: Notify::new(),
+            shutdown,
+        });
+        {
+            let mut st = inner.state();
+            let def = st
+                .registry
+                .get("", "v1", "namespaces")
+                .expect("namespaces served");
+            for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
+                let obj =
+                    json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
+                handlers::create_object(
+                    &mut st,
+                    &def,
+                    None,
+                    obj,
+                    "kube-apiserver",
+                    false,
+                    false,
+                    false,
+                )
+                .map_err(|e| Error::KubeConfig(e.message))?;
+            }
+        }
+        let mut tasks = Vec::new();
+        tasks.push(tokio::spawn(accept_loop(inner.clone(), listener)));
+        tasks.push(tokio::spawn(gc_loop(inner.clone())));
+        tasks.push(tokio::spawn(bookmark_loop(
+            inner.clone(),
+            cfg.bookmark_interval,
+        )));
+        Ok(ApiServer {
+            inner,
+            tasks: Arc::new(Mutex::new(tasks)),
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.inner.addr
+    }
+
+    /// `http://127.0.0.1:PORT`
+    pub fn url(&self) -> String {
+        format!("http://{}", self.inner.addr)
+    }
+
+    pub fn kube_config(&self) -> kube::Config {
+        let mut c = kube::Config::new(self.url().parse().expect("valid url"));
+        c.default_namespace = "default".into();
+        c
+    }
+
+    /// A real kube client for this server.
+    pub fn client(&self) -> kube::Client {
+        kube::Client::try_from(self.kube_config()).expect("client for a plain http url")
+    }
+
+    /// Writes a kubeconfig (cluster `kubesim`, no auth) that kube-rs and kubectl can use.
+    pub fn write_kubeconfig(&self, path: &Path) -> Result<(), Error> {
+        let yaml = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: kubesim\n  cluster:\n    server: {}\ncontexts:\n- name: kubesim\n  context:\n    cluster: kubesim\n    user: kubesim\n    namespace: default\ncurrent-context: kubesim\nusers:\n- name: kubesim\n  user: {{}}\npreferences: {{}}\n",
+            self.url()
+        );
+        std::fs::write(path, yaml)?;
+        Ok(())
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.inner.stats().snapshot()
+    }
+
+    pub fn set_latency(&self, d: Option<Duration>) {
+        self.inner
+            .latency
+            .store(latency_nanos(d), Ordering::Relaxed);
+    }
+
+    /// Forgets retained watch history: a watch resuming from any earlier resourceVersion gets
+    /// 410 Gone (as after an etcd compaction).
+    pub fn compact(&self) {
+        self.inner.state().compact();
+    }
+
+    /// The current cluster-wide resourceVersion.
+    pub fn resource_version(&self) -> u64 {
+        self.inner.state().rv
+    }
+
+    /// Ends all watches: clients see their streams close and re-watch (as when an API server
+    /// instance restarts behind a load balancer).
+    pub fn close_watches(&self) {
+        let mut st = self.inner.state();
+        for t in st.tables.values_mut() {
+            t.watchers.close_all();
+        }
+    }
+
+    /// Stops serving: ends watches and open connections.
+    pub async fn shutdown(self) {
+        let _ = self.inner.shutdown.send(true);
+        self.close_watches();
+        let tasks: Vec<JoinHandle<()>> =
+            std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|e| e.into_inner()));
+        for t in tasks {
+            let _ = t.await;
+        }
+    }
+}
+
+async fn accept_loop(inner: Arc<Inner>, listener: TcpListener) {
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut sd = inner.shutdown.subscribe();
+    loop {
+        tokio::select! {
+            r = listener.accept() => {
+                let Ok((stream, _)) = r else { continue };
+                let _ = stream.set_nodelay(true);
+                let inner = inner.clone();
+                let svc = hyper::service::service_fn(move |req| {
+                    let inner = inner.clone();
+                    async move { Ok::<_, Infallible>(handle(inner, req).await) }
+                });
+                let conn = hyper::server::conn::http1::Builder::new()
+                    .keep_alive(true)
+                    .serve_connection(TokioIo::new(stream), svc);
+                let conn = graceful.watch(conn);
+                tokio::spawn(async move {
+                    if let Err(e) = conn.await {
+                        tracing::debug!(error = %e, "connection ended");
+                    }
+                });
+            }
+            _ = sd.changed() => break,
+        }
+    }
+    drop(listener);
+    let _ = tokio::time::timeout(Duration::from_secs(2), graceful.shutdown()).await;
+}
+
+async fn gc_loop(inner: Arc<Inner>) {
+    let mut sd = inner.shutdown.subscribe();
+    loop {
+        tokio::select! {
+            _ = inner.gc.notified() => gc::run(&mut inner.state()),
+            _ = sd.changed() => break,
+        }
+    }
+}
+
+async fn bookmark_loop(inner: Arc<Inner>, every: Duration) {
+    let mut sd = inner.shutdown.subscribe();
+    let mut tick = tokio::time::interval(every.max(Duration::from_millis(10)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                let st = inner.state();
+                for t in st.tables.values() {
+                    let mut line = None;
+                    for w in t.watchers.iter().filter(|w| w.bookmarks) {
+                        let l = line.get_or_insert_with(|| bookmark_line(&t.def.api_version(), &t.def.kind, st.rv, false));
+                        w.send(l.clone());
+                    }
+                }
+            }
+            _ = sd.changed() => break,
+        }
+    }
+}
+
+fn not_found_text() -> Response<Body> {
+    text_response(404, "text/plain; charset=utf-8", "404 page not found\n")
+}
+
+fn accepts(req: &Request<Incoming>, what: &str) -> bool {
+    req.headers()
+        .get_all(header::ACCEPT)
+        .iter()
+        .any(|v| v.to_str().is_ok_and(|s| s.contains(what)))
+}
+
+async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Response<Body> {
+    let lat = inner.latency.load(Ordering::Relaxed);
+    if lat != u64::MAX {
+        tokio::time::sleep(Duration::from_nanos(lat)).await;
+    }
+    let path = req.uri().path().trim_end_matches('/').to_string();
+    let segs: Vec<String> = path
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect();
+    let s: Vec<&str> = segs.iter().map(String::as_str).collect();
+    let aggregated = accepts(&req, "as=APIGroupDiscoveryList");
+    if req.method() == Method::GET {
+        let st_doc = |f: &dyn Fn(&State) -> Option<serde_json::Value>| {
+            let v = f(&inner.state());
+            match v {
+                Some(v) => value_response(200, &v, &[]),
+                None => not_found_text(),
+            }
+        };
+        match s.as_slice() {
+            ["version"] => return value_response(200, &discovery::version(), &[]),
+            ["healthz"] | ["readyz"] | ["livez"] => {
+                return text_response(200, "text/plain; charset=utf-8", "ok");
+            }
+            ["metrics"] => {
+                let text = metrics_text(&inner.stats().snapshot());
+                return text_response(
+                    200,
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    text,
+                );
+            }
+            ["api"] if aggregated => {
+                let v = discovery::aggregated(&inner.state().registry, true);
+                let mut r = value_response(200, &v, &[]);
+                r.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    discovery::AGGREGATED.parse().expect("header"),
+                );
+                return r;
+            }
+            ["apis"] if aggregated => {
+                let v = discovery::aggregated(&inner.state().registry, false);
+                let mut r = value_response(200, &v, &[]);
+                r.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    discovery::AGGREGATED.parse().expect("header"),
+                );
+                return r;
+            }
+            ["api"] => {
+                return value_response(200, &discovery::api_versions(&inner.addr.to_string()), &[]);
+            }
+            ["apis"] => return st_doc(&|st| Some(discovery::api_group_list(&st.registry))),
+            ["api", v] => {
+                let v = v.to_string();
+                return st_doc(&|st| discovery::resource_list(&st.registry, "", &v));
+            }
+            ["apis", g] => {
+                let g = g.to_string();
+                return st_doc(&|st| discovery::api_group(&st.registry, &g));
+            }
+            ["apis", g, v] => {
+                let (g, v) = (g.to_string(), v.to_string());
+                return st_doc(&|st| discovery::resource_list(&st.registry, &g, &v));
+            }
+            _ => {}
+        }
+    }
+    let (group, version, rest) = match s.as_slice() {
+        ["api", v, rest @ ..] if !rest.is_empty() => ("", *v, rest),
+        ["apis", g, v, rest @ ..] if !rest.is_empty() => (*g, *v, rest),
+        _ => return not_found_text(),
+    };
+    let (ns, plural, name, sub): (Option<&str>, &str, Option<&str>, Option<&str>) = match rest {
+        ["namespaces", n, p, tail @ ..] if !matches!(*p, "status" | "finalize") => {
+            (Some(*n), *p, tail.first().copied(), tail.get(1).copied())
+        }
+        [p, tail @ ..] => (None, *p, tail.first().copied(), tail.get(1).copied()),
+        [] => return not_found_text(),
+    };
+    if rest.len() > 5 || (ns.is_none() && rest.len() > 3) {
+        return error_response(&ApiError::no_resource());
+    }
+    let def = {
+        let st = inner.state();
+        if !st.registry.has_group_version(group, version) {
+            return not_found_text();
+        }
+        st.registry.get(group, version, plural)
+    };
+    let Some(def) = def else {
+        return error_response(&ApiError::no_resource());
+    };
+    if (ns.is_some() && !def.namespaced) || (!def.namespaced && ns.is_none() && false) {
+        return error_response(&ApiError::no_resource());
+    }
+    if def.namespaced && ns.is_none() && name.is_some() {
+        return error_response(&ApiError::no_resource());
+    }
+    let query = Query::parse(req.uri().query());
+    let method = req.method().clone();
+    let watch = query.flag("watch");
+    let verb = match (&method, name.is_some()) {
+        (&Method::GET, true) => "get",
+        (&Method::GET, false) if watch => "watch",
+        (&Method::GET, false) => "list",
+        (&Method::POST, _) => "create",
+        (&Method::PUT, true) => "update",
+        (&Method::PATCH, true) => "patch",
+        (&Method::DELETE, true) => "delete",
+        (&Method::DELETE, false) => "deletecollection",
+        _ => {
+            inner.stats().count(method.as_str(), group, plural);
+            return error_response(&ApiError::method_not_allowed());
+        }
+    };
+    let resource = match sub {
+        Some(sub) => format!("{plural}/{sub}"),
+        None => plural.to_string(),
+    };
+    inner.stats().count(verb, group, &resource);
+    let content_type = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/json")
+        .to_string();
+    let meta_only = accepts(&req, "as=PartialObjectMetadata");
+    let ua_manager = req
+        .headers()
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|u| u.split('/').next())
+        .filter(|s| !s.is_empty())
+        .unwrap_or("unknown")
+        .to_string();
+    let manager = query
+        .non_empty("fieldManager")
+        .map(String::from)
+        .unwrap_or(ua_manager);
+    let body = match req.into_body().collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return error_response(&ApiError::bad_request(format!("reading body: {e}"))),
+    };
+    let ctx = Ctx {
+        def,
+        ns: ns.map(String::from),
+        name: name.map(String::from),
+        sub: sub.map(String::from),
+        query,
+        body,
+        content_type,
+        meta_only,
+        manager,
+    };
+    if verb == "watch" {
+        return match start_watch(&inner, &ctx, resource) {
+            Ok(r) => r,
+            Err(e) => error_response(&e),
+        };
+    }
+    let result: Result<Reply, ApiError> = {
+        let mut st = inner.state();
+        match verb {
+            "get" => handlers::get(&st, &ctx),
+            "list" => super::list::list(&st, &ctx),
+            "create" => handlers::create(&mut st, &ctx),
+            "update" => handlers::replace(&mut st, &ctx),
+            "patch" => handlers::patch(&mut st, &ctx),
+            "delete" => handlers::delete(&mut st, &ctx),
+            _ => handlers::delete_collection(&mut st, &ctx),
+        }
+    };
+    if !matches!(verb, "get" | "list") {
+        inner.gc.notify_one();
+    }
+    match result {
+        Ok(r) => json_response(r.code, r.body, &r.warnings),
+        Err(e) => error_response(&e),
+    }
+}
+
+/// Removes a watcher from its table when its stream ends (client gone, timeout, shutdown).
+struct WatchGuard {
+    inner: Arc<Inner>,
+    table: String,
+    id: u64,
+}
+
+impl Drop for WatchGuard {
+    fn drop(&mut self) {
+        let mut st = self.inner.state();
+        if let Some(t) = st.tables.get_mut(&self.table) {
+            t.watchers.remove(self.id);
+        }
+    }
+}
+
+fn list_options_invalid(field: &str, message: &str) -> ApiError {
+    let c = Cause {
+        reason: "FieldValueForbidden".into(),
+        field: field.into(),
+        message: format!("Forbidden: {message}"),
+    };
+    ApiError {
+        details: Some(
+            json!({"kind": "ListOptions", "group": "meta.k8s.io", "causes": [{"reason": c.reason, "message": c.message, "field": c.field}]}),
+        ),
+        ..ApiError::new(
+            422,
+            "Invalid",
+            format!("ListOptions.meta.k8s.io \"\" is invalid: {field}: Forbidden: {message}"),
+        )
+    }
+}
+
+fn start_watch(
+    inner: &Arc<Inner>,
+    ctx: &Ctx,
+    resource: String,
+) -> Result<Response<Body>, ApiError> {
+    let def: &Arc<ResourceDef> = &ctx.def;
+    let sel = Selectors::parse(def, &ctx.query)?;
+    let q = &ctx.query;
+    let bookmarks = q.flag("allowWatchBookmarks");
+    let initial = q.flag("sendInitialEvents");
+    if initial && q.get("resourceVersionMatch") != Some("NotOlderThan") {
+        return Err(list_options_invalid(
+            "resourceVersionMatch",
+            "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+        ));
+    }
+    if initial && !bookmarks {
+        return Err(list_options_invalid(
+            "allowWatchBookmarks",
+            "sendInitialEvents requires setting allowWatchBookmarks to true",
+        ));
+    }
+    let timeout = match q.non_empty("timeoutSeconds") {
+        Some(t) => Some(Duration::from_secs(t.parse::<u64>().map_err(|_| {
+            ApiError::bad_request(format!("invalid timeoutSeconds: {t}"))
+        })?)),
+        None => None,
+    };
+    let rv_param = q.get("resourceVersion").unwrap_or("");
+    let from_rv: Option<u64> = match rv_param {
+        "" | "0" => None,
+        r => Some(
+            r.parse()
+                .map_err(|_| ApiError::bad_request(format!("invalid resource version: {r}")))?,
+        ),
+    };
+    let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
+    let id = inner.next_watch.fetch_add(1, Ordering::Relaxed);
+    let stat = Arc::new(WatchStat {
+        id,
+        resource,
+        namespace: ctx.ns.clone(),
+        label_selector: sel.raw_label.clone(),
+        field_selector: sel.raw_field.clone(),
+        events: AtomicU64::new(0),
+        open: std::sync::atomic::AtomicBool::new(true),
+    });
+    let w = Arc::new(Watcher {
+        id,
+        namespace: ctx.ns.clone(),
+        label: sel.label,
+        field: sel.field,
+        node: sel.node,
+        tx,
+        bookmarks,
+        meta_only: ctx.meta_only,
+        stat: stat.clone(),
+    });
+    inner.stats().watches.push(stat.clone());
+    let table = def.table_key();
+    let mut registered = false;
+    {
+        let mut st = inner.state();
+        let current = st.rv;
+        let t = st.table(def);
+        let expired = from_rv.is_some_and(|r| r < t.history_start) && !initial;
+        if expired {
+            let e = ApiError::expired(format!(
+                "too old resource version: {} ({current})",
+                from_rv.unwrap_or(0)
+            ));
+            w.send(event_line(
+                "ERROR",
+                &serde_json::to_vec(&e.to_value()).unwrap_or_default(),
+            ));
+            stat.open.store(false, Ordering::Relaxed);
+        } else {
+            match from_rv {
+                Some(r) if !initial => {
+                    for ev in t.history.iter().filter(|e| e.rv > r) {
+                        if let Some(l) = ev.line_for(&w) {
+                            w.send(l);
+                        }
+                    }
+                }
+                _ => {
+                    let start = match &ctx.ns {
+                        Some(n) => std::ops::Bound::Included((n.clone(), String::new())),
+                        None => std::ops::Bound::Unbounded,
+                    };
+                    for (k, s) in t.objects.range((start, std::ops::Bound::Unbounded)) {
+                        if ctx.ns.as_ref().is_some_and(|n| *n != k.0) {
+                            break;
+                        }
+                        if w.matches(&s.obj) {
+                            let json = if w.meta_only {
+                                Bytes::from(
+                                    serde_json::to_vec(&super::watch::partial_metadata(&s.obj))
+                                        .unwrap_or_default(),
+                                )
+                            } else {
+                                s.json.clone()
+                            };
+                            w.send(event_line("ADDED", &json));
+                        }
+                    }
+                    if initial {
+                        w.send(bookmark_line(&def.api_version(), &def.kind, current, true));
+                    }
+                }
+            }
+            t.watchers.add(w.clone());
+            registered = true;
+        }
+    }
+    drop(w);
+    let guard = registered.then(|| WatchGuard {
+        inner: inner.clone(),
+        table,
+        id,
+    });
+    let sleep = Box::pin(tokio::time::sleep(
+        timeout.unwrap_or(Duration::from_secs(1800)),
+    ));
+    let sd = inner.shutdown.subscribe();
+    let stream = futures::stream::unfold(
+        (rx, sleep, sd, guard),
+        |(mut rx, mut sleep, mut sd, guard)| async move {
+            if *sd.borrow() {
+                return None;
+            }
+            tokio::select! {
+                biased;
+                m = rx.recv() => m.map(|b| (Ok::<_, Infallible>(Frame::data(b)), (rx, sleep, sd, guard))),
+                _ = &mut sleep => None,
+                _ = sd.changed() => None,
+            }
+        },
+    );
+    let body: Body = BodyExt::boxed_unsync(StreamBody::new(stream.boxed()));
+    Ok(Response::builder()
+        .status(200)
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::CACHE_CONTROL, "no-cache, private")
+        .body(body)
+        .expect("valid response"))
+}
+
+#[allow(dead_code)]
+fn _assert_send() {
+    fn is_send<T: Send>() {}
+    is_send::<ApiServer>();
+    let _ = json_response;
+}

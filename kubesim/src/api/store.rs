@@ -1,0 +1,196 @@
+//! The object store: every object of every resource, the cluster-wide resourceVersion, the
+//! retained watch history, and indexes for owner references (garbage collection).
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde_json::Value;
+
+use super::meta;
+use super::resource::{Registry, ResourceDef};
+use super::watch::{EvType, Event, WatcherSet};
+
+/// (namespace or "" for cluster-scoped, name)
+pub(crate) type ObjKey = (String, String);
+/// (table key "group/plural", object key)
+pub(crate) type ObjRef = (String, ObjKey);
+
+/// An object as stored: the value and its JSON, serialized once and shared by GET, LIST and
+/// every watcher.
+#[derive(Debug, Clone)]
+pub(crate) struct Stored {
+    pub obj: Arc<Value>,
+    pub json: Bytes,
+}
+
+impl Stored {
+    pub fn new(obj: Value) -> Self {
+        let json = Bytes::from(serde_json::to_vec(&obj).unwrap_or_default());
+        Self {
+            obj: Arc::new(obj),
+            json,
+        }
+    }
+    pub fn rv(&self) -> &str {
+        meta::meta_str(&self.obj, "resourceVersion").unwrap_or("")
+    }
+}
+
+/// All objects of one group/resource (every served version shares it).
+pub(crate) struct Table {
+    pub def: Arc<ResourceDef>,
+    pub objects: BTreeMap<ObjKey, Stored>,
+    pub history: VecDeque<Arc<Event>>,
+    /// Every event with a resourceVersion above this one is still in `history`.
+    pub history_start: u64,
+    pub watchers: WatcherSet,
+}
+
+pub(crate) struct State {
+    pub rv: u64,
+    pub registry: Registry,
+    pub tables: HashMap<String, Table>,
+    pub uids: HashMap<String, ObjRef>,
+    /// owner uid -> objects whose ownerReferences name it
+    pub dependents: HashMap<String, HashSet<ObjRef>>,
+    /// dependents whose owners the garbage collector must check
+    pub gc_queue: Vec<ObjRef>,
+    /// owners being deleted in the foreground
+    pub foreground: HashSet<ObjRef>,
+    pub terminating_namespaces: HashSet<String>,
+    /// CRD names being deleted (their custom resources are removed first)
+    pub terminating_crds: HashSet<String>,
+    pub history_cap: usize,
+}
+
+impl State {
+    pub fn new(history_cap: usize) -> Self {
+        Self {
+            rv: 0,
+            registry: Registry::new(),
+            tables: HashMap::new(),
+            uids: HashMap::new(),
+            dependents: HashMap::new(),
+            gc_queue: Vec::new(),
+            foreground: HashSet::new(),
+            terminating_namespaces: HashSet::new(),
+            terminating_crds: HashSet::new(),
+            history_cap: history_cap.max(1),
+        }
+    }
+
+    /// The table of a resource, created on first use.
+    pub fn table(&mut self, def: &Arc<ResourceDef>) -> &mut Table {
+        self.tables.entry(def.table_key()).or_insert_with(|| Table {
+            def: def.clone(),
+            objects: BTreeMap::new(),
+            history: VecDeque::new(),
+            history_start: 0,
+            watchers: WatcherSet::default(),
+        })
+    }
+
+    pub fn get(&self, tk: &str, key: &ObjKey) -> Option<&Stored> {
+        self.tables.get(tk).and_then(|t| t.objects.get(key))
+    }
+
+    pub fn namespace_exists(&self, ns: &str) -> Option<&Stored> {
+        self.get("/namespaces", &(String::new(), ns.to_string()))
+    }
+
+    fn index_owners(&mut self, r: &ObjRef, old: Option<&Value>, new: Option<&Value>) {
+        let old_o = old.map(meta::owner_uids).unwrap_or_default();
+        let new_o = new.map(meta::owner_uids).unwrap_or_default();
+        for u in old_o.iter().filter(|u| !new_o.contains(u)) {
+            if let Some(s) = self.dependents.get_mut(u) {
+                s.remove(r);
+                if s.is_empty() {
+                    self.dependents.remove(u);
+                }
+            }
+        }
+        let mut dangling = false;
+        for u in new_o.iter() {
+            self.dependents
+                .entry(u.clone())
+                .or_default()
+                .insert(r.clone());
+            dangling |= !self.uids.contains_key(u);
+        }
+        if dangling {
+            self.gc_queue.push(r.clone());
+        }
+    }
+
+    fn record(&mut self, tk: &str, ev: Event) {
+        let cap = self.history_cap;
+        let t = self.tables.get_mut(tk).expect("table exists");
+        let ev = Arc::new(ev);
+        t.watchers.deliver(&ev);
+        t.history.push_back(ev);
+        while t.history.len() > cap {
+            if let Some(old) = t.history.pop_front() {
+                t.history_start = old.rv;
+            }
+        }
+    }
+
+    /// Stores a created or modified object at the next resourceVersion and sends its event.
+    pub fn commit(&mut self, def: &Arc<ResourceDef>, key: ObjKey, mut obj: Value) -> Stored {
+        self.rv += 1;
+        let rv = self.rv;
+        meta::meta_mut(&mut obj).insert("resourceVersion".into(), Value::String(rv.to_string()));
+        let stored = Stored::new(obj);
+        let tk = def.table_key();
+        let old = self.table(def).objects.insert(key.clone(), stored.clone());
+        let r: ObjRef = (tk.clone(), key);
+        if let Some(uid) = meta::meta_str(&stored.obj, "uid") {
+            self.uids.insert(uid.to_string(), r.clone());
+        }
+        self.index_owners(&r, old.as_ref().map(|o| &*o.obj), Some(&stored.obj));
+        let ty = if old.is_some() {
+            EvType::Modified
+        } else {
+            EvType::Added
+        };
+        self.record(&tk, Event::new(rv, ty, old, stored.clone()));
+        stored
+    }
+
+    /// Removes an object at the next resourceVersion; returns its final state (its last content
+    /// at the deletion's resourceVersion), as DELETED events carry it.
+    pub fn remove(&mut self, tk: &str, key: &ObjKey) -> Option<Stored> {
+        let old = self.tables.get_mut(tk)?.objects.remove(key)?;
+        self.rv += 1;
+        let rv = self.rv;
+        let last = Stored::new(meta::with_rv(&old.obj, rv));
+        let r: ObjRef = (tk.to_string(), key.clone());
+        if let Some(uid) = meta::meta_str(&old.obj, "uid") {
+            self.uids.remove(uid);
+            if let Some(deps) = self.dependents.get(uid) {
+                self.gc_queue.extend(deps.iter().cloned());
+            }
+        }
+        self.index_owners(&r, Some(&old.obj), None);
+        self.foreground.remove(&r);
+        self.record(tk, Event::new(rv, EvType::Deleted, Some(old), last.clone()));
+        Some(last)
+    }
+
+    /// Forgets all retained watch history: a watch from any earlier resourceVersion gets 410.
+    pub fn compact(&mut self) {
+        let rv = self.rv;
+        for t in self.tables.values_mut() {
+            t.history.clear();
+            t.history_start = rv;
+        }
+    }
+
+    /// Drops a whole table (its CRD was deleted), ending its watches.
+    pub fn drop_table(&mut self, tk: &str) {
+        if let Some(mut t) = self.tables.remove(tk) {
+            t.watchers.close_all();
+        }
+    }
+}

@@ -1,0 +1,348 @@
+//! Watches: events serialized once and shared, an index of watchers so fan-out touches only
+//! the watchers an object can concern, and the selector transition semantics of the real
+//! watch cache (stops matching -> DELETED, starts matching -> ADDED).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use serde_json::{Value, json};
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::meta;
+use super::selector::{FieldSelector, LabelSelector};
+use super::store::Stored;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EvType {
+    Added,
+    Modified,
+    Deleted,
+}
+
+/// One change. For `Deleted`, `new` is the object's last content at the deletion's
+/// resourceVersion.
+pub(crate) struct Event {
+    pub rv: u64,
+    pub ty: EvType,
+    pub old: Option<Stored>,
+    pub new: Stored,
+    added: OnceLock<Bytes>,
+    modified: OnceLock<Bytes>,
+    deleted: OnceLock<Bytes>,
+}
+
+pub(crate) fn event_line(ty: &str, obj_json: &[u8]) -> Bytes {
+    let mut b = BytesMut::with_capacity(obj_json.len() + 32);
+    b.put_slice(b"{\"type\":\"");
+    b.put_slice(ty.as_bytes());
+    b.put_slice(b"\",\"object\":");
+    b.put_slice(obj_json);
+    b.put_slice(b"}\n");
+    b.freeze()
+}
+
+/// The object as `PartialObjectMetadata` (for `Accept: ...;as=PartialObjectMetadata`).
+pub(crate) fn partial_metadata(obj: &Value) -> Value {
+    json!({
+        "kind": "PartialObjectMetadata",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": obj.get("metadata").cloned().unwrap_or(json!({})),
+    })
+}
+
+impl Event {
+    pub fn new(rv: u64, ty: EvType, old: Option<Stored>, new: Stored) -> Self {
+        Self {
+            rv,
+            ty,
+            old,
+            new,
+            added: OnceLock::new(),
+            modified: OnceLock::new(),
+            deleted: OnceLock::new(),
+        }
+    }
+
+    fn added(&self) -> Bytes {
+        self.added
+            .get_or_init(|| event_line("ADDED", &self.new.json))
+            .clone()
+    }
+    fn modified(&self) -> Bytes {
+        self.modified
+            .get_or_init(|| event_line("MODIFIED", &self.new.json))
+            .clone()
+    }
+    fn deleted(&self) -> Bytes {
+        self.deleted
+            .get_or_init(|| match (self.ty, &self.old) {
+                (EvType::Modified, Some(old)) => {
+                    let v = meta::with_rv(&old.obj, self.rv);
+                    event_line("DELETED", &serde_json::to_vec(&v).unwrap_or_default())
+                }
+                _ => event_line("DELETED", &self.new.json),
+            })
+            .clone()
+    }
+
+    /// What this event means to a watcher, if anything.
+    pub fn line_for(&self, w: &Watcher) -> Option<Bytes> {
+        let (ty, obj_for_meta): (EvType, &Value) = match self.ty {
+            EvType::Added => (
+                w.matches(&self.new.obj).then_some(EvType::Added)?,
+                &self.new.obj,
+            ),
+            EvType::Deleted => (
+                w.matches(&self.new.obj).then_some(EvType::Deleted)?,
+                &self.new.obj,
+            ),
+            EvType::Modified => {
+                let was = self.old.as_ref().is_some_and(|o| w.matches(&o.obj));
+                let is = w.matches(&self.new.obj);
+                match (was, is) {
+                    (true, true) => (EvType::Modified, &self.new.obj),
+                    (false, true) => (EvType::Added, &self.new.obj),
+                    (true, false) => (EvType::Deleted, &self.old.as_ref().expect("old").obj),
+                    (false, false) => return None,
+                }
+            }
+        };
+        if w.meta_only {
+            let mut v = partial_metadata(obj_for_meta);
+            meta::meta_mut(&mut v)
+                .insert("resourceVersion".into(), Value::String(self.rv.to_string()));
+            let name = match ty {
+                EvType::Added => "ADDED",
+                EvType::Modified => "MODIFIED",
+                EvType::Deleted => "DELETED",
+            };
+            return Some(event_line(
+                name,
+                &serde_json::to_vec(&v).unwrap_or_default(),
+            ));
+        }
+        Some(match ty {
+            EvType::Added => self.added(),
+            EvType::Modified => self.modified(),
+            EvType::Deleted => self.deleted(),
+        })
+    }
+}
+
+/// Per-watch accounting, kept after the watch ends.
+#[derive(Debug)]
+pub struct WatchStat {
+    pub id: u64,
+    pub resource: String,
+    pub namespace: Option<String>,
+    pub label_selector: String,
+    pub field_selector: String,
+    pub events: AtomicU64,
+    pub open: AtomicBool,
+}
+
+pub(crate) struct Watcher {
+    pub id: u64,
+    pub namespace: Option<String>,
+    pub label: Option<LabelSelector>,
+    pub field: Option<FieldSelector>,
+    /// `spec.nodeName` value this watcher requires (the fan-out index key), if any.
+    pub node: Option<String>,
+    pub tx: UnboundedSender<Bytes>,
+    pub bookmarks: bool,
+    pub meta_only: bool,
+    pub stat: Arc<WatchStat>,
+}
+
+impl Watcher {
+    pub fn matches(&self, obj: &Value) -> bool {
+        if let Some(ns) = &self.namespace {
+            if meta::namespace_of(obj) != ns {
+                return false;
+            }
+        }
+        if let Some(n) = &self.node {
+            if node_name(obj) != n {
+                return false;
+            }
+        }
+        if let Some(l) = &self.label {
+            let labels = meta::meta(obj)
+                .and_then(|m| m.get("labels"))
+                .and_then(Value::as_object);
+            if !l.matches(labels) {
+                return false;
+            }
+        }
+        self.field.as_ref().is_none_or(|f| f.matches(obj))
+    }
+
+    /// Queues a line; false when the client has gone.
+    pub fn send(&self, line: Bytes) -> bool {
+        let ok = self.tx.send(line).is_ok();
+        if ok {
+            self.stat.events.fetch_add(1, Ordering::Relaxed);
+        }
+        ok
+    }
+}
+
+fn node_name(obj: &Value) -> &str {
+    obj.get("spec")
+        .and_then(|s| s.get("nodeName"))
+        .and_then(Value::as_str)
+        .unwrap_or("")
+}
+
+/// The value of a `spec.nodeName=X` (or `==`) term of a raw field selector.
+pub(crate) fn node_term(raw: &str) -> Option<String> {
+    raw.split(',').find_map(|t| {
+        let t = t.trim();
+        let rest = t.strip_prefix("spec.nodeName")?;
+        let v = rest.strip_prefix("==").or_else(|| rest.strip_prefix('='))?;
+        Some(v.trim().to_string())
+    })
+}
+
+/// The watchers of one resource, indexed by the node and namespace they are limited to.
+#[derive(Default)]
+pub(crate) struct WatcherSet {
+    all: HashMap<u64, Arc<Watcher>>,
+    by_node: HashMap<String, HashSet<u64>>,
+    by_ns: HashMap<String, HashSet<u64>>,
+    rest: HashSet<u64>,
+}
+
+impl WatcherSet {
+    pub fn add(&mut self, w: Arc<Watcher>) {
+        let id = w.id;
+        if let Some(n) = &w.node {
+            self.by_node.entry(n.clone()).or_default().insert(id);
+        } else if let Some(ns) = &w.namespace {
+            self.by_ns.entry(ns.clone()).or_default().insert(id);
+        } else {
+            self.rest.insert(id);
+        }
+        self.all.insert(id, w);
+    }
+
+    pub fn remove(&mut self, id: u64) {
+        let Some(w) = self.all.remove(&id) else {
+            return;
+        };
+        w.stat.open.store(false, Ordering::Relaxed);
+        fn drop_from(m: &mut HashMap<String, HashSet<u64>>, k: &str, id: u64) {
+            if let Some(s) = m.get_mut(k) {
+                s.remove(&id);
+                if s.is_empty() {
+                    m.remove(k);
+                }
+            }
+        }
+        if let Some(n) = &w.node {
+            drop_from(&mut self.by_node, n, id);
+        } else if let Some(ns) = &w.namespace {
+            drop_from(&mut self.by_ns, ns, id);
+        } else {
+            self.rest.remove(&id);
+        }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Watcher>> {
+        self.all.values()
+    }
+
+    fn candidates(&self, ev: &Event) -> Vec<u64> {
+        let mut ids: Vec<u64> = self.rest.iter().copied().collect();
+        let objs = [ev.old.as_ref().map(|o| &*o.obj), Some(&*ev.new.obj)];
+        let mut seen_ns: Option<&str> = None;
+        let mut seen_node: Option<&str> = None;
+        for o in objs.into_iter().flatten() {
+            let ns = meta::namespace_of(o);
+            if seen_ns != Some(ns) {
+                if let Some(s) = self.by_ns.get(ns) {
+                    ids.extend(s.iter().copied());
+                }
+                seen_ns = Some(ns);
+            }
+            let n = node_name(o);
+            if seen_node != Some(n) {
+                if let Some(s) = self.by_node.get(n) {
+                    ids.extend(s.iter().copied());
+                }
+                seen_node = Some(n);
+            }
+        }
+        ids
+    }
+
+    /// Sends an event to every watcher it concerns; forgets watchers whose client has gone.
+    pub fn deliver(&mut self, ev: &Event) {
+        if self.all.is_empty() {
+            return;
+        }
+        let mut dead = Vec::new();
+        for id in self.candidates(ev) {
+            let Some(w) = self.all.get(&id) else { continue };
+            if let Some(line) = ev.line_for(w) {
+                if !w.send(line) {
+                    dead.push(id);
+                }
+            }
+        }
+        for id in dead {
+            self.remove(id);
+        }
+    }
+
+    /// Ends every watch (the resource went away or the server stops).
+    pub fn close_all(&mut self) {
+        let ids: Vec<u64> = self.all.keys().copied().collect();
+        for id in ids {
+            self.remove(id);
+        }
+    }
+}
+
+/// A `BOOKMARK` line for a resource at a resourceVersion.
+pub(crate) fn bookmark_line(api_version: &str, kind: &str, rv: u64, initial_end: bool) -> Bytes {
+    let mut meta = json!({"resourceVersion": rv.to_string()});
+    if initial_end {
+        meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+    }
+    let v = json!({"kind": kind, "apiVersion": api_version, "metadata": meta});
+    event_line("BOOKMARK", &serde_json::to_vec(&v).unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_terms() {
+        assert_eq!(node_term("spec.nodeName=n1"), Some("n1".into()));
+        assert_eq!(
+            node_term("status.phase=Running,spec.nodeName==n2"),
+            Some("n2".into())
+        );
+        assert_eq!(node_term("spec.nodeName!=n1"), None);
+        assert_eq!(node_term("metadata.name=a"), None);
+    }
+
+    #[test]
+    fn lines() {
+        let l = event_line("ADDED", b"{\"a\":1}");
+        let v: Value = serde_json::from_slice(&l).unwrap();
+        assert_eq!(v, json!({"type": "ADDED", "object": {"a": 1}}));
+        assert!(l.ends_with(b"\n"));
+        let b = bookmark_line("v1", "Pod", 7, true);
+        let v: Value = serde_json::from_slice(&b).unwrap();
+        assert_eq!(v["object"]["metadata"]["resourceVersion"], "7");
+        assert_eq!(
+            v["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"],
+            "true"
+        );
+    }
+}
