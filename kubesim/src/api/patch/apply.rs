@@ -186,9 +186,7 @@ fn applied_walk(
         let crule = child_path(rule, k);
         path.push(Pe::Field(k.clone()));
         match child {
-            Value::Object(cm) if cm.is_empty() => {
-                set.insert(path.clone());
-            }
+            // an empty map claims nothing (not even itself), as in the real ToFieldSet
             Value::Object(_) => applied_walk(child, kind, &crule, path, set)?,
             Value::Array(items) => match list_rule(kind, &crule).ssa {
                 SsaList::Atomic => {
@@ -478,7 +476,9 @@ fn remove_path(v: &mut Value, path: &[Pe], kind: &str, rule: &str, depth: usize)
                         .position(|i| element_key(i, keys).as_deref() == Some(k.as_str())),
                     _ => None,
                 },
-                Pe::Value(s) => items.iter().position(|i| i.to_string() == *s),
+                Pe::Value(s) => serde_json::from_str::<Value>(s)
+                    .ok()
+                    .and_then(|want| items.iter().position(|i| *i == want)),
                 Pe::Index(n) => (*n < items.len()).then_some(*n),
                 Pe::Field(_) => None,
             };
@@ -607,9 +607,8 @@ pub fn server_side_apply(
         .filter(|(i, _)| Some(*i) != mine)
         .flat_map(|(_, e)| e.set.iter().cloned())
         .collect();
-    let dropped: Vec<&Vec<Pe>> = last_set.difference(&new_set).collect();
-    // children before their parents
-    for path in dropped.into_iter().rev() {
+    // Parents come before their children: a removed list element takes its fields along.
+    for path in last_set.difference(&new_set) {
         if !covers(&others, path) && !covers(&new_set, path) {
             remove_path(&mut merged, path, &kind, "", 0);
         }
@@ -723,4 +722,393 @@ pub fn record_update(
         }),
     }
     write_entries(new, entries);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const T0: &str = "2026-01-01T00:00:00Z";
+    const T1: &str = "2026-01-01T00:01:00Z";
+    const T2: &str = "2026-01-01T00:02:00Z";
+
+    fn entry<'a>(obj: &'a Value, manager: &str, op: &str) -> Option<&'a Value> {
+        obj.pointer("/metadata/managedFields")?
+            .as_array()?
+            .iter()
+            .find(|e| e["manager"] == manager && e["operation"] == op)
+    }
+
+    fn cm(data: Value) -> Value {
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "d"}, "data": data})
+    }
+
+    fn pod_cfg(image: &str) -> Value {
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "d", "labels": {"app": "web"}},
+            "spec": {"containers": [{"name": "app", "image": image, "ports": [{"containerPort": 8080}]}]}
+        })
+    }
+
+    fn conflict(err: PatchError) -> (String, Vec<(String, String)>) {
+        match err {
+            PatchError::Conflict { message, causes } => (message, causes),
+            other => panic!("expected a conflict, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn create_by_apply_records_real_fieldsv1() {
+        let obj = server_side_apply(None, &pod_cfg("app:1"), "kubectl", false, None, T0).unwrap();
+        assert_eq!(obj["spec"]["containers"][0]["image"], "app:1");
+        assert_eq!(obj["metadata"]["name"], "p");
+        let e = entry(&obj, "kubectl", "Apply").unwrap();
+        assert_eq!(
+            *e,
+            json!({
+                "manager": "kubectl", "operation": "Apply", "apiVersion": "v1", "time": T0,
+                "fieldsType": "FieldsV1",
+                "fieldsV1": {
+                    "f:metadata": {"f:labels": {"f:app": {}}},
+                    "f:spec": {"f:containers": {"k:{\"name\":\"app\"}": {
+                        ".": {}, "f:image": {}, "f:name": {},
+                        "f:ports": {"k:{\"containerPort\":8080,\"protocol\":\"TCP\"}": {
+                            ".": {}, "f:containerPort": {}
+                        }}
+                    }}}
+                }
+            })
+        );
+        assert_eq!(
+            obj["metadata"]["managedFields"].as_array().unwrap().len(),
+            1
+        );
+    }
+
+    #[test]
+    fn reapply_removes_omitted_fields_and_keeps_time_when_unchanged() {
+        let v1 = server_side_apply(None, &cm(json!({"a": "1", "b": "2"})), "m", false, None, T0)
+            .unwrap();
+        let same = server_side_apply(
+            Some(&v1),
+            &cm(json!({"a": "1", "b": "2"})),
+            "m",
+            false,
+            None,
+            T1,
+        )
+        .unwrap();
+        assert_eq!(
+            same, v1,
+            "a no-op apply changes nothing, not even the entry's time"
+        );
+        let v2 =
+            server_side_apply(Some(&v1), &cm(json!({"a": "1"})), "m", false, None, T1).unwrap();
+        assert_eq!(v2["data"], json!({"a": "1"}));
+        let e = entry(&v2, "m", "Apply").unwrap();
+        assert_eq!(e["fieldsV1"], json!({"f:data": {"f:a": {}}}));
+        assert_eq!(e["time"], T1);
+        // dropping the last owned label also drops the emptied labels map
+        let with_label = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "c", "labels": {"x": "y"}}, "data": {"a": "1"}});
+        let v3 = server_side_apply(Some(&v2), &with_label, "m", false, None, T2).unwrap();
+        assert_eq!(v3["metadata"]["labels"], json!({"x": "y"}));
+        let v4 =
+            server_side_apply(Some(&v3), &cm(json!({"a": "1"})), "m", false, None, T2).unwrap();
+        assert!(v4["metadata"].get("labels").is_none(), "{v4}");
+    }
+
+    #[test]
+    fn reapply_removes_omitted_list_items_but_keeps_others() {
+        let mut cfg = pod_cfg("app:1");
+        cfg["spec"]["containers"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"name": "side", "image": "side:1"}));
+        let v1 = server_side_apply(None, &cfg, "m", false, None, T0).unwrap();
+        assert_eq!(v1["spec"]["containers"].as_array().unwrap().len(), 2);
+        let v2 = server_side_apply(Some(&v1), &pod_cfg("app:1"), "m", false, None, T1).unwrap();
+        let cs = v2["spec"]["containers"].as_array().unwrap();
+        assert_eq!(cs.len(), 1);
+        assert_eq!(cs[0]["name"], "app");
+        assert_eq!(cs[0]["ports"], json!([{"containerPort": 8080}]));
+    }
+
+    #[test]
+    fn conflict_between_two_appliers_and_force() {
+        let v1 = server_side_apply(None, &cm(json!({"a": "1"})), "alice", false, None, T0).unwrap();
+        let err = server_side_apply(Some(&v1), &cm(json!({"a": "2"})), "bob", false, None, T1)
+            .unwrap_err();
+        let (message, causes) = conflict(err);
+        assert_eq!(
+            message,
+            "Apply failed with 1 conflict: conflict with \"alice\": .data.a"
+        );
+        assert_eq!(
+            causes,
+            [(".data.a".to_owned(), "conflict with \"alice\"".to_owned())]
+        );
+
+        let forced =
+            server_side_apply(Some(&v1), &cm(json!({"a": "2"})), "bob", true, None, T1).unwrap();
+        assert_eq!(forced["data"]["a"], "2");
+        assert!(
+            entry(&forced, "alice", "Apply").is_none(),
+            "alice lost her only field"
+        );
+        assert_eq!(
+            entry(&forced, "bob", "Apply").unwrap()["fieldsV1"],
+            json!({"f:data": {"f:a": {}}})
+        );
+        // now alice conflicts with bob
+        let err = server_side_apply(
+            Some(&forced),
+            &cm(json!({"a": "1"})),
+            "alice",
+            false,
+            None,
+            T2,
+        )
+        .unwrap_err();
+        assert!(conflict(err).0.contains("conflict with \"bob\": .data.a"));
+    }
+
+    #[test]
+    fn same_value_is_shared_not_a_conflict() {
+        let v1 = server_side_apply(
+            None,
+            &cm(json!({"a": "1", "b": "1"})),
+            "alice",
+            false,
+            None,
+            T0,
+        )
+        .unwrap();
+        let v2 =
+            server_side_apply(Some(&v1), &cm(json!({"a": "1"})), "bob", false, None, T1).unwrap();
+        assert_eq!(v2["data"], json!({"a": "1", "b": "1"}));
+        assert!(entry(&v2, "alice", "Apply").is_some());
+        assert_eq!(
+            entry(&v2, "bob", "Apply").unwrap()["fieldsV1"],
+            json!({"f:data": {"f:a": {}}})
+        );
+        // alice stops applying `a`: bob still owns it, so it stays; `b` only alice owned.
+        let v3 =
+            server_side_apply(Some(&v2), &cm(json!({"b": "1"})), "alice", false, None, T2).unwrap();
+        assert_eq!(v3["data"], json!({"a": "1", "b": "1"}));
+        let v4 = server_side_apply(Some(&v3), &cm(json!({})), "alice", false, None, T2).unwrap();
+        assert_eq!(v4["data"], json!({"a": "1"}));
+        assert!(entry(&v4, "alice", "Apply").is_none());
+        // and bob changing the shared value now conflicts with nobody
+        let v5 =
+            server_side_apply(Some(&v4), &cm(json!({"a": "2"})), "bob", false, None, T2).unwrap();
+        assert_eq!(v5["data"]["a"], "2");
+    }
+
+    #[test]
+    fn several_conflicts_mirror_the_real_message() {
+        let v1 = server_side_apply(
+            None,
+            &cm(json!({"a": "1", "b": "1"})),
+            "alice",
+            false,
+            None,
+            T0,
+        )
+        .unwrap();
+        let v2 =
+            server_side_apply(Some(&v1), &cm(json!({"c": "1"})), "carol", false, None, T0).unwrap();
+        let err = server_side_apply(
+            Some(&v2),
+            &cm(json!({"a": "2", "b": "2", "c": "2"})),
+            "bob",
+            false,
+            None,
+            T1,
+        )
+        .unwrap_err();
+        let (message, causes) = conflict(err);
+        assert_eq!(
+            message,
+            "Apply failed with 3 conflicts: conflicts with \"alice\":\n- .data.a\n- .data.b\nconflicts with \"carol\":\n- .data.c"
+        );
+        assert_eq!(causes.len(), 3);
+        assert!(causes.contains(&(".data.c".into(), "conflict with \"carol\"".into())));
+    }
+
+    #[test]
+    fn update_owned_fields_conflict_with_apply() {
+        let mut created = cm(json!({"a": "1"}));
+        record_update(None, &mut created, "kubectl-create", None, T0);
+        let e = entry(&created, "kubectl-create", "Update").unwrap();
+        assert_eq!(e["fieldsV1"], json!({"f:data": {".": {}, "f:a": {}}}));
+        assert_eq!(e["apiVersion"], "v1");
+
+        let err = server_side_apply(
+            Some(&created),
+            &cm(json!({"a": "2"})),
+            "ctrl",
+            false,
+            None,
+            T1,
+        )
+        .unwrap_err();
+        let (message, causes) = conflict(err);
+        assert_eq!(
+            message,
+            "Apply failed with 1 conflict: conflict with \"kubectl-create\" using v1: .data.a"
+        );
+        assert_eq!(causes[0].0, ".data.a");
+
+        // an update that changes a field takes it away from its applier
+        let applied = server_side_apply(
+            Some(&created),
+            &cm(json!({"b": "1"})),
+            "ctrl",
+            false,
+            None,
+            T1,
+        )
+        .unwrap();
+        let mut edited = applied.clone();
+        edited["data"]["b"] = json!("9");
+        record_update(Some(&applied), &mut edited, "editor", None, T2);
+        assert!(entry(&edited, "ctrl", "Apply").is_none());
+        assert_eq!(
+            entry(&edited, "editor", "Update").unwrap()["fieldsV1"],
+            json!({"f:data": {"f:b": {}}})
+        );
+        let err = server_side_apply(
+            Some(&edited),
+            &cm(json!({"b": "1"})),
+            "ctrl",
+            false,
+            None,
+            T2,
+        )
+        .unwrap_err();
+        assert!(
+            conflict(err)
+                .0
+                .ends_with("conflict with \"editor\" using v1: .data.b")
+        );
+    }
+
+    #[test]
+    fn record_update_of_a_pod_with_status_subresource() {
+        let mut pod = pod_cfg("app:1");
+        record_update(None, &mut pod, "activator", None, T0);
+        let e = entry(&pod, "activator", "Update").unwrap();
+        // spec existed in the typed zero value; containers and labels are new
+        assert_eq!(
+            e["fieldsV1"]["f:spec"]["f:containers"]["k:{\"name\":\"app\"}"]["."],
+            json!({})
+        );
+        assert!(e["fieldsV1"]["f:spec"].get(".").is_none());
+        assert_eq!(
+            e["fieldsV1"]["f:metadata"]["f:labels"],
+            json!({".": {}, "f:app": {}})
+        );
+
+        let mut running = pod.clone();
+        running["status"] =
+            json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]});
+        record_update(Some(&pod), &mut running, "kubelet", Some("status"), T1);
+        let k = entry(&running, "kubelet", "Update").unwrap();
+        assert_eq!(k["subresource"], "status");
+        assert_eq!(
+            k["fieldsV1"],
+            json!({"f:status": {".": {}, "f:phase": {}, "f:conditions": {".": {}, "k:{\"type\":\"Ready\"}": {".": {}, "f:status": {}, "f:type": {}}}}})
+        );
+        // the activator's entry is untouched, and sorted before the newer one
+        let mf = running["metadata"]["managedFields"].as_array().unwrap();
+        assert_eq!(mf[0]["manager"], "activator");
+        assert_eq!(mf[1]["manager"], "kubelet");
+
+        let err = server_side_apply(
+            Some(&running),
+            &json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+                    "status": {"conditions": [{"type": "Ready", "status": "False"}]}}),
+            "other",
+            false,
+            Some("status"),
+            T2,
+        )
+        .unwrap_err();
+        assert_eq!(
+            conflict(err).0,
+            "Apply failed with 1 conflict: conflict with \"kubelet\" with subresource \"status\" using v1: .status.conditions[type=\"Ready\"].status"
+        );
+
+        // a no-op update keeps the entry (and its time) as it was
+        let mut again = running.clone();
+        record_update(Some(&running), &mut again, "kubelet", Some("status"), T2);
+        assert_eq!(again, running);
+    }
+
+    #[test]
+    fn finalizers_are_a_set_and_before_first_apply_claims_unowned_fields() {
+        let live = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "c", "finalizers": ["a"]}, "data": {"x": "1"}});
+        let err = server_side_apply(Some(&live), &cm(json!({"x": "2"})), "m", false, None, T0)
+            .unwrap_err();
+        assert!(
+            conflict(err)
+                .0
+                .contains("\"before-first-apply\" using v1: .data.x")
+        );
+
+        let cfg = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "c", "finalizers": ["b"]}, "data": {"x": "1"}});
+        let v1 = server_side_apply(Some(&live), &cfg, "m", false, None, T0).unwrap();
+        assert_eq!(v1["metadata"]["finalizers"], json!(["a", "b"]));
+        assert_eq!(
+            entry(&v1, "m", "Apply").unwrap()["fieldsV1"]["f:metadata"],
+            json!({"f:finalizers": {"v:\"b\"": {}}})
+        );
+        let mut cfg2 = cfg.clone();
+        cfg2["metadata"]["finalizers"] = json!([]);
+        let v2 = server_side_apply(Some(&v1), &cfg2, "m", false, None, T1).unwrap();
+        assert_eq!(v2["metadata"]["finalizers"], json!(["a"]));
+    }
+
+    #[test]
+    fn bad_applied_configurations() {
+        let mut cfg = pod_cfg("x");
+        cfg["spec"]["containers"] = json!([{"image": "x"}]);
+        let err = server_side_apply(None, &cfg, "m", false, None, T0).unwrap_err();
+        assert!(
+            matches!(&err, PatchError::Invalid(m) if m.contains("omits key field \"name\"")),
+            "{err:?}"
+        );
+        cfg["spec"]["containers"] = json!([{"name": "a"}, {"name": "a"}]);
+        let err = server_side_apply(None, &cfg, "m", false, None, T0).unwrap_err();
+        assert!(
+            matches!(&err, PatchError::Invalid(m) if m.contains("duplicate entries for key [name=\"a\"]")),
+            "{err:?}"
+        );
+        assert!(matches!(
+            server_side_apply(None, &json!([1]), "m", false, None, T0),
+            Err(PatchError::BadRequest(_))
+        ));
+    }
+
+    #[test]
+    fn atomic_lists_are_owned_whole() {
+        let mut cfg = pod_cfg("app:1");
+        cfg["spec"]["tolerations"] = json!([{"key": "a"}]);
+        let v1 = server_side_apply(None, &cfg, "m", false, None, T0).unwrap();
+        let e = entry(&v1, "m", "Apply").unwrap();
+        assert_eq!(e["fieldsV1"]["f:spec"]["f:tolerations"], json!({}));
+        let mut other = pod_cfg("app:1");
+        other["spec"]["tolerations"] = json!([{"key": "b"}]);
+        let err = server_side_apply(Some(&v1), &other, "n", false, None, T1).unwrap_err();
+        assert!(
+            conflict(err)
+                .0
+                .ends_with("conflict with \"m\": .spec.tolerations")
+        );
+    }
 }
