@@ -76,6 +76,7 @@ impl NodeInner {
         }
         drop(st);
         self.synced.send_replace(true);
+        self.changed();
     }
 
     pub(crate) fn on_delete(&self, pod: &Pod) {
@@ -89,10 +90,17 @@ impl NodeInner {
         if let Some(rt) = st.pods.remove(uid) {
             tracing::debug!(node = %self.config.name, pod = %rt.name, "pod gone");
             release(&mut st.ips, rt);
+            drop(st);
+            self.changed();
         }
     }
 
     pub(crate) fn on_apply(self: &Arc<Self>, pod: Pod) {
+        self.apply(pod);
+        self.changed();
+    }
+
+    fn apply(self: &Arc<Self>, pod: Pod) {
         let Some(uid) = pod.metadata.uid.clone() else {
             return;
         };
@@ -312,11 +320,14 @@ impl NodeInner {
         {
             let mut st = self.lock();
             match st.pods.get_mut(uid) {
-                Some(rt) if rt.stage == PodStage::Starting && !rt.suspended => rt.app = Some(app),
+                Some(rt) if rt.stage == PodStage::Starting && !rt.suspended => {
+                    rt.app = Some(app);
+                }
                 // Deleted or killed meanwhile: dropping the app closes it.
                 _ => return Ok(()),
             }
         }
+        self.changed();
 
         let readiness = delays.readiness.sample_now();
         if !readiness.is_zero() {
@@ -352,6 +363,7 @@ impl NodeInner {
         {
             rt.stage = stage;
         }
+        self.changed();
     }
 
     /// Stops the pod's app within its grace period, reports its containers terminated, and
@@ -376,6 +388,7 @@ impl NodeInner {
                 None => return Ok(()),
             }
         };
+        self.changed();
         let ran = app.is_some()
             || (external
                 && pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"));

@@ -14,6 +14,7 @@ mod kubelet;
 mod lease;
 pub mod lifecycle;
 pub mod objects;
+pub mod process;
 mod retry;
 mod sim_node;
 

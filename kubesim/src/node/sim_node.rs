@@ -92,9 +92,15 @@ pub(crate) struct NodeInner {
     pub state: Mutex<NodeState>,
     /// True once the pod watch has listed what is bound to the node.
     pub synced: watch::Sender<bool>,
+    /// Bumped whenever a pod's local state changes, for [`SimNode::wait_pod`].
+    pub changes: watch::Sender<()>,
 }
 
 impl NodeInner {
+    pub fn changed(&self) {
+        self.changes.send_replace(());
+    }
+
     pub fn lock(&self) -> MutexGuard<'_, NodeState> {
         // A panic while holding the lock leaves plain data behind; keep serving it.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
@@ -149,6 +155,7 @@ impl SimNode {
                     node_uid: None,
                 }),
                 synced: watch::channel(false).0,
+                changes: watch::channel(()).0,
             }),
         }
     }
@@ -212,6 +219,26 @@ impl SimNode {
             .filter_map(|rt| rt.app.as_ref())
             .map(|a| a.stats().requests())
             .sum()
+    }
+
+    /// Resolves once `cond` holds for the kubelet's view of a pod (`None`: it has none), e.g.
+    /// `|p| p.is_some_and(|p| p.stage == PodStage::Running)`: the app is bound and Ready has
+    /// been reported.
+    pub async fn wait_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        cond: impl Fn(Option<&PodInfo>) -> bool,
+    ) {
+        let mut rx = self.inner.changes.subscribe();
+        loop {
+            if cond(self.pod(namespace, name).as_ref()) {
+                return;
+            }
+            if rx.changed().await.is_err() {
+                return;
+            }
+        }
     }
 
     /// Resolves once the kubelet has listed the pods bound to it (after start or revive).
@@ -281,6 +308,7 @@ impl SimNode {
             apps
         };
         self.inner.synced.send_replace(false);
+        self.inner.changed();
         for app in apps {
             app.stop().await;
         }
@@ -322,5 +350,7 @@ impl SimNode {
                 task.abort();
             }
         }
+        drop(st);
+        self.inner.changed();
     }
 }

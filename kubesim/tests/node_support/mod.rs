@@ -83,3 +83,102 @@ pub fn init_tracing() {
         .with_test_writer()
         .try_init();
 }
+
+use k8s_openapi::api::core::v1::{Container, ContainerPort, EnvVar, Namespace, Node, Pod, PodSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, PostParams};
+use kube::runtime::wait::{Condition, await_condition};
+
+pub async fn ensure_namespace(client: &kube::Client, name: &str) {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    match api.create(&PostParams::default(), &ns).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => panic!("create namespace {name}: {e}"),
+    }
+}
+
+/// A pod bound to `node` (as the activator creates them: no scheduler involved).
+pub fn pod(name: &str, node: &str, port: Option<i32>, env: &[(&str, &str)]) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            node_name: Some(node.into()),
+            containers: vec![Container {
+                name: "app".into(),
+                image: Some("example.com/app:1".into()),
+                ports: port.map(|p| {
+                    vec![ContainerPort {
+                        container_port: p,
+                        ..Default::default()
+                    }]
+                }),
+                env: Some(
+                    env.iter()
+                        .map(|(k, v)| EnvVar {
+                            name: (*k).into(),
+                            value: Some((*v).into()),
+                            ..Default::default()
+                        })
+                        .collect(),
+                ),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+pub fn pod_condition(pod: &Pod, type_: &str) -> Option<String> {
+    pod.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| c.status.clone())
+}
+
+pub fn node_condition(node: &Node, type_: &str) -> Option<(String, Option<String>)> {
+    let c = node
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_)?;
+    Some((c.status.clone(), c.reason.clone()))
+}
+
+pub fn has_taint(node: &Node, key: &str, effect: &str) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == key && t.effect == effect))
+}
+
+pub fn is_pod_ready() -> impl Condition<Pod> {
+    |p: Option<&Pod>| p.is_some_and(|p| pod_condition(p, "Ready").as_deref() == Some("True"))
+}
+
+/// Waits (event-driven, via a watch) until `cond` holds for the object, at most [`LIMIT`].
+pub async fn wait_for<K>(api: &Api<K>, name: &str, cond: impl Condition<K>) -> Option<K>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+{
+    tokio::time::timeout(LIMIT, await_condition(api.clone(), name, cond))
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting for {name}"))
+        .expect("watch failed")
+}

@@ -1,0 +1,136 @@
+//! `kubesim`: a local simulated cluster (API server, node lifecycle controller and N simulated
+//! nodes) that tools can be pointed at through the kubeconfig it writes. Runs until Ctrl-C.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::{Parser, ValueEnum};
+use kubesim::api::{ApiServer, ApiServerConfig};
+use kubesim::node::config::parse_duration;
+use kubesim::node::{
+    Delay, Fleet, FleetOptions, NodeConfig, NodeLifecycleController, StartDelays, WatchMode,
+    process,
+};
+
+#[derive(Parser, Debug)]
+#[command(about = "A simulated Kubernetes cluster: in-memory API server and simulated nodes")]
+struct Args {
+    /// Number of simulated nodes (node-0000, node-0001, ...).
+    #[arg(long, default_value_t = 10)]
+    nodes: usize,
+    /// Where to write the kubeconfig for clients (kubectl, the activator, tests).
+    #[arg(long, default_value = "kubesim.kubeconfig")]
+    kubeconfig: PathBuf,
+    /// API server port on 127.0.0.1 (0: any free port).
+    #[arg(long, default_value_t = 0)]
+    port: u16,
+    /// Container start delay in milliseconds (fixed); see --container-start for distributions.
+    #[arg(long, default_value_t = 0)]
+    start_delay_ms: u64,
+    /// Container start delay: `300ms`, `uniform:100ms..1s`, `lognormal:300ms,0.5`.
+    /// Overrides --start-delay-ms.
+    #[arg(long)]
+    container_start: Option<Delay>,
+    /// Image pull delay (same syntax).
+    #[arg(long, default_value = "0ms")]
+    image_pull: Delay,
+    /// Readiness delay after the container starts (same syntax).
+    #[arg(long, default_value = "0ms")]
+    readiness: Delay,
+    /// Pod capacity of each node.
+    #[arg(long, default_value_t = 110)]
+    max_pods: u32,
+    /// How long a node may miss lease renewals before it is marked Unknown.
+    #[arg(long, default_value = "40s", value_parser = duration)]
+    node_grace: Duration,
+    /// Per-node pod watches (as real kubelets), or one shared watch for very many nodes.
+    #[arg(long, value_enum, default_value_t = Watch::PerNode)]
+    watch: Watch,
+    /// Latency added to every API request, in milliseconds.
+    #[arg(long)]
+    api_latency_ms: Option<u64>,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Watch {
+    PerNode,
+    Shared,
+}
+
+fn duration(s: &str) -> Result<Duration, String> {
+    parse_duration(s).ok_or_else(|| format!("invalid duration {s:?}"))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let args = Args::parse();
+    let began = Instant::now();
+
+    let server = ApiServer::start(ApiServerConfig {
+        bind: SocketAddr::from(([127, 0, 0, 1], args.port)),
+        latency: args.api_latency_ms.map(Duration::from_millis),
+        ..Default::default()
+    })
+    .await
+    .context("starting the API server")?;
+    server
+        .write_kubeconfig(&args.kubeconfig)
+        .context("writing the kubeconfig")?;
+    let client = server.client();
+    let controller = NodeLifecycleController::start(client.clone(), args.node_grace);
+
+    let delays = StartDelays {
+        image_pull: args.image_pull.clone(),
+        container_start: args
+            .container_start
+            .clone()
+            .unwrap_or(Delay::fixed_ms(args.start_delay_ms)),
+        readiness: args.readiness.clone(),
+    };
+    let configs = (0..args.nodes)
+        .map(|i| {
+            NodeConfig::numbered(i)
+                .with_max_pods(args.max_pods)
+                .with_delays(delays.clone())
+        })
+        .collect();
+    let watch_mode = match args.watch {
+        Watch::PerNode => WatchMode::PerNode,
+        Watch::Shared => WatchMode::Shared,
+    };
+    let fleet = Fleet::start_with(
+        client,
+        configs,
+        FleetOptions {
+            watch_mode,
+            ..Default::default()
+        },
+    )
+    .await
+    .context("starting the simulated nodes")?;
+
+    tracing::info!(
+        url = %server.url(),
+        kubeconfig = %args.kubeconfig.display(),
+        nodes = fleet.len(),
+        startup_ms = began.elapsed().as_millis() as u64,
+        rss_mib = process::rss_bytes().map(|b| b / (1024 * 1024)),
+        "kubesim ready; Ctrl-C to stop"
+    );
+
+    tokio::signal::ctrl_c()
+        .await
+        .context("waiting for Ctrl-C")?;
+    tracing::info!("shutting down");
+    fleet.shutdown();
+    controller.shutdown();
+    server.shutdown().await;
+    Ok(())
+}

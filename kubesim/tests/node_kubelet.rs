@@ -1,0 +1,405 @@
+//! Simulated kubelets against kubesim's API server: pods bound to a node start as real HTTP
+//! servers, over-capacity pods are rejected, deleted pods are stopped and removed.
+//! Node indices 1..=19 are this file's (each test its own, as tests share the process).
+
+#[path = "node_support/mod.rs"]
+mod support;
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::runtime::wait::conditions::is_deleted;
+use kube::runtime::watcher::{self, Event};
+use kubesim::api::{ApiServer, ApiServerConfig};
+use kubesim::node::{
+    Delay, Fleet, FleetOptions, NodeConfig, PodStage, StartDelays, WatchMode,
+    objects::EXTERNAL_ANNOTATION,
+};
+use support::*;
+
+const NS: &str = "node-tests";
+
+async fn server() -> ApiServer {
+    init_tracing();
+    let server = ApiServer::start(ApiServerConfig::default())
+        .await
+        .expect("api server");
+    ensure_namespace(&server.client(), NS).await;
+    server
+}
+
+fn pod_addr(pod: &Pod, port: u16) -> SocketAddr {
+    let ip: Ipv4Addr = pod
+        .status
+        .as_ref()
+        .unwrap()
+        .pod_ip
+        .as_ref()
+        .expect("podIP")
+        .parse()
+        .unwrap();
+    SocketAddr::from((ip, port))
+}
+
+#[tokio::test]
+async fn bound_pod_becomes_ready_and_serves_http() {
+    let server = server().await;
+    let client = server.client();
+    let fleet = Fleet::start(
+        client.clone(),
+        vec![NodeConfig::numbered(1).with_label("zone", "z1")],
+    )
+    .await
+    .unwrap();
+
+    // The Node and its Lease are registered as a kubelet registers them.
+    let node = Api::<Node>::all(client.clone())
+        .get("node-0001")
+        .await
+        .unwrap();
+    let labels = node.metadata.labels.clone().unwrap();
+    assert_eq!(labels["kubernetes.io/hostname"], "node-0001");
+    assert_eq!(labels["node.kubernetes.io/instance-type"], "kubesim");
+    assert_eq!(labels["zone"], "z1");
+    assert_eq!(
+        node_condition(&node, "Ready"),
+        Some(("True".into(), Some("KubeletReady".into())))
+    );
+    let status = node.status.unwrap();
+    assert_eq!(status.capacity.unwrap()["pods"].0, "110");
+    assert_eq!(status.addresses.unwrap()[0].address, "127.10.1.1");
+    let lease = Api::<Lease>::namespaced(client.clone(), "kube-node-lease")
+        .get("node-0001")
+        .await
+        .unwrap();
+    assert_eq!(
+        lease.spec.unwrap().holder_identity.as_deref(),
+        Some("node-0001")
+    );
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    pods.create(
+        &PostParams::default(),
+        &pod("web", "node-0001", Some(9000), &[]),
+    )
+    .await
+    .unwrap();
+    let ready = wait_for(&pods, "web", is_pod_ready()).await.unwrap();
+    let st = ready.status.clone().unwrap();
+    assert_eq!(st.phase.as_deref(), Some("Running"));
+    assert_eq!(st.host_ip.as_deref(), Some("127.10.1.1"));
+    let addr = pod_addr(&ready, 9000);
+    assert_eq!(
+        addr.ip().to_string().rsplit_once('.').unwrap().0,
+        "127.10.1",
+        "pod IP in the node's block"
+    );
+    assert_ne!(addr.ip(), Ipv4Addr::new(127, 10, 1, 1));
+    for c in ["PodScheduled", "Initialized", "ContainersReady", "Ready"] {
+        assert_eq!(pod_condition(&ready, c).as_deref(), Some("True"), "{c}");
+    }
+    let cs = &st.container_statuses.unwrap()[0];
+    assert!(cs.ready && cs.started == Some(true));
+    assert!(
+        cs.state
+            .as_ref()
+            .unwrap()
+            .running
+            .as_ref()
+            .unwrap()
+            .started_at
+            .is_some()
+    );
+
+    let http = http_client();
+    let answer = get(&http, addr, "/hello?x=1").await.unwrap();
+    assert_eq!(answer.status, 200);
+    assert_eq!(answer.body, "GET /hello?x=1\n");
+    assert_eq!(answer.headers["x-node-name"], "node-0001");
+    assert_eq!(answer.headers["x-pod-name"], "web");
+    assert_eq!(answer.headers["x-pod-namespace"], NS);
+    assert_eq!(fleet.app_stats(NS, "web").unwrap().requests(), 1);
+    fleet.shutdown();
+}
+
+#[tokio::test]
+async fn pods_bound_before_the_node_starts_are_started_by_the_first_list() {
+    let server = server().await;
+    let client = server.client();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    pods.create(
+        &PostParams::default(),
+        &pod("early", "node-0002", None, &[]),
+    )
+    .await
+    .unwrap();
+    let _fleet = Fleet::start(client.clone(), vec![NodeConfig::numbered(2)])
+        .await
+        .unwrap();
+    let ready = wait_for(&pods, "early", is_pod_ready()).await.unwrap();
+    let answer = get(&http_client(), pod_addr(&ready, 8080), "/")
+        .await
+        .unwrap();
+    assert_eq!(answer.headers["x-pod-name"], "early");
+}
+
+#[tokio::test]
+async fn status_goes_through_container_creating_then_running_then_ready() {
+    let server = server().await;
+    let client = server.client();
+    let delays = StartDelays {
+        image_pull: Delay::fixed_ms(150),
+        container_start: Delay::Uniform {
+            min: Duration::from_millis(10),
+            max: Duration::from_millis(50),
+        },
+        readiness: Delay::fixed_ms(150),
+    };
+    let _fleet = Fleet::start(
+        client.clone(),
+        vec![NodeConfig::numbered(3).with_delays(delays)],
+    )
+    .await
+    .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let events = watcher::watcher(
+        pods.clone(),
+        watcher::Config::default().fields("metadata.name=slow"),
+    );
+    let mut events = std::pin::pin!(events);
+    pods.create(&PostParams::default(), &pod("slow", "node-0003", None, &[]))
+        .await
+        .unwrap();
+    let mut seen: Vec<&'static str> = Vec::new();
+    tokio::time::timeout(LIMIT, async {
+        while let Some(event) = events.next().await {
+            let (Event::Apply(p) | Event::InitApply(p)) = event.unwrap() else {
+                continue;
+            };
+            let Some(st) = p.status.as_ref() else {
+                continue;
+            };
+            let waiting = st
+                .container_statuses
+                .as_ref()
+                .and_then(|c| c.first())
+                .and_then(|c| c.state.as_ref())
+                .and_then(|s| s.waiting.as_ref())
+                .and_then(|w| w.reason.clone());
+            let stage = match (st.phase.as_deref(), pod_condition(&p, "Ready").as_deref()) {
+                (Some("Pending"), _) if waiting.as_deref() == Some("ContainerCreating") => {
+                    "creating"
+                }
+                (Some("Running"), Some("False")) => "running",
+                (Some("Running"), Some("True")) => "ready",
+                _ => continue,
+            };
+            if seen.last() != Some(&stage) {
+                seen.push(stage);
+            }
+            if stage == "ready" {
+                break;
+            }
+        }
+    })
+    .await
+    .expect("pod became ready");
+    assert_eq!(seen, ["creating", "running", "ready"]);
+}
+
+#[tokio::test]
+async fn pod_over_capacity_fails_with_out_of_pods() {
+    let server = server().await;
+    let client = server.client();
+    let fleet = Fleet::start(
+        client.clone(),
+        vec![NodeConfig::numbered(4).with_max_pods(2)],
+    )
+    .await
+    .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    for name in ["cap-a", "cap-b"] {
+        pods.create(&PostParams::default(), &pod(name, "node-0004", None, &[]))
+            .await
+            .unwrap();
+        wait_for(&pods, name, is_pod_ready()).await;
+    }
+    pods.create(
+        &PostParams::default(),
+        &pod("cap-c", "node-0004", None, &[]),
+    )
+    .await
+    .unwrap();
+    let failed = wait_for(&pods, "cap-c", |p: Option<&Pod>| {
+        p.and_then(|p| p.status.as_ref())
+            .and_then(|s| s.phase.as_deref())
+            == Some("Failed")
+    })
+    .await
+    .unwrap();
+    let st = failed.status.unwrap();
+    assert_eq!(st.reason.as_deref(), Some("OutOfpods"));
+    assert_eq!(
+        st.message.as_deref(),
+        Some(
+            "Pod was rejected: Node didn't have enough resource: pods, requested: 1, used: 2, capacity: 2"
+        )
+    );
+    assert!(st.pod_ip.is_none());
+    assert_eq!(
+        fleet
+            .node("node-0004")
+            .unwrap()
+            .pod(NS, "cap-c")
+            .unwrap()
+            .stage,
+        PodStage::Rejected
+    );
+
+    // A slot freed by a deletion is usable again.
+    pods.delete("cap-a", &DeleteParams::default())
+        .await
+        .unwrap();
+    let uid = pods.get("cap-a").await.ok().and_then(|p| p.metadata.uid);
+    if let Some(uid) = uid {
+        tokio::time::timeout(
+            LIMIT,
+            kube::runtime::wait::await_condition(pods.clone(), "cap-a", is_deleted(&uid)),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    }
+    pods.create(
+        &PostParams::default(),
+        &pod("cap-d", "node-0004", None, &[]),
+    )
+    .await
+    .unwrap();
+    wait_for(&pods, "cap-d", is_pod_ready()).await;
+}
+
+#[tokio::test]
+async fn deleted_pod_finishes_in_flight_requests_then_disappears() {
+    let server = server().await;
+    let client = server.client();
+    let fleet = Fleet::start(client.clone(), vec![NodeConfig::numbered(5)])
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    pods.create(
+        &PostParams::default(),
+        &pod(
+            "doomed",
+            "node-0005",
+            Some(8081),
+            &[("SIM_DELAY_MS", "400")],
+        ),
+    )
+    .await
+    .unwrap();
+    let ready = wait_for(&pods, "doomed", is_pod_ready()).await.unwrap();
+    let uid = ready.metadata.uid.clone().unwrap();
+    let addr = pod_addr(&ready, 8081);
+
+    let http = http_client();
+    let in_flight = tokio::spawn({
+        let http = http.clone();
+        async move { get(&http, addr, "/slow").await.map(|a| (a.status, a.body)) }
+    });
+    let stats = fleet.app_stats(NS, "doomed").unwrap();
+    tokio::time::timeout(LIMIT, async {
+        while stats.in_flight() == 0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .unwrap();
+
+    // A plain delete: the server keeps the bound pod (deletionTimestamp, 30 s grace) until
+    // the kubelet has stopped it and removes it itself.
+    pods.delete("doomed", &DeleteParams::default())
+        .await
+        .unwrap();
+    let (status, body) = in_flight
+        .await
+        .unwrap()
+        .expect("in-flight request finished during the grace period");
+    assert_eq!((status, body.as_str()), (200, "GET /slow\n"));
+    tokio::time::timeout(
+        LIMIT,
+        kube::runtime::wait::await_condition(pods.clone(), "doomed", is_deleted(&uid)),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(refused(addr).await, "the app's listener is closed");
+    assert!(fleet.node("node-0005").unwrap().pod(NS, "doomed").is_none());
+}
+
+#[tokio::test]
+async fn external_pods_run_on_the_node_address_without_an_app() {
+    let server = server().await;
+    let client = server.client();
+    let fleet = Fleet::start(client.clone(), vec![NodeConfig::numbered(6)])
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let mut p = pod("activator-x", "node-0006", Some(8080), &[]);
+    p.metadata.annotations = Some([(EXTERNAL_ANNOTATION.to_owned(), "true".to_owned())].into());
+    p.spec.as_mut().unwrap().host_network = Some(true);
+    pods.create(&PostParams::default(), &p).await.unwrap();
+    let ready = wait_for(&pods, "activator-x", is_pod_ready())
+        .await
+        .unwrap();
+    assert_eq!(ready.status.unwrap().pod_ip.as_deref(), Some("127.10.6.1"));
+    let info = fleet
+        .node("node-0006")
+        .unwrap()
+        .pod(NS, "activator-x")
+        .unwrap();
+    assert!(info.external);
+    assert!(
+        info.app_addr.is_none(),
+        "no app is started for an external pod"
+    );
+}
+
+#[tokio::test]
+async fn shared_watch_mode_starts_pods_on_every_node() {
+    let server = server().await;
+    let client = server.client();
+    let configs = (7..10).map(NodeConfig::numbered).collect();
+    let options = FleetOptions {
+        watch_mode: WatchMode::Shared,
+        ..Default::default()
+    };
+    let fleet = Fleet::start_with(client.clone(), configs, options)
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    for i in 7..10 {
+        pods.create(
+            &PostParams::default(),
+            &pod(&format!("shared-{i}"), &format!("node-{i:04}"), None, &[]),
+        )
+        .await
+        .unwrap();
+    }
+    let http = http_client();
+    for i in 7..10 {
+        let ready = wait_for(&pods, &format!("shared-{i}"), is_pod_ready())
+            .await
+            .unwrap();
+        let answer = get(&http, pod_addr(&ready, 8080), "/").await.unwrap();
+        assert_eq!(
+            answer.headers["x-node-name"].to_str().unwrap(),
+            format!("node-{i:04}")
+        );
+    }
+    assert_eq!(fleet.requests(), 3);
+}
