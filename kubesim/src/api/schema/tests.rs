@@ -783,3 +783,28 @@ fn generated_crds_compile_and_validate() {
         )]
     );
 }
+
+#[test]
+fn compiled_schema_can_be_shared_across_threads() {
+    fn assert_send_sync<T: Send + Sync + 'static>(_: &T) {}
+    let schema = compiled();
+    assert_send_sync(&schema);
+    let shared = std::sync::Arc::new(schema);
+    let handle = {
+        let shared = std::sync::Arc::clone(&shared);
+        std::thread::spawn(move || {
+            check_with(
+                &shared,
+                revision(json!({"template": {}, "minScale": 2, "maxScale": 1})),
+            )
+        })
+    };
+    let errs = handle.join().unwrap();
+    assert_eq!(errs.len(), 1);
+    assert_eq!(errs[0].field, "spec");
+}
+
+fn check_with(schema: &CompiledSchema, mut obj: Value) -> Vec<FieldCause> {
+    schema.default_and_prune(&mut obj);
+    schema.validate(&obj, None)
+}
