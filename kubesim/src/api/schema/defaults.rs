@@ -50,12 +50,8 @@ pub(crate) fn prune_resource(obj: &mut Value, root: &Node) -> Vec<String> {
     pruned
 }
 
-fn is_meta_kept(key: &str, v: &Value) -> bool {
-    match key {
-        "apiVersion" | "kind" => v.is_string(),
-        "metadata" => v.is_object(),
-        _ => false,
-    }
+fn is_meta_kept(key: &str) -> bool {
+    matches!(key, "apiVersion" | "kind" | "metadata")
 }
 
 fn prune(
@@ -81,7 +77,7 @@ fn prune(
             let embedded = embedded || node.embedded;
             let keys: Vec<String> = map.keys().cloned().collect();
             for k in keys {
-                if embedded && is_meta_kept(&k, &map[&k]) {
+                if embedded && is_meta_kept(&k) {
                     continue;
                 }
                 let child = node.property(&k).or(node.additional.as_deref());
@@ -115,7 +111,7 @@ fn skip_prune(x: &mut Value, s: &Node, embedded: bool, path: &mut PathBuf, out: 
     match x {
         Value::Object(map) => {
             for (k, v) in map.iter_mut() {
-                if embedded && is_meta_kept(k, v) {
+                if embedded && is_meta_kept(k) {
                     continue;
                 }
                 if let Some(child) = s.property(k).or(s.additional.as_deref()) {
