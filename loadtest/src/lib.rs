@@ -1,1 +1,12 @@
-//! loadtest (see DESIGN.md).
+//! The load-test harness: composes kubesim, the subsetter and one activator per node in one
+//! process (or targets a real cluster through `KUBECONFIG`), runs scenarios and reports.
+
+pub mod cluster;
+pub mod demo;
+pub mod driver;
+pub mod error;
+pub mod report;
+pub mod stats;
+
+pub use cluster::{ClusterOptions, SimCluster};
+pub use error::Error;

@@ -15,6 +15,7 @@ mod lease;
 pub mod lifecycle;
 pub mod objects;
 pub mod process;
+pub mod reserve;
 mod retry;
 mod sim_node;
 

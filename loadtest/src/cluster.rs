@@ -1,0 +1,374 @@
+//! A whole local-activator system in one process: an API server (kubesim's, or a real one from
+//! `KUBECONFIG`), simulated nodes, the subsetter, and one activator per node at the node's own
+//! loopback address, represented in the API as a Ready DaemonSet-style pod on its node.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use activator::{Activator, ActivatorConfig};
+use crds::contract::{
+    ADMIN_PORT, APP_NAME_LABEL, APP_NAME_VALUE, COMPONENT_LABEL, COMPONENT_VALUE, DATA_PORT,
+};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Container, ContainerPort, Namespace, Pod, PodSpec};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::runtime::wait::{await_condition, conditions};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use kubesim::api::{ApiServer, ApiServerConfig};
+use kubesim::node::reserve::{NodeBlock, reserve_nodes};
+use kubesim::node::{
+    Delay, Fleet, FleetOptions, NodeConfig, NodeLifecycleController, StartDelays, WatchMode,
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::Error;
+
+/// The namespace of the activator (DaemonSet) pods.
+pub const ACTIVATOR_NAMESPACE: &str = "local-activator";
+/// Marks a pod whose process the harness runs itself (kubesim's kubelet then only reports it
+/// Running and Ready with the node's IP, as for a `hostNetwork` DaemonSet pod).
+const EXTERNAL_ANNOTATION: &str = "kubesim.local-activator.dev/external";
+
+/// How to build the cluster.
+#[derive(Debug, Clone)]
+pub struct ClusterOptions {
+    pub nodes: usize,
+    /// Simulated time from a pod's admission to its app answering and being Ready.
+    pub start_delay: Delay,
+    /// N for revisions without `spec.activators`.
+    pub default_activators: usize,
+    /// Use the API server of `KUBECONFIG` instead of an embedded kubesim one.
+    pub use_kubeconfig: bool,
+    /// Latency the embedded API server adds to every request.
+    pub api_latency: Option<Duration>,
+    /// One pod watch for all simulated kubelets instead of one per node (for thousands of nodes).
+    pub shared_kubelet_watch: bool,
+    /// Pods each simulated node admits.
+    pub max_pods: u32,
+}
+
+impl Default for ClusterOptions {
+    fn default() -> Self {
+        Self {
+            nodes: 5,
+            start_delay: Delay::fixed_ms(300),
+            default_activators: 3,
+            use_kubeconfig: std::env::var_os("KUBECONFIG").is_some(),
+            api_latency: None,
+            shared_kubelet_watch: false,
+            max_pods: 110,
+        }
+    }
+}
+
+/// One activator of the cluster.
+pub struct NodeActivator {
+    pub node: String,
+    pub activator: Activator,
+}
+
+/// The running system.
+pub struct SimCluster {
+    /// The embedded API server (None against a real cluster).
+    pub api: Option<ApiServer>,
+    pub client: Client,
+    pub fleet: Fleet,
+    pub activators: Vec<NodeActivator>,
+    lifecycle: Option<NodeLifecycleController>,
+    block: NodeBlock,
+    stop_subsetter: CancellationToken,
+    subsetter: tokio::task::JoinHandle<()>,
+}
+
+impl SimCluster {
+    pub async fn start(opts: ClusterOptions) -> Result<Self, Error> {
+        let (api, client) = if opts.use_kubeconfig {
+            let client = Client::try_default().await?;
+            (None, client)
+        } else {
+            let api = ApiServer::start(ApiServerConfig {
+                latency: opts.api_latency,
+                ..ApiServerConfig::default()
+            })
+            .await?;
+            let client = api.client();
+            (Some(api), client)
+        };
+        apply_crds(&client).await?;
+        ensure_namespace(&client, ACTIVATOR_NAMESPACE).await?;
+
+        // Addresses no other cluster in this or another process is using.
+        let block = reserve_nodes(opts.nodes)?;
+        let configs: Vec<NodeConfig> = block
+            .indices()
+            .map(|i| {
+                NodeConfig::numbered(i)
+                    .with_max_pods(opts.max_pods)
+                    .with_delays(StartDelays {
+                        container_start: opts.start_delay.clone(),
+                        ..StartDelays::default()
+                    })
+            })
+            .collect();
+        let fleet = Fleet::start_with(
+            client.clone(),
+            configs,
+            FleetOptions {
+                watch_mode: if opts.shared_kubelet_watch {
+                    WatchMode::Shared
+                } else {
+                    WatchMode::PerNode
+                },
+                ..FleetOptions::default()
+            },
+        )
+        .await?;
+        // A real cluster runs its own node lifecycle controller.
+        let lifecycle = api
+            .is_some()
+            .then(|| NodeLifecycleController::start(client.clone(), Duration::from_secs(40)));
+
+        let mut activators = Vec::with_capacity(opts.nodes);
+        let pods: Api<Pod> = Api::namespaced(client.clone(), ACTIVATOR_NAMESPACE);
+        for node in fleet.nodes() {
+            let ip = node.ip().into();
+            let cfg = ActivatorConfig::new(
+                node.name(),
+                SocketAddr::new(ip, DATA_PORT),
+                SocketAddr::new(ip, ADMIN_PORT),
+            );
+            let pod_name = cfg.pod_name.clone();
+            let activator = Activator::start(cfg, client.clone())
+                .await
+                .map_err(|source| Error::Activator {
+                    node: node.name().to_string(),
+                    source,
+                })?;
+            let pod = activator_pod(&pod_name, node.name());
+            match pods.create(&PostParams::default(), &pod).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(e) => return Err(e.into()),
+            }
+            activators.push(NodeActivator {
+                node: node.name().to_string(),
+                activator,
+            });
+        }
+        wait_ready_pods(&pods, opts.nodes, Duration::from_secs(60)).await?;
+
+        let stop_subsetter = CancellationToken::new();
+        let sub = subsetter::Subsetter::new(
+            client.clone(),
+            subsetter::Config {
+                default_activators: opts.default_activators,
+                activator_namespace: Some(ACTIVATOR_NAMESPACE.into()),
+                ..subsetter::Config::default()
+            },
+            Arc::new(subsetter::Random::new()),
+        );
+        let stop = stop_subsetter.clone();
+        let subsetter = tokio::spawn(async move {
+            if let Err(e) = sub.run(async move { stop.cancelled().await }).await {
+                tracing::error!(error = %e, "subsetter stopped");
+            }
+        });
+        Ok(Self {
+            api,
+            client,
+            fleet,
+            activators,
+            lifecycle,
+            block,
+            stop_subsetter,
+            subsetter,
+        })
+    }
+
+    /// Data addresses of the activators, by node.
+    pub fn entries(&self) -> Vec<(String, SocketAddr)> {
+        self.activators
+            .iter()
+            .map(|a| (a.node.clone(), a.activator.data_addr()))
+            .collect()
+    }
+
+    /// API requests by verb so far (embedded API server only).
+    pub fn api_requests_by_verb(&self) -> BTreeMap<String, u64> {
+        let mut out = BTreeMap::new();
+        if let Some(api) = &self.api {
+            for (k, n) in api.stats().requests {
+                *out.entry(k.verb.clone()).or_default() += n;
+            }
+        }
+        out
+    }
+
+    /// Pod creates seen by the embedded API server so far.
+    pub fn pod_creates(&self) -> u64 {
+        self.api
+            .as_ref()
+            .map(|a| a.stats().count("create", "pods"))
+            .unwrap_or(0)
+    }
+
+    pub async fn shutdown(self) {
+        self.stop_subsetter.cancel();
+        let _ = self.subsetter.await;
+        for a in self.activators {
+            a.activator.shutdown().await;
+        }
+        self.fleet.shutdown();
+        drop(self.lifecycle);
+        if let Some(api) = self.api {
+            api.shutdown().await;
+        }
+        drop(self.block);
+    }
+}
+
+/// The directory of the generated CRD YAML.
+pub fn crd_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds")
+}
+
+/// Applies `deploy/crds/*.yaml` (server-side apply, as `kubectl apply --server-side` would)
+/// and waits until each is Established.
+pub async fn apply_crds(client: &Client) -> Result<(), Error> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let dir = crd_dir();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map_err(|e| Error::Manifest {
+            path: dir.display().to_string(),
+            message: e.to_string(),
+        })?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort();
+    for path in files {
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::Manifest {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        let crd: CustomResourceDefinition =
+            serde_saphyr::from_str(&text).map_err(|e| Error::Manifest {
+                path: path.display().to_string(),
+                message: e.to_string(),
+            })?;
+        let name = crd.name_any();
+        api.patch(
+            &name,
+            &PatchParams::apply("local-activator-loadtest").force(),
+            &Patch::Apply(&crd),
+        )
+        .await?;
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            await_condition(api.clone(), &name, conditions::is_crd_established()),
+        )
+        .await
+        .map_err(|_| Error::Timeout {
+            what: format!("CRD {name} to be established"),
+            secs: 30,
+        })?
+        .map_err(|e| Error::KubeConfig(e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// Creates a namespace unless it exists.
+pub async fn ensure_namespace(client: &Client, name: &str) -> Result<(), Error> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    match api.create(&PostParams::default(), &ns).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The DaemonSet-style pod that represents an activator on `node`.
+fn activator_pod(name: &str, node: &str) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(ACTIVATOR_NAMESPACE.into()),
+            labels: Some(BTreeMap::from([
+                (APP_NAME_LABEL.to_string(), APP_NAME_VALUE.to_string()),
+                (COMPONENT_LABEL.to_string(), COMPONENT_VALUE.to_string()),
+            ])),
+            annotations: Some(BTreeMap::from([(
+                EXTERNAL_ANNOTATION.to_string(),
+                "true".to_string(),
+            )])),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            node_name: Some(node.into()),
+            host_network: Some(true),
+            containers: vec![Container {
+                name: "activator".into(),
+                image: Some("local-activator/activator:dev".into()),
+                ports: Some(vec![
+                    ContainerPort {
+                        name: Some("http".into()),
+                        container_port: DATA_PORT.into(),
+                        ..Default::default()
+                    },
+                    ContainerPort {
+                        name: Some("admin".into()),
+                        container_port: ADMIN_PORT.into(),
+                        ..Default::default()
+                    },
+                ]),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+/// Waits until `n` pods of `api` are Ready, using one watch.
+async fn wait_ready_pods(api: &Api<Pod>, n: usize, limit: Duration) -> Result<(), Error> {
+    let stream = watcher(api.clone(), watcher::Config::default()).applied_objects();
+    let wait = async {
+        let mut stream = std::pin::pin!(stream);
+        let mut ready = std::collections::HashSet::new();
+        while let Some(ev) = stream.next().await {
+            let Ok(pod) = ev else { continue };
+            let is_ready = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+            if is_ready {
+                ready.insert(pod.name_any());
+            } else {
+                ready.remove(&pod.name_any());
+            }
+            if ready.len() >= n {
+                return;
+            }
+        }
+    };
+    tokio::time::timeout(limit, wait)
+        .await
+        .map_err(|_| Error::Timeout {
+            what: format!("{n} activator pods to be Ready"),
+            secs: limit.as_secs(),
+        })
+}

@@ -1,0 +1,194 @@
+//! The demo scenario: revisions created on a fresh cluster, then requests to random
+//! activators — the first burst of each revision concurrent (they race to cold-start it), the
+//! rest one after another (warm).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use crds::{ActivationEndpoints, Revision, RevisionSpec};
+use futures::StreamExt;
+use futures::future::join_all;
+use kube::api::PostParams;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use rand::RngExt;
+
+use crate::Error;
+use crate::cluster::{SimCluster, ensure_namespace};
+use crate::driver::{Driver, Sample};
+use crate::report::Summary;
+
+/// The demo's knobs.
+#[derive(Debug, Clone)]
+pub struct DemoOptions {
+    pub namespace: String,
+    pub revisions: usize,
+    /// Requests per revision.
+    pub requests: usize,
+    /// How many of each revision's first requests are sent at once.
+    pub burst: usize,
+    /// The simulated pod start delay (for the report).
+    pub start_delay_ms: u64,
+}
+
+impl Default for DemoOptions {
+    fn default() -> Self {
+        Self {
+            namespace: "demo".into(),
+            revisions: 10,
+            requests: 5,
+            burst: 3,
+            start_delay_ms: 300,
+        }
+    }
+}
+
+/// The host a demo revision is served on.
+pub fn host_of(revision: &str, namespace: &str) -> String {
+    format!("{revision}.{namespace}.example.test")
+}
+
+/// A revision of the simulated echo app (kubesim's nodes serve any image as the sim app).
+pub fn echo_revision(name: &str, namespace: &str, hosts: Vec<String>) -> Revision {
+    let spec: RevisionSpec = serde_json::from_value(serde_json::json!({
+        "hosts": hosts,
+        "template": {
+            "metadata": {"labels": {"app": name}},
+            "spec": {"containers": [{
+                "name": "app",
+                "image": "kubesim/echo:latest",
+                "ports": [{"containerPort": 8080, "name": "http"}],
+            }]},
+        },
+    }))
+    .expect("a static revision spec deserializes");
+    let mut rev = Revision::new(name, spec);
+    rev.metadata.namespace = Some(namespace.into());
+    rev
+}
+
+/// Runs the demo on a started cluster and summarises it.
+pub async fn run(cluster: &SimCluster, opts: &DemoOptions) -> Result<Summary, Error> {
+    let client = cluster.client.clone();
+    ensure_namespace(&client, &opts.namespace).await?;
+    let revs: Api<Revision> = Api::namespaced(client.clone(), &opts.namespace);
+    let names: Vec<String> = (0..opts.revisions).map(|i| format!("rev-{i:04}")).collect();
+    for name in &names {
+        let rev = echo_revision(name, &opts.namespace, vec![host_of(name, &opts.namespace)]);
+        match revs.create(&PostParams::default(), &rev).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    wait_subsets(&client, &opts.namespace, &names, Duration::from_secs(60)).await?;
+
+    let pods_before = cluster.pod_creates();
+    let api_before = cluster.api_requests_by_verb();
+    let entries = cluster.entries();
+    let driver = Driver::new();
+    let start = Instant::now();
+    let per_revision = names.iter().map(|name| {
+        let driver = driver.clone();
+        let entries = entries.clone();
+        let host = host_of(name, &opts.namespace);
+        let (requests, burst) = (opts.requests, opts.burst.min(opts.requests));
+        async move {
+            let pick = || {
+                let (n, a) = &entries[rand::rng().random_range(0..entries.len())];
+                (n.clone(), *a)
+            };
+            let first = (0..burst).map(|i| {
+                let (n, a) = pick();
+                let (driver, host) = (driver.clone(), host.clone());
+                async move {
+                    driver
+                        .get((&n, a), name, &host, &format!("/demo/{i}"))
+                        .await
+                }
+            });
+            let mut samples: Vec<Sample> = join_all(first).await;
+            for i in burst..requests {
+                let (n, a) = pick();
+                samples.push(
+                    driver
+                        .get((&n, a), name, &host, &format!("/demo/{i}"))
+                        .await,
+                );
+            }
+            samples
+        }
+    });
+    let samples: Vec<Sample> = join_all(per_revision).await.into_iter().flatten().collect();
+    let wall_ms = start.elapsed().as_secs_f64() * 1e3;
+
+    let api_after = cluster.api_requests_by_verb();
+    let api_requests: BTreeMap<String, u64> = api_after
+        .into_iter()
+        .map(|(verb, n)| {
+            let before = api_before.get(&verb).copied().unwrap_or(0);
+            (verb, n - before)
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    let members = members(&client, &opts.namespace).await?;
+    Ok(Summary::build(
+        &samples,
+        &members,
+        cluster.activators.len(),
+        cluster.pod_creates() - pods_before,
+        opts.start_delay_ms,
+        api_requests,
+        wall_ms,
+    ))
+}
+
+/// Waits until every named revision has an ActivationEndpoints with members.
+pub async fn wait_subsets(
+    client: &Client,
+    namespace: &str,
+    names: &[String],
+    limit: Duration,
+) -> Result<(), Error> {
+    let api: Api<ActivationEndpoints> = Api::namespaced(client.clone(), namespace);
+    let wanted: std::collections::HashSet<&str> = names.iter().map(String::as_str).collect();
+    let wait = async {
+        let mut done = std::collections::HashSet::new();
+        let mut stream = std::pin::pin!(watcher(api, watcher::Config::default()).applied_objects());
+        while let Some(ev) = stream.next().await {
+            let Ok(aep) = ev else { continue };
+            let has_members = aep
+                .status
+                .as_ref()
+                .is_some_and(|s| !s.activators.is_empty());
+            if has_members && wanted.contains(aep.name_any().as_str()) {
+                done.insert(aep.name_any());
+            }
+            if done.len() == wanted.len() {
+                return;
+            }
+        }
+    };
+    tokio::time::timeout(limit, wait)
+        .await
+        .map_err(|_| Error::Timeout {
+            what: format!("{} ActivationEndpoints with members", names.len()),
+            secs: limit.as_secs(),
+        })
+}
+
+async fn members(client: &Client, namespace: &str) -> Result<BTreeMap<String, Vec<String>>, Error> {
+    let api: Api<ActivationEndpoints> = Api::namespaced(client.clone(), namespace);
+    Ok(api
+        .list(&Default::default())
+        .await?
+        .into_iter()
+        .map(|a| {
+            let nodes = a
+                .status
+                .map(|s| s.activators.into_iter().map(|m| m.node).collect())
+                .unwrap_or_default();
+            (a.metadata.name.unwrap_or_default(), nodes)
+        })
+        .collect())
+}

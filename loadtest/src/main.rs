@@ -1,0 +1,97 @@
+//! `loadtest demo`: the README's main command.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+use kubesim::node::Delay;
+use loadtest::demo::{self, DemoOptions};
+use loadtest::{ClusterOptions, SimCluster};
+
+#[derive(Parser)]
+#[command(about = "local-activator load tests on a simulated (or real) cluster")]
+struct Args {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Cold starts end to end: kubesim + subsetter + one activator per node, in this process.
+    Demo {
+        #[arg(long, default_value_t = 20)]
+        nodes: usize,
+        #[arg(long, default_value_t = 10)]
+        revisions: usize,
+        /// Requests per revision.
+        #[arg(long, default_value_t = 5)]
+        requests: usize,
+        /// How many of each revision's first requests are sent at once.
+        #[arg(long, default_value_t = 3)]
+        burst: usize,
+        /// Simulated pod start delay.
+        #[arg(long, default_value_t = 300)]
+        start_delay_ms: u64,
+        /// Activators per revision (N).
+        #[arg(long, default_value_t = 3)]
+        activators: usize,
+        /// Write the summary as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match Args::parse().cmd {
+        Cmd::Demo {
+            nodes,
+            revisions,
+            requests,
+            burst,
+            start_delay_ms,
+            activators,
+            json,
+        } => {
+            let t = std::time::Instant::now();
+            let cluster = SimCluster::start(ClusterOptions {
+                nodes,
+                start_delay: Delay::fixed_ms(start_delay_ms),
+                default_activators: activators,
+                ..ClusterOptions::default()
+            })
+            .await?;
+            eprintln!(
+                "cluster up: {nodes} nodes, {} activators, in {:.1}s",
+                cluster.activators.len(),
+                t.elapsed().as_secs_f64()
+            );
+            let summary = demo::run(
+                &cluster,
+                &DemoOptions {
+                    revisions,
+                    requests,
+                    burst,
+                    start_delay_ms,
+                    ..DemoOptions::default()
+                },
+            )
+            .await?;
+            cluster.shutdown().await;
+            print!("{}", summary.to_text());
+            if let Some(path) = json {
+                std::fs::write(&path, serde_json::to_string_pretty(&summary.to_json())?)?;
+                eprintln!("wrote {}", path.display());
+            }
+            if summary.errors > 0 {
+                anyhow::bail!("{} of {} requests failed", summary.errors, summary.requests);
+            }
+        }
+    }
+    Ok(())
+}

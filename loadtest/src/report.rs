@@ -1,0 +1,248 @@
+//! The demo's report: a table per revision and a summary, as text and as JSON.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::driver::Sample;
+use crate::stats::Percentiles;
+
+/// Per-revision figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct RevisionRow {
+    pub revision: String,
+    pub members: Vec<String>,
+    pub requests: usize,
+    pub errors: usize,
+    pub cold_starts: usize,
+    /// Distinct pods that answered.
+    pub pods: usize,
+    pub cold_start_ms: Percentiles,
+    pub warm_ms: Percentiles,
+}
+
+/// The whole run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub nodes: usize,
+    pub revisions: usize,
+    pub requests: usize,
+    pub errors: usize,
+    /// Requests that waited for a pod to start.
+    pub cold_starts: usize,
+    /// App pods created during the run (API server creates of pods, minus activator pods).
+    pub pods_created: u64,
+    pub cold_start_ms: Percentiles,
+    pub warm_ms: Percentiles,
+    /// The simulated pod start delay, so cold-start latency can be read net of it.
+    pub start_delay_ms: u64,
+    /// API requests by verb during the run (embedded API server only).
+    pub api_requests: BTreeMap<String, u64>,
+    pub wall_ms: f64,
+    pub per_revision: Vec<RevisionRow>,
+    /// The first few errors, verbatim.
+    pub error_samples: Vec<String>,
+}
+
+impl Summary {
+    pub fn build(
+        samples: &[Sample],
+        members: &BTreeMap<String, Vec<String>>,
+        nodes: usize,
+        pods_created: u64,
+        start_delay_ms: u64,
+        api_requests: BTreeMap<String, u64>,
+        wall_ms: f64,
+    ) -> Self {
+        let mut by_rev: BTreeMap<&str, Vec<&Sample>> = BTreeMap::new();
+        for s in samples {
+            by_rev.entry(&s.revision).or_default().push(s);
+        }
+        let per_revision = by_rev
+            .iter()
+            .map(|(rev, ss)| {
+                let (cold, warm) = latencies(ss.iter().copied());
+                RevisionRow {
+                    revision: rev.to_string(),
+                    members: members.get(*rev).cloned().unwrap_or_default(),
+                    requests: ss.len(),
+                    errors: ss.iter().filter(|s| !s.ok()).count(),
+                    cold_starts: ss.iter().filter(|s| s.ok() && s.cold).count(),
+                    pods: ss
+                        .iter()
+                        .filter_map(|s| s.pod.as_deref())
+                        .collect::<std::collections::BTreeSet<_>>()
+                        .len(),
+                    cold_start_ms: Percentiles::of(&cold),
+                    warm_ms: Percentiles::of(&warm),
+                }
+            })
+            .collect();
+        let (cold, warm) = latencies(samples.iter());
+        Self {
+            nodes,
+            revisions: by_rev.len(),
+            requests: samples.len(),
+            errors: samples.iter().filter(|s| !s.ok()).count(),
+            cold_starts: cold.len(),
+            pods_created,
+            cold_start_ms: Percentiles::of(&cold),
+            warm_ms: Percentiles::of(&warm),
+            start_delay_ms,
+            api_requests,
+            wall_ms,
+            per_revision,
+            error_samples: samples
+                .iter()
+                .filter(|s| !s.ok())
+                .take(5)
+                .map(|s| {
+                    format!(
+                        "{} via {}: {} {}",
+                        s.revision,
+                        s.entry,
+                        s.status,
+                        s.error.as_deref().unwrap_or("")
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    /// The JSON report (`--json PATH`).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self).expect("the summary serializes")
+    }
+
+    /// The human-readable report.
+    pub fn to_text(&self) -> String {
+        let mut o = String::new();
+        let _ = writeln!(
+            o,
+            "{:<14} {:>4} {:>4} {:>4} {:>4} {:>9} {:>9} {:>9}  members",
+            "revision", "req", "err", "cold", "pods", "cold p50", "cold max", "warm p50"
+        );
+        for r in &self.per_revision {
+            let _ = writeln!(
+                o,
+                "{:<14} {:>4} {:>4} {:>4} {:>4} {:>9.1} {:>9.1} {:>9.1}  {}",
+                r.revision,
+                r.requests,
+                r.errors,
+                r.cold_starts,
+                r.pods,
+                r.cold_start_ms.p50,
+                r.cold_start_ms.max,
+                r.warm_ms.p50,
+                r.members.join(",")
+            );
+        }
+        let _ = writeln!(o);
+        let _ = writeln!(
+            o,
+            "nodes {}  revisions {}  requests {}  errors {}  cold starts {}  pods created {}  wall {:.0} ms",
+            self.nodes,
+            self.revisions,
+            self.requests,
+            self.errors,
+            self.cold_starts,
+            self.pods_created,
+            self.wall_ms
+        );
+        let c = &self.cold_start_ms;
+        let _ = writeln!(
+            o,
+            "cold start ms  p50 {:.1}  p90 {:.1}  p99 {:.1}  max {:.1}   (simulated start delay {} ms; p50 net of it {:.1})",
+            c.p50,
+            c.p90,
+            c.p99,
+            c.max,
+            self.start_delay_ms,
+            c.p50 - self.start_delay_ms as f64
+        );
+        let w = &self.warm_ms;
+        let _ = writeln!(
+            o,
+            "warm ms        p50 {:.2}  p90 {:.2}  p99 {:.2}  max {:.2}",
+            w.p50, w.p90, w.p99, w.max
+        );
+        if !self.api_requests.is_empty() {
+            let verbs: Vec<String> = self
+                .api_requests
+                .iter()
+                .map(|(v, n)| format!("{v} {n}"))
+                .collect();
+            let _ = writeln!(o, "API requests   {}", verbs.join("  "));
+        }
+        for e in &self.error_samples {
+            let _ = writeln!(o, "error: {e}");
+        }
+        o
+    }
+}
+
+fn latencies<'a>(
+    samples: impl Iterator<Item = &'a Sample>,
+) -> (Vec<std::time::Duration>, Vec<std::time::Duration>) {
+    let (cold, warm): (Vec<&Sample>, Vec<&Sample>) =
+        samples.filter(|s| s.ok()).partition(|s| s.cold);
+    (
+        cold.iter().map(|s| s.latency).collect(),
+        warm.iter().map(|s| s.latency).collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn sample(rev: &str, status: u16, ms: u64, cold: bool, pod: &str) -> Sample {
+        Sample {
+            revision: rev.into(),
+            entry: "node-0".into(),
+            status,
+            latency: Duration::from_millis(ms),
+            cold,
+            pod: Some(pod.into()),
+            error: (status >= 400).then(|| "boom".to_string()),
+        }
+    }
+
+    #[test]
+    fn summary_counts_and_splits_cold_from_warm() {
+        let samples = vec![
+            sample("a", 200, 400, true, "a-1"),
+            sample("a", 200, 2, false, "a-1"),
+            sample("b", 200, 500, true, "b-1"),
+            sample("b", 502, 1, false, "b-1"),
+        ];
+        let s = Summary::build(&samples, &BTreeMap::new(), 3, 2, 300, BTreeMap::new(), 10.0);
+        assert_eq!(
+            (s.requests, s.errors, s.cold_starts, s.revisions),
+            (4, 1, 2, 2)
+        );
+        assert_eq!(s.cold_start_ms.max, 500.0);
+        assert_eq!(
+            s.warm_ms.count, 1,
+            "failed requests are not latency samples"
+        );
+        let j = s.to_json();
+        for k in [
+            "requests",
+            "errors",
+            "cold_starts",
+            "pods_created",
+            "cold_start_ms",
+            "warm_ms",
+            "api_requests",
+        ] {
+            assert!(j.get(k).is_some(), "missing {k}");
+        }
+        for k in ["p50", "p90", "p99", "max"] {
+            assert!(j["cold_start_ms"].get(k).is_some());
+        }
+        assert!(s.to_text().contains("error: b via node-0: 502 boom"));
+    }
+}

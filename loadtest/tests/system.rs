@@ -1,0 +1,184 @@
+//! The walking skeleton end to end: subsetter + one activator per node + kubesim's simulated
+//! nodes in this process, real HTTP over loopback addresses. With `KUBECONFIG` set the same
+//! tests run against that cluster's API server (the simulated nodes register there).
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use crds::ActivationEndpoints;
+use crds::contract::REVISION_LABEL;
+use futures::future::join_all;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{ListParams, PostParams};
+use kube::{Api, ResourceExt};
+use kubesim::node::Delay;
+use loadtest::cluster::ensure_namespace;
+use loadtest::demo::{echo_revision, host_of, wait_subsets};
+use loadtest::driver::Driver;
+use loadtest::{ClusterOptions, SimCluster};
+
+const NS: &str = "system-test";
+
+async fn cluster() -> SimCluster {
+    SimCluster::start(ClusterOptions {
+        nodes: 5,
+        start_delay: Delay::fixed_ms(150),
+        // 2 of 5: every revision has non-members to forward from.
+        default_activators: 2,
+        ..ClusterOptions::default()
+    })
+    .await
+    .expect("cluster starts")
+}
+
+/// Creates a revision and returns its subset's member nodes.
+async fn revision(c: &SimCluster, name: &str) -> Vec<String> {
+    ensure_namespace(&c.client, NS).await.unwrap();
+    let api: Api<crds::Revision> = Api::namespaced(c.client.clone(), NS);
+    api.create(
+        &PostParams::default(),
+        &echo_revision(name, NS, vec![host_of(name, NS)]),
+    )
+    .await
+    .unwrap();
+    wait_subsets(&c.client, NS, &[name.to_string()], Duration::from_secs(30))
+        .await
+        .unwrap();
+    let aep: Api<ActivationEndpoints> = Api::namespaced(c.client.clone(), NS);
+    aep.get(name)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .activators
+        .into_iter()
+        .map(|m| m.node)
+        .collect()
+}
+
+async fn pods_of(c: &SimCluster, rev: &str) -> Vec<Pod> {
+    let api: Api<Pod> = Api::namespaced(c.client.clone(), NS);
+    api.list(&ListParams::default().labels(&format!("{REVISION_LABEL}={rev}")))
+        .await
+        .unwrap()
+        .items
+}
+
+fn entry(c: &SimCluster, node: &str) -> (String, std::net::SocketAddr) {
+    c.entries()
+        .into_iter()
+        .find(|(n, _)| n == node)
+        .expect("an activator on every node")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cold_start_then_warm_then_forwarded() {
+    let c = cluster().await;
+    let members = revision(&c, "hello").await;
+    assert_eq!(members.len(), 2, "{members:?}");
+    let driver = Driver::new();
+    let host = host_of("hello", NS);
+
+    // Cold: through a member, the app's own 200.
+    let (m, addr) = entry(&c, &members[0]);
+    let s = driver.get((&m, addr), "hello", &host, "/first").await;
+    assert!(s.ok(), "{s:?}");
+    assert!(s.cold, "the first request waits for a pod start");
+    let pods = pods_of(&c, "hello").await;
+    assert_eq!(pods.len(), 1);
+    let node = pods[0].spec.as_ref().unwrap().node_name.clone().unwrap();
+    assert!(
+        members.contains(&node),
+        "pod on {node}, members {members:?}"
+    );
+    assert_eq!(s.pod.as_deref(), Some(pods[0].name_any().as_str()));
+
+    // Warm: same member, no new pod.
+    let s = driver.get((&m, addr), "hello", &host, "/second").await;
+    assert!(s.ok() && !s.cold, "{s:?}");
+    assert_eq!(pods_of(&c, "hello").await.len(), 1);
+
+    // A non-member forwards to a member and the answer comes back.
+    let outsider = c
+        .entries()
+        .into_iter()
+        .find(|(n, _)| !members.contains(n))
+        .expect("5 nodes, 2 members");
+    let s = driver
+        .get((&outsider.0, outsider.1), "hello", &host, "/via-peer")
+        .await;
+    assert!(s.ok(), "{s:?}");
+    let pods = pods_of(&c, "hello").await;
+    assert!(
+        pods.iter()
+            .all(|p| members.contains(p.spec.as_ref().unwrap().node_name.as_ref().unwrap())),
+        "pods only on members"
+    );
+    assert!(
+        pods.iter()
+            .all(|p| p.spec.as_ref().unwrap().node_name.as_deref() != Some(&outsider.0)),
+        "the non-member created no pod"
+    );
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_revision_is_404_by_host_and_by_headers() {
+    let c = cluster().await;
+    let (n, addr) = c.entries()[0].clone();
+    let driver = Driver::new();
+    let s = driver
+        .get((&n, addr), "none", "nobody.example.test", "/")
+        .await;
+    assert_eq!(s.status, 404, "{s:?}");
+    assert!(
+        s.error
+            .as_deref()
+            .unwrap_or("")
+            .contains("unknown revision"),
+        "{s:?}"
+    );
+
+    // Named by the ingress headers, through a raw request.
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Empty<bytes::Bytes>>();
+    let req = http::Request::get(format!("http://{addr}/"))
+        .header("x-revision-namespace", NS)
+        .header("x-revision-name", "missing")
+        .body(http_body_util::Empty::new())
+        .unwrap();
+    let resp = client.request(req).await.unwrap();
+    assert_eq!(resp.status(), 404);
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_first_requests_on_one_member_create_one_pod() {
+    let c = cluster().await;
+    let members = revision(&c, "burst").await;
+    let (m, addr) = entry(&c, &members[0]);
+    let driver = Driver::new();
+    let host = host_of("burst", NS);
+    let samples = join_all((0..8).map(|i| {
+        let (driver, host, m) = (driver.clone(), host.clone(), m.clone());
+        async move {
+            driver
+                .get((&m, addr), "burst", &host, &format!("/{i}"))
+                .await
+        }
+    }))
+    .await;
+    for s in &samples {
+        assert!(s.ok(), "{s:?}");
+    }
+    let pods = pods_of(&c, "burst").await;
+    assert_eq!(
+        pods.len(),
+        1,
+        "{:?}",
+        pods.iter().map(|p| p.name_any()).collect::<Vec<_>>()
+    );
+    let answered: BTreeSet<_> = samples.iter().filter_map(|s| s.pod.clone()).collect();
+    assert_eq!(answered.len(), 1, "all answered by the one pod");
+    c.shutdown().await;
+}
