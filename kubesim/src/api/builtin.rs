@@ -170,14 +170,14 @@ pub(crate) fn validate_pod(pod: &Value) -> Vec<Cause> {
             }
         }
     }
-    if let Some(rp) = pod.pointer("/spec/restartPolicy").and_then(Value::as_str) {
-        if !matches!(rp, "Always" | "OnFailure" | "Never") {
-            causes.push(Cause {
-                reason: "FieldValueNotSupported".into(),
-                field: "spec.restartPolicy".into(),
-                message: format!("Unsupported value: \"{rp}\": supported values: \"Always\", \"OnFailure\", \"Never\""),
-            });
-        }
+    if let Some(rp) = pod.pointer("/spec/restartPolicy").and_then(Value::as_str)
+        && !matches!(rp, "Always" | "OnFailure" | "Never")
+    {
+        causes.push(Cause {
+            reason: "FieldValueNotSupported".into(),
+            field: "spec.restartPolicy".into(),
+            message: format!("Unsupported value: \"{rp}\": supported values: \"Always\", \"OnFailure\", \"Never\""),
+        });
     }
     causes
 }

@@ -11,6 +11,9 @@ use super::schema::CompiledSchema;
 use super::status::{ApiError, Cause, invalid_value, required};
 use super::store::State;
 
+/// A served version's name and compiled schema.
+pub(crate) type VersionSchema = (String, Option<Arc<CompiledSchema>>);
+
 pub(crate) const CRD_TABLE: &str = "apiextensions.k8s.io/customresourcedefinitions";
 
 /// Sets (or replaces) a condition in `status.conditions`.
@@ -46,9 +49,7 @@ fn s<'a>(v: &'a Value, p: &str) -> &'a str {
 
 /// Compiled schemas of a CRD's versions, validating the CRD as the API server does
 /// (the parts that matter to clients).
-pub(crate) fn validate(
-    crd: &mut Value,
-) -> Result<Vec<(String, Option<Arc<CompiledSchema>>)>, Vec<Cause>> {
+pub(crate) fn validate(crd: &mut Value) -> Result<Vec<VersionSchema>, Vec<Cause>> {
     let mut causes = Vec::new();
     let group = s(crd, "/spec/group").to_string();
     let plural = s(crd, "/spec/names/plural").to_string();
@@ -146,10 +147,7 @@ pub(crate) fn validate(
 }
 
 /// The resources a CRD defines, one per served version.
-pub(crate) fn defs(
-    crd: &Value,
-    schemas: &[(String, Option<Arc<CompiledSchema>>)],
-) -> Vec<Arc<ResourceDef>> {
+pub(crate) fn defs(crd: &Value, schemas: &[VersionSchema]) -> Vec<Arc<ResourceDef>> {
     let strs = |p: &str| -> Vec<String> {
         crd.pointer(p)
             .and_then(Value::as_array)

@@ -37,10 +37,10 @@ impl DeleteOpts {
                 .get("propagationPolicy")
                 .and_then(Value::as_str)
                 .map(String::from);
-            if o.propagation.is_none() {
-                if let Some(orphan) = v.get("orphanDependents").and_then(Value::as_bool) {
-                    o.propagation = Some(if orphan { "Orphan" } else { "Background" }.into());
-                }
+            if o.propagation.is_none()
+                && let Some(orphan) = v.get("orphanDependents").and_then(Value::as_bool)
+            {
+                o.propagation = Some(if orphan { "Orphan" } else { "Background" }.into());
             }
             if let Some(p) = v.get("preconditions") {
                 o.precondition_uid = p.get("uid").and_then(Value::as_str).map(String::from);
@@ -63,29 +63,29 @@ impl DeleteOpts {
         if let Some(p) = q.non_empty("propagationPolicy") {
             o.propagation = Some(p.to_string());
         }
-        if let Some(p) = q.non_empty("orphanDependents") {
-            if o.propagation.is_none() {
-                o.propagation = Some(if p == "true" { "Orphan" } else { "Background" }.into());
-            }
+        if let Some(p) = q.non_empty("orphanDependents")
+            && o.propagation.is_none()
+        {
+            o.propagation = Some(if p == "true" { "Orphan" } else { "Background" }.into());
         }
         if !q.all("dryRun").is_empty() {
             o.dry_run = true;
         }
-        if let Some(p) = &o.propagation {
-            if !matches!(p.as_str(), "Orphan" | "Background" | "Foreground") {
-                return Err(ApiError {
-                    details: Some(
-                        json!({"causes": [{"reason": "FieldValueNotSupported", "message": format!("Unsupported value: \"{p}\": supported values: \"Foreground\", \"Background\", \"Orphan\""), "field": "propagationPolicy"}]}),
+        if let Some(p) = &o.propagation
+            && !matches!(p.as_str(), "Orphan" | "Background" | "Foreground")
+        {
+            return Err(ApiError {
+                details: Some(
+                    json!({"causes": [{"reason": "FieldValueNotSupported", "message": format!("Unsupported value: \"{p}\": supported values: \"Foreground\", \"Background\", \"Orphan\""), "field": "propagationPolicy"}]}),
+                ),
+                ..ApiError::new(
+                    422,
+                    "Invalid",
+                    format!(
+                        "DeleteOptions.meta.k8s.io \"\" is invalid: propagationPolicy: Unsupported value: \"{p}\": supported values: \"Foreground\", \"Background\", \"Orphan\""
                     ),
-                    ..ApiError::new(
-                        422,
-                        "Invalid",
-                        format!(
-                            "DeleteOptions.meta.k8s.io \"\" is invalid: propagationPolicy: Unsupported value: \"{p}\": supported values: \"Foreground\", \"Background\", \"Orphan\""
-                        ),
-                    )
-                });
-            }
+                )
+            });
         }
         Ok(o)
     }
@@ -123,28 +123,26 @@ pub(crate) fn delete_object(
         .cloned()
         .ok_or_else(|| ApiError::not_found(def, &key.1))?;
     let uid = meta::meta_str(&cur.obj, "uid").unwrap_or("").to_string();
-    if let Some(p) = &opts.precondition_uid {
-        if *p != uid {
-            return Err(ApiError::conflict(
-                def,
-                &key.1,
-                &format!(
-                    "Precondition failed: UID in precondition: {p}, UID in object meta: {uid}"
-                ),
-            ));
-        }
+    if let Some(p) = &opts.precondition_uid
+        && *p != uid
+    {
+        return Err(ApiError::conflict(
+            def,
+            &key.1,
+            &format!("Precondition failed: UID in precondition: {p}, UID in object meta: {uid}"),
+        ));
     }
-    if let Some(p) = &opts.precondition_rv {
-        if p != cur.rv() {
-            return Err(ApiError::conflict(
-                def,
-                &key.1,
-                &format!(
-                    "Precondition failed: ResourceVersion in precondition: {p}, ResourceVersion in object meta: {}",
-                    cur.rv()
-                ),
-            ));
-        }
+    if let Some(p) = &opts.precondition_rv
+        && p != cur.rv()
+    {
+        return Err(ApiError::conflict(
+            def,
+            &key.1,
+            &format!(
+                "Precondition failed: ResourceVersion in precondition: {p}, ResourceVersion in object meta: {}",
+                cur.rv()
+            ),
+        ));
     }
     if opts.dry_run {
         return Ok(Deleted::Pending(cur));

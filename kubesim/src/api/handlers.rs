@@ -250,19 +250,18 @@ pub(crate) fn create_object(
         String::new()
     };
     let mut name = meta::name_of(&obj).to_string();
-    if name.is_empty() {
-        if let Some(g) = meta::meta_str(&obj, "generateName")
+    if name.is_empty()
+        && let Some(g) = meta::meta_str(&obj, "generateName")
             .filter(|g| !g.is_empty())
             .map(String::from)
-        {
-            loop {
-                name = format!("{g}{}", meta::name_suffix());
-                if st.get(&tk, &(ns_s.clone(), name.clone())).is_none() {
-                    break;
-                }
+    {
+        loop {
+            name = format!("{g}{}", meta::name_suffix());
+            if st.get(&tk, &(ns_s.clone(), name.clone())).is_none() {
+                break;
             }
-            meta::meta_mut(&mut obj).insert("name".into(), name.clone().into());
         }
+        meta::meta_mut(&mut obj).insert("name".into(), name.clone().into());
     }
     if name.is_empty() {
         let c = Cause {
@@ -629,10 +628,9 @@ pub(crate) fn patch(st: &mut State, ctx: &Ctx) -> Result<Reply, ApiError> {
             Some(old) => {
                 if let Some(rv) =
                     meta::meta_str(&applied, "resourceVersion").filter(|r| !r.is_empty())
+                    && rv != old.rv()
                 {
-                    if rv != old.rv() {
-                        return Err(ApiError::stale(def, &name));
-                    }
+                    return Err(ApiError::stale(def, &name));
                 }
                 let mut merged = merged;
                 meta::meta_mut(&mut merged).insert("resourceVersion".into(), json!(old.rv()));
@@ -680,12 +678,11 @@ pub(crate) fn patch(st: &mut State, ctx: &Ctx) -> Result<Reply, ApiError> {
             meta::name_of(&new)
         )));
     }
-    if let Some(rv) = meta::meta_str(&new, "resourceVersion").filter(|r| !r.is_empty()) {
-        if rv != old.rv() {
-            return Err(ApiError::stale(def, &name));
-        }
+    if let Some(rv) = meta::meta_str(&new, "resourceVersion").filter(|r| !r.is_empty())
+        && rv != old.rv()
+    {
+        return Err(ApiError::stale(def, &name));
     }
-    let mut new = new;
     check_type(def, &mut new)?;
     check_namespace(ctx, &mut new)?;
     update_object(st, ctx, &old, new, false)

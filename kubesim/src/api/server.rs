@@ -132,13 +132,11 @@ impl ApiServer {
                 .map_err(|e| Error::KubeConfig(e.message))?;
             }
         }
-        let mut tasks = Vec::new();
-        tasks.push(tokio::spawn(accept_loop(inner.clone(), listener)));
-        tasks.push(tokio::spawn(gc_loop(inner.clone())));
-        tasks.push(tokio::spawn(bookmark_loop(
-            inner.clone(),
-            cfg.bookmark_interval,
-        )));
+        let tasks = vec![
+            tokio::spawn(accept_loop(inner.clone(), listener)),
+            tokio::spawn(gc_loop(inner.clone())),
+            tokio::spawn(bookmark_loop(inner.clone(), cfg.bookmark_interval)),
+        ];
         Ok(ApiServer {
             inner,
             tasks: Arc::new(Mutex::new(tasks)),
@@ -386,7 +384,7 @@ async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Response<Body> {
     let Some(def) = def else {
         return error_response(&ApiError::no_resource());
     };
-    if (ns.is_some() && !def.namespaced) || (!def.namespaced && ns.is_none() && false) {
+    if ns.is_some() && !def.namespaced {
         return error_response(&ApiError::no_resource());
     }
     if def.namespaced && ns.is_none() && name.is_some() {

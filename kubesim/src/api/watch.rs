@@ -158,15 +158,15 @@ pub(crate) struct Watcher {
 
 impl Watcher {
     pub fn matches(&self, obj: &Value) -> bool {
-        if let Some(ns) = &self.namespace {
-            if meta::namespace_of(obj) != ns {
-                return false;
-            }
+        if let Some(ns) = &self.namespace
+            && meta::namespace_of(obj) != ns
+        {
+            return false;
         }
-        if let Some(n) = &self.node {
-            if node_name(obj) != n {
-                return false;
-            }
+        if let Some(n) = &self.node
+            && node_name(obj) != n
+        {
+            return false;
         }
         if let Some(l) = &self.label {
             let labels = meta::meta(obj)
@@ -286,10 +286,10 @@ impl WatcherSet {
         let mut dead = Vec::new();
         for id in self.candidates(ev) {
             let Some(w) = self.all.get(&id) else { continue };
-            if let Some(line) = ev.line_for(w) {
-                if !w.send(line) {
-                    dead.push(id);
-                }
+            if let Some(line) = ev.line_for(w)
+                && !w.send(line)
+            {
+                dead.push(id);
             }
         }
         for id in dead {
