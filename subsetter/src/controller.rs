@@ -27,7 +27,6 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::activators::{self, Activator};
-use crate::conditions;
 use crate::error::Result;
 use crate::index::{Key, MembershipIndex};
 use crate::metrics::Metrics;
@@ -165,14 +164,6 @@ fn key_of(ae: &ActivationEndpoints) -> Key {
     Key::new(ae.namespace().unwrap_or_default(), ae.name_any())
 }
 
-fn index_entry(ae: &ActivationEndpoints) -> (Vec<String>, bool) {
-    let status = ae.status.clone().unwrap_or_default();
-    (
-        status.activators.into_iter().map(|m| m.node).collect(),
-        conditions::is_short(&status.conditions),
-    )
-}
-
 async fn watch_endpoints(
     api: Api<ActivationEndpoints>,
     writer: reflector::store::Writer<ActivationEndpoints>,
@@ -198,8 +189,13 @@ async fn watch_endpoints(
         let mut ix = index.lock().unwrap_or_else(|p| p.into_inner());
         match event {
             Event::Apply(ae) => {
-                let (nodes, short) = index_entry(&ae);
-                ix.set(&key_of(&ae), nodes, short);
+                // A just-created object has no status yet (the status subresource is written
+                // next); keep the members the reconciler reserved rather than zero.
+                let key = key_of(&ae);
+                if ae.status.is_some() || ix.members(&key).is_none() {
+                    let (nodes, short) = crate::index::entry_of(&ae);
+                    ix.set(&key, nodes, short);
+                }
                 let _ = owned.unbounded_send(ae);
             }
             Event::Delete(ae) => {
@@ -207,7 +203,7 @@ async fn watch_endpoints(
                 let _ = owned.unbounded_send(ae);
             }
             Event::InitApply(ae) => {
-                let (nodes, short) = index_entry(&ae);
+                let (nodes, short) = crate::index::entry_of(&ae);
                 ix.set(&key_of(&ae), nodes, short);
             }
             Event::InitDone => {

@@ -30,6 +30,17 @@ impl std::fmt::Display for Key {
     }
 }
 
+/// What the index records of an ActivationEndpoints: member nodes, and whether it is short.
+pub fn entry_of(ae: &crds::ActivationEndpoints) -> (Vec<String>, bool) {
+    let status = ae.status.as_ref();
+    (
+        status
+            .map(|s| s.activators.iter().map(|m| m.node.clone()).collect())
+            .unwrap_or_default(),
+        status.is_some_and(|s| crate::conditions::is_short(&s.conditions)),
+    )
+}
+
 #[derive(Default, Debug)]
 pub struct MembershipIndex {
     members: HashMap<Key, Vec<String>>,

@@ -48,8 +48,9 @@ impl Default for Config {
 /// An object the reconciler wrote, with the resourceVersion it was written over. Until the
 /// reflector store moves past that version, the store is older than what the API holds, and
 /// a policy fed the stale members could pick different replacements (needless churn).
+/// A reconcile may write twice (status, then labels), so every version it wrote over is stale.
 struct Written {
-    from: Option<String>,
+    stale: Vec<Option<String>>,
     object: ActivationEndpoints,
 }
 
@@ -100,7 +101,7 @@ impl Context {
         let mut written = lock(&self.written);
         if let Some(w) = written.get(key) {
             let stored_rv = stored.as_ref().and_then(|o| o.resource_version());
-            if stored_rv == w.from {
+            if w.stale.contains(&stored_rv) {
                 return Some(w.object.clone());
             }
             written.remove(key);
@@ -178,8 +179,8 @@ pub async fn reconcile(rev: Arc<Revision>, ctx: Arc<Context>) -> Result<Action> 
     let available = Arc::clone(&*ctx.activators.read().unwrap_or_else(|p| p.into_inner()));
     let key_str = key.to_string();
     let plan = {
-        let index = lock(&ctx.index);
-        plan::subset(&SubsetInputs {
+        let mut index = lock(&ctx.index);
+        let plan = plan::subset(&SubsetInputs {
             key: &key_str,
             revision: &rev,
             current: current.as_ref(),
@@ -188,12 +189,22 @@ pub async fn reconcile(rev: Arc<Revision>, ctx: Arc<Context>) -> Result<Action> 
             policy: ctx.policy.as_ref(),
             default_n: ctx.config.default_activators,
             now,
-        })
+        });
+        // Reserve the members now, under the lock: reconciles of other revisions running
+        // concurrently then see this one's load (error_policy restores it from the store).
+        let nodes = plan
+            .status
+            .activators
+            .iter()
+            .map(|m| m.node.clone())
+            .collect();
+        index.set(&key, nodes, plan.short);
+        plan
     };
 
-    let from = current.as_ref().and_then(|c| c.resource_version());
+    let mut stale = vec![current.as_ref().and_then(|c| c.resource_version())];
     let status_patch = Patch::Merge(json!({ "status": plan.status }));
-    let mut wrote = None;
+    let mut wrote: Option<ActivationEndpoints> = None;
     match &current {
         None => {
             let mut ae = ActivationEndpoints::new(&name, Default::default());
@@ -204,31 +215,31 @@ pub async fn reconcile(rev: Arc<Revision>, ctx: Arc<Context>) -> Result<Action> 
                 field_manager: Some(ctx.config.field_manager.clone()),
                 ..Default::default()
             };
-            endpoints.create(&post, &ae).await?;
+            let created = endpoints.create(&post, &ae).await?;
             ctx.metrics.writes.inc();
+            stale.push(created.resource_version());
             wrote = Some(endpoints.patch_status(&name, &pp, &status_patch).await?);
             ctx.metrics.writes.inc();
         }
         Some(_) => {
-            if let Some(labels) = &plan.label_patch {
-                wrote = Some(endpoints.patch(&name, &pp, &Patch::Merge(labels)).await?);
-                ctx.metrics.writes.inc();
-            }
+            // Status first: an activator that starts matching the new label then already
+            // finds itself in status.activators.
             if plan.status_changed {
-                wrote = Some(endpoints.patch_status(&name, &pp, &status_patch).await?);
+                let o = endpoints.patch_status(&name, &pp, &status_patch).await?;
+                ctx.metrics.writes.inc();
+                wrote = Some(o);
+            }
+            if let Some(labels) = &plan.label_patch {
+                if let Some(o) = &wrote {
+                    stale.push(o.resource_version());
+                }
+                wrote = Some(endpoints.patch(&name, &pp, &Patch::Merge(labels)).await?);
                 ctx.metrics.writes.inc();
             }
         }
     }
     if let Some(object) = wrote {
-        let nodes = plan
-            .status
-            .activators
-            .iter()
-            .map(|m| m.node.clone())
-            .collect();
-        lock(&ctx.index).set(&key, nodes, plan.short);
-        lock(&ctx.written).insert(key.clone(), Written { from, object });
+        lock(&ctx.written).insert(key.clone(), Written { stale, object });
         ctx.metrics.members_joined.inc_by(plan.joined as u64);
         ctx.metrics.members_left.inc_by(plan.left as u64);
         info!(
@@ -278,6 +289,19 @@ pub fn error_policy(rev: Arc<Revision>, error: &Error, ctx: Arc<Context>) -> Act
     let key = Key::new(rev.namespace().unwrap_or_default(), rev.name_any());
     // What we believed we wrote may not have happened: trust the store again.
     lock(&ctx.written).remove(&key);
+    let stored = ctx
+        .ae_store
+        .get(&ObjectRef::new(&key.name).within(&key.namespace));
+    {
+        let mut index = lock(&ctx.index);
+        match stored {
+            Some(ae) => {
+                let (nodes, short) = crate::index::entry_of(&ae);
+                index.set(&key, nodes, short);
+            }
+            None => index.remove(&key),
+        }
+    }
     let attempt = {
         let mut failures = lock(&ctx.failures);
         let n = failures.entry(key.clone()).or_insert(0);
