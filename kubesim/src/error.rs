@@ -1,4 +1,5 @@
-//! The crate's error type, for errors that cross kubesim's public API.
+//! The crate's error type, for errors that cross kubesim's public API (the API server's and
+//! the simulated nodes').
 
 /// Errors returned by kubesim's public functions.
 #[derive(Debug, thiserror::Error)]
@@ -7,6 +8,16 @@ pub enum Error {
     Io(#[from] std::io::Error),
     #[error("invalid kube config: {0}")]
     KubeConfig(String),
-    #[error("kube client error: {0}")]
+    #[error("kubernetes API: {0}")]
     Kube(#[from] kube::Error),
+    #[error("invalid node configuration: {0}")]
+    InvalidConfig(String),
+    #[error("unknown simulated node {0:?}")]
+    UnknownNode(String),
+    #[error("node {node}: {source}")]
+    NodeIo {
+        node: String,
+        #[source]
+        source: std::io::Error,
+    },
 }

@@ -4,10 +4,8 @@
 pub enum Error {
     #[error("kubernetes API: {0}")]
     Kube(#[from] kube::Error),
-    #[error("kubesim API server: {0}")]
-    ApiServer(#[from] kubesim::Error),
-    #[error("kubesim nodes: {0}")]
-    Nodes(#[from] kubesim::node::NodeError),
+    #[error("kubesim: {0}")]
+    Kubesim(#[from] kubesim::Error),
     #[error("activator on {node}: {source}")]
     Activator {
         node: String,

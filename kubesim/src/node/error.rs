@@ -1,17 +1,4 @@
-use thiserror::Error;
+//! The simulated nodes report errors with the crate's one error type; the name is kept for
+//! readability at call sites.
 
-#[derive(Debug, Error)]
-pub enum NodeError {
-    #[error("invalid node configuration: {0}")]
-    InvalidConfig(String),
-    #[error("unknown simulated node {0:?}")]
-    UnknownNode(String),
-    #[error("kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-    #[error("node {node}: {source}")]
-    Io {
-        node: String,
-        #[source]
-        source: std::io::Error,
-    },
-}
+pub use crate::Error as NodeError;
