@@ -1,0 +1,120 @@
+//! Two subsetter replicas with Lease leader election against kubesim: only the holder
+//! reconciles, and when it shuts down the standby takes over.
+
+mod support;
+
+use std::sync::Arc;
+
+use anyhow::Result;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+use kube::runtime::wait::await_condition;
+use subsetter::leader::{LeaseConfig, run_as_leader};
+use subsetter::{Config, Random, Subsetter};
+use support::*;
+use tokio::sync::oneshot;
+
+struct Replica {
+    subsetter: Arc<Subsetter>,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<subsetter::Result<()>>,
+}
+
+fn replica(c: &Cluster, identity: &str) -> Replica {
+    let subsetter = Arc::new(Subsetter::new(
+        c.client.clone(),
+        Config::default(),
+        Arc::new(Random::seeded(5)),
+    ));
+    let (tx, rx) = oneshot::channel::<()>();
+    let lease = LeaseConfig {
+        name: "subsetter".into(),
+        namespace: "default".into(),
+        identity: identity.into(),
+        duration_seconds: 3,
+        grace_seconds: 1,
+    };
+    let s = Arc::clone(&subsetter);
+    let client = c.client.clone();
+    let task = tokio::spawn(async move {
+        run_as_leader(
+            client,
+            lease,
+            async move {
+                let _ = rx.await;
+            },
+            move |stop| {
+                let s = Arc::clone(&s);
+                async move { s.run(stop).await }
+            },
+        )
+        .await
+    });
+    Replica {
+        subsetter,
+        shutdown: Some(tx),
+        task,
+    }
+}
+
+fn reconciles(r: &Replica) -> u64 {
+    counter(
+        &r.subsetter.metrics().encode(),
+        "subsetter_reconciles_total",
+    )
+}
+
+async fn holder(c: &Cluster, pred: impl Fn(&str) -> bool) -> Result<String> {
+    let leases: Api<Lease> = Api::namespaced(c.client.clone(), "default");
+    let lease = tokio::time::timeout(
+        WAIT,
+        await_condition(leases, "subsetter", move |l: Option<&Lease>| {
+            l.and_then(|l| l.spec.as_ref()?.holder_identity.as_deref())
+                .is_some_and(&pred)
+        }),
+    )
+    .await??;
+    Ok(lease
+        .and_then(|l| l.spec?.holder_identity)
+        .unwrap_or_default())
+}
+
+#[tokio::test]
+async fn only_the_leader_reconciles_and_the_standby_takes_over() -> Result<()> {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let c = Cluster::start().await?;
+    for i in 1..=3 {
+        c.add_activator(&format!("node-{i}"), &format!("127.0.1.{i}"))
+            .await?;
+    }
+    let mut a = replica(&c, "replica-a");
+    let mut b = replica(&c, "replica-b");
+    let first = holder(&c, |h| h == "replica-a" || h == "replica-b").await?;
+
+    c.create_revision("one", spec(0, 0, None)).await?;
+    c.wait_endpoints("one", |ae| members(ae).len() == 3).await?;
+    let (leader, standby) = if first == "replica-a" {
+        (&mut a, &mut b)
+    } else {
+        (&mut b, &mut a)
+    };
+    assert!(reconciles(leader) > 0);
+    assert_eq!(reconciles(standby), 0, "the standby reconciled");
+
+    // The leader shuts down and releases the Lease; the standby takes over.
+    let _ = leader.shutdown.take().unwrap().send(());
+    (&mut leader.task).await??;
+    let first2 = first.clone();
+    let second = holder(&c, move |h| h != first2).await?;
+    assert_ne!(second, first);
+    c.create_revision("two", spec(0, 0, None)).await?;
+    c.wait_endpoints("two", |ae| members(ae).len() == 3).await?;
+    assert!(reconciles(standby) > 0);
+
+    let _ = standby.shutdown.take().unwrap().send(());
+    (&mut standby.task).await??;
+    Ok(())
+}
