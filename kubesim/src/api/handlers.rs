@@ -600,6 +600,23 @@ pub(crate) fn patch(st: &mut State, ctx: &Ctx) -> Result<Reply, ApiError> {
                 "the name of the object ({applied_name}) does not match the name on the URL ({name})"
             )));
         }
+        if def.status_subresource {
+            // Fields outside the endpoint's part are reset by the server, so the manager must
+            // not own them: status on the main resource, everything but status on /status.
+            let obj = applied
+                .as_object_mut()
+                .expect("checked to be an object above");
+            if ctx.sub.as_deref() == Some("status") {
+                obj.retain(|k, _| {
+                    matches!(k.as_str(), "apiVersion" | "kind" | "metadata" | "status")
+                });
+                if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+                    m.retain(|k, _| matches!(k.as_str(), "name" | "namespace" | "resourceVersion"));
+                }
+            } else {
+                obj.remove("status");
+            }
+        }
         let force = ctx.query.flag("force");
         let merged = patch::server_side_apply(
             old.as_ref().map(|o| &*o.obj),
