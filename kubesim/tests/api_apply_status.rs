@@ -62,5 +62,24 @@ async fn apply_owns_only_its_endpoints_part() {
         kubelet.get("f:metadata").is_none(),
         "status apply owns no labels: {kubelet}"
     );
+
+    // A body without metadata.name takes the name from the URL (kube-lease-manager sends these).
+    let nameless = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"labels": {"c": "3"}}});
+    let pod = pods
+        .patch(
+            "p",
+            &PatchParams::apply("nameless"),
+            &Patch::Apply(&nameless),
+        )
+        .await
+        .unwrap();
+    assert_eq!(pod.metadata.labels.as_ref().unwrap()["c"], "3");
+    // A different name is still refused.
+    let other = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "q"}});
+    let err = pods
+        .patch("p", &PatchParams::apply("other"), &Patch::Apply(&other))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, kube::Error::Api(s) if s.code == 400));
     server.shutdown().await;
 }

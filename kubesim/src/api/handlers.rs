@@ -595,7 +595,16 @@ pub(crate) fn patch(st: &mut State, ctx: &Ctx) -> Result<Reply, ApiError> {
         }
         check_type(def, &mut applied)?;
         let applied_name = meta::name_of(&applied).to_string();
-        if applied_name != name {
+        if applied_name.is_empty() {
+            // The name comes from the URL when the body has none (kube-lease-manager's
+            // applies carry no metadata.name), as the real patch handler's merged object does.
+            if let Some(m) = applied.as_object_mut() {
+                let md = m.entry("metadata").or_insert_with(|| json!({}));
+                if let Some(md) = md.as_object_mut() {
+                    md.insert("name".into(), json!(name));
+                }
+            }
+        } else if applied_name != name {
             return Err(ApiError::bad_request(format!(
                 "the name of the object ({applied_name}) does not match the name on the URL ({name})"
             )));
