@@ -120,7 +120,8 @@ impl LocalScheduler {
             .unwrap_or(0);
         let pod = build_pod(rev, &self.node, ordinal).map_err(Refusal::bad_gateway)?;
         match api.create(&PostParams::default(), &pod).await {
-            Ok(_) => {
+            Ok(created) => {
+                self.pods.observe_created(key, &created);
                 self.metrics.pods_created.inc();
                 tracing::info!(revision = %key, pod = ?pod.metadata.name, "created pod");
                 Ok(())

@@ -210,14 +210,6 @@ impl SimCluster {
         out
     }
 
-    /// Pod creates seen by the embedded API server so far.
-    pub fn pod_creates(&self) -> u64 {
-        self.api
-            .as_ref()
-            .map(|a| a.stats().count("create", "pods"))
-            .unwrap_or(0)
-    }
-
     pub async fn shutdown(self) {
         self.stop_subsetter.cancel();
         let _ = self.subsetter.await;

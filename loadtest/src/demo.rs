@@ -83,7 +83,6 @@ pub async fn run(cluster: &SimCluster, opts: &DemoOptions) -> Result<Summary, Er
     }
     wait_subsets(&client, &opts.namespace, &names, Duration::from_secs(60)).await?;
 
-    let pods_before = cluster.pod_creates();
     let api_before = cluster.api_requests_by_verb();
     let entries = cluster.entries();
     let driver = Driver::new();
@@ -132,11 +131,18 @@ pub async fn run(cluster: &SimCluster, opts: &DemoOptions) -> Result<Summary, Er
         .filter(|(_, n)| *n > 0)
         .collect();
     let members = members(&client, &opts.namespace).await?;
+    let pods: Api<k8s_openapi::api::core::v1::Pod> =
+        Api::namespaced(client.clone(), &opts.namespace);
+    let pods_created = pods
+        .list(&kube::api::ListParams::default().labels(crds::contract::REVISION_LABEL))
+        .await?
+        .items
+        .len() as u64;
     Ok(Summary::build(
         &samples,
         &members,
         cluster.activators.len(),
-        cluster.pod_creates() - pods_before,
+        pods_created,
         opts.start_delay_ms,
         api_requests,
         wall_ms,

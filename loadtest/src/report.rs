@@ -31,7 +31,7 @@ pub struct Summary {
     pub errors: usize,
     /// Requests that waited for a pod to start.
     pub cold_starts: usize,
-    /// App pods created during the run (API server creates of pods, minus activator pods).
+    /// App pods of the demo's revisions at the end of the run.
     pub pods_created: u64,
     pub cold_start_ms: Percentiles,
     pub warm_ms: Percentiles,

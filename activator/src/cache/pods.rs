@@ -151,6 +151,24 @@ impl PodCache {
             .subscribe()
     }
 
+    /// Records a pod this activator has just created, unless the watch has reported it
+    /// already (its report is newer), so a request arriving before the watch event does not
+    /// create the pod again.
+    pub fn observe_created(&self, key: &RevisionKey, pod: &Pod) {
+        let pod = LocalPod::from_pod(pod);
+        let tx = self
+            .by_revision
+            .entry(key.clone())
+            .or_insert_with(|| watch::channel(RevisionPods::new()).0);
+        tx.send_if_modified(|pods| {
+            if pods.contains_key(&pod.name) {
+                return false;
+            }
+            pods.insert(pod.name.clone(), pod);
+            true
+        });
+    }
+
     /// Number of revisions with pods (or waiters) on this node.
     pub fn revisions(&self) -> usize {
         self.by_revision.len()
