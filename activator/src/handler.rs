@@ -32,6 +32,9 @@ pub const HEADER_SERVED_BY: &str = "x-activator-node";
 /// Response header set when the request waited for a pod to start.
 pub const HEADER_COLD_START: &str = "x-activator-cold-start";
 
+/// How long a request waits for a new revision's subset to be published before a 503.
+const SUBSET_WAIT: Duration = Duration::from_secs(10);
+
 /// What the request path needs; shared by all connections.
 pub struct Handler {
     pub node: String,
@@ -76,8 +79,15 @@ impl Handler {
             Ok(k) => k,
             Err(r) => return ("refused", Err(r)),
         };
-        let Some(rev) = self.revisions.get(&key) else {
-            return ("refused", Err(Refusal::unknown_revision(&key)));
+        let rev = match self.revisions.get_or_fetch(&key).await {
+            Ok(Some(rev)) => rev,
+            Ok(None) => return ("refused", Err(Refusal::unknown_revision(&key))),
+            Err(e) => {
+                return (
+                    "refused",
+                    Err(Refusal::unavailable(format!("reading revision {key}: {e}"))),
+                );
+            }
         };
         let timeout = Duration::from_secs(rev.spec.timeout_seconds.max(1).unsigned_abs());
         let deadline = tokio::time::Instant::now() + timeout;
@@ -85,6 +95,13 @@ impl Handler {
         // 2. route
         let hopped = req.headers().contains_key(HEADER_ACTIVATOR_HOP);
         let membership = match self.endpoints.membership(&key, hopped).await {
+            // A revision created a moment ago: its subset is being written.
+            Ok(Membership::Unassigned) => {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                self.endpoints
+                    .await_assigned(&key, left.min(SUBSET_WAIT))
+                    .await
+            }
             Ok(m) => m,
             Err(e) => {
                 return (
@@ -161,6 +178,11 @@ impl Handler {
             .zip(header(HEADER_REVISION_NAME))
             .or_else(|| header(HEADER_KNATIVE_NAMESPACE).zip(header(HEADER_KNATIVE_REVISION)));
         if let Some((ns, name)) = named {
+            if !is_dns_label(ns) || !is_dns_subdomain(name) {
+                return Err(Refusal::bad_request(format!(
+                    "invalid revision namespace/name in headers: {ns:?}/{name:?}"
+                )));
+            }
             return Ok(RevisionKey::new(ns, name));
         }
         let host = header(http::header::HOST.as_str())
@@ -223,4 +245,36 @@ fn replay_of(r: &Request<Body>) -> Request<Body> {
     *copy.version_mut() = r.version();
     *copy.headers_mut() = r.headers().clone();
     copy
+}
+
+/// RFC 1123 label, as Kubernetes requires of namespace names.
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// RFC 1123 subdomain, as Kubernetes requires of most object names.
+fn is_dns_subdomain(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(is_dns_label)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_names_must_be_kubernetes_names() {
+        assert!(is_dns_label("default"));
+        assert!(is_dns_subdomain("rev-1.v2"));
+        for bad in ["", "-a", "a-", "A", "a/b", "..", "a..b", &"x".repeat(64)] {
+            assert!(!is_dns_label(bad), "{bad:?}");
+            assert!(!is_dns_subdomain(bad), "{bad:?}");
+        }
+        assert!(!is_dns_label("a.b"));
+        assert!(!is_dns_subdomain("../etc"));
+    }
 }

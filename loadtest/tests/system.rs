@@ -182,3 +182,34 @@ async fn concurrent_first_requests_on_one_member_create_one_pod() {
     assert_eq!(answered.len(), 1, "all answered by the one pod");
     c.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_request_right_after_the_revision_is_created_succeeds() {
+    let c = cluster().await;
+    ensure_namespace(&c.client, NS).await.unwrap();
+    let api: Api<crds::Revision> = Api::namespaced(c.client.clone(), NS);
+    api.create(&PostParams::default(), &echo_revision("eager", NS, vec![]))
+        .await
+        .unwrap();
+    // No waiting for the subset or for any activator's watch: named by the ingress headers.
+    let (_, addr) = c.entries()[0].clone();
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Empty<bytes::Bytes>>();
+    let req = http::Request::get(format!("http://{addr}/now"))
+        .header("x-revision-namespace", NS)
+        .header("x-revision-name", "eager")
+        .body(http_body_util::Empty::new())
+        .unwrap();
+    let resp = client.request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(resp.headers().contains_key("x-pod-name"));
+
+    // Bad header values are a 400, not a lookup.
+    let req = http::Request::get(format!("http://{addr}/"))
+        .header("x-revision-namespace", "../etc")
+        .header("x-revision-name", "eager")
+        .body(http_body_util::Empty::new())
+        .unwrap();
+    assert_eq!(client.request(req).await.unwrap().status(), 400);
+    c.shutdown().await;
+}

@@ -8,6 +8,7 @@ use crds::{ActivationEndpoints, ActivatorMember};
 use dashmap::DashMap;
 use futures::StreamExt;
 use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::wait::await_condition;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
@@ -86,6 +87,31 @@ impl EndpointsCache {
         }
         let aep = self.lookup(key, confirm).await?;
         Ok(self.classify(aep.as_deref()))
+    }
+
+    /// Waits, at most `limit`, for the subset of a revision that has none yet (a request that
+    /// arrives right after its Revision was created, before the subsetter has written it).
+    /// Watches only that one object, so the wait ends on the event, not on a poll.
+    pub async fn await_assigned(&self, key: &RevisionKey, limit: Duration) -> Membership {
+        let api: Api<ActivationEndpoints> = Api::namespaced(self.client.clone(), &key.namespace);
+        let has_members = |a: Option<&ActivationEndpoints>| {
+            a.and_then(|a| a.status.as_ref())
+                .is_some_and(|s| !s.activators.is_empty())
+        };
+        match tokio::time::timeout(limit, await_condition(api, &key.name, has_members)).await {
+            Ok(Ok(Some(aep))) => {
+                let aep = Arc::new(aep);
+                self.others
+                    .insert(key.clone(), (Instant::now(), Some(aep.clone())));
+                self.classify(Some(&aep))
+            }
+            Ok(Ok(None)) => Membership::Unassigned,
+            Ok(Err(e)) => {
+                tracing::warn!(revision = %key, error = %e, "waiting for the subset");
+                Membership::Unassigned
+            }
+            Err(_elapsed) => Membership::Unassigned,
+        }
     }
 
     /// Drops the cached copy of `key`'s subset (after a member failed to answer).

@@ -1,6 +1,9 @@
 //! Revisions, and the host routing table maintained from the same watch.
 
 use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use dashmap::DashMap;
 
 use crds::Revision;
 use futures::StreamExt;
@@ -14,9 +17,15 @@ use crate::routing::{HostTable, RevisionKey};
 /// Revisions known to this activator and the hosts they claim.
 #[derive(Clone)]
 pub struct RevisionCache {
+    client: Client,
     store: Store<Revision>,
     hosts: Arc<RwLock<HostTable>>,
+    /// Revisions recently read from the API server and not found.
+    missing: Arc<DashMap<RevisionKey, Instant>>,
 }
+
+/// How long a revision found missing is not looked up again.
+const MISS_TTL: Duration = Duration::from_secs(1);
 
 impl RevisionCache {
     /// Starts the watch; it runs until `stop` is cancelled.
@@ -24,7 +33,7 @@ impl RevisionCache {
         let (store, writer) = reflector::store();
         let hosts = Arc::new(RwLock::new(HostTable::default()));
         let table = hosts.clone();
-        let api: Api<Revision> = Api::all(client);
+        let api: Api<Revision> = Api::all(client.clone());
         let events = watcher(api, watcher::Config::default().any_semantic())
             .default_backoff()
             .reflect(writer);
@@ -62,7 +71,12 @@ impl RevisionCache {
                 }
             }
         });
-        Self { store, hosts }
+        Self {
+            client,
+            store,
+            hosts,
+            missing: Arc::new(DashMap::new()),
+        }
     }
 
     /// Waits until the first full list has been received.
@@ -74,6 +88,36 @@ impl RevisionCache {
     pub fn get(&self, key: &RevisionKey) -> Option<Arc<Revision>> {
         self.store
             .get(&ObjectRef::new(&key.name).within(&key.namespace))
+    }
+
+    /// The revision from the cache, or — for one created a moment ago that the watch has not
+    /// delivered yet — from the API server. Misses are remembered briefly so a stream of
+    /// requests for a revision that does not exist costs the API server one read per second.
+    pub async fn get_or_fetch(
+        &self,
+        key: &RevisionKey,
+    ) -> Result<Option<Arc<Revision>>, kube::Error> {
+        if let Some(rev) = self.get(key) {
+            return Ok(Some(rev));
+        }
+        if self
+            .missing
+            .get(key)
+            .is_some_and(|at| at.elapsed() < MISS_TTL)
+        {
+            return Ok(None);
+        }
+        let api: Api<Revision> = Api::namespaced(self.client.clone(), &key.namespace);
+        match api.get_opt(&key.name).await? {
+            Some(rev) => {
+                self.missing.remove(key);
+                Ok(Some(Arc::new(rev)))
+            }
+            None => {
+                self.missing.insert(key.clone(), Instant::now());
+                Ok(None)
+            }
+        }
     }
 
     /// The revision a Host header routes to.
