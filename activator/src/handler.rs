@@ -113,7 +113,26 @@ impl Handler {
             }
         };
         let quota = match membership {
-            Membership::Member(me) => me,
+            // A member without a share of maxScale may not create pods: the members with
+            // one serve the cold start (DESIGN §3: shares sum to at most maxScale).
+            Membership::Member { me, peers }
+                if rev.spec.max_scale > 0 && me.max_pods == 0 && !hopped =>
+            {
+                let with_quota: Vec<ActivatorMember> =
+                    peers.into_iter().filter(|p| p.max_pods > 0).collect();
+                if with_quota.is_empty() {
+                    return (
+                        "refused",
+                        Err(Refusal::unavailable(format!(
+                            "no member of revision {key} has a share of its maxScale"
+                        ))),
+                    );
+                }
+                return self
+                    .forward_within(&key, req, with_quota, deadline, timeout)
+                    .await;
+            }
+            Membership::Member { me, .. } => me,
             Membership::Unassigned => {
                 return (
                     "refused",
@@ -132,17 +151,9 @@ impl Handler {
                 );
             }
             Membership::Others(members) => {
-                let fwd = self.forward(&key, req, members);
-                return match tokio::time::timeout_at(deadline, fwd).await {
-                    Ok(r) => ("forwarded", r),
-                    Err(_) => (
-                        "forwarded",
-                        Err(Refusal::timeout(format!(
-                            "revision {key}: no answer from its activators within {}s",
-                            timeout.as_secs()
-                        ))),
-                    ),
-                };
+                return self
+                    .forward_within(&key, req, members, deadline, timeout)
+                    .await;
             }
         };
 
@@ -190,6 +201,27 @@ impl Handler {
         self.revisions
             .resolve_host(host)
             .ok_or_else(|| Refusal::unknown_revision(format!("no revision serves host {host}")))
+    }
+
+    /// Stage 2b, bounded by the request's deadline.
+    async fn forward_within(
+        &self,
+        key: &RevisionKey,
+        req: Request<Body>,
+        members: Vec<ActivatorMember>,
+        deadline: tokio::time::Instant,
+        timeout: Duration,
+    ) -> (&'static str, Result<Response<Body>, Refusal>) {
+        match tokio::time::timeout_at(deadline, self.forward(key, req, members)).await {
+            Ok(r) => ("forwarded", r),
+            Err(_) => (
+                "forwarded",
+                Err(Refusal::timeout(format!(
+                    "revision {key}: no answer from its activators within {}s",
+                    timeout.as_secs()
+                ))),
+            ),
+        }
     }
 
     /// Stage 2b: forward to a member, trying the next one when a member is unreachable.

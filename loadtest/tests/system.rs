@@ -213,3 +213,45 @@ async fn first_request_right_after_the_revision_is_created_succeeds() {
     assert_eq!(client.request(req).await.unwrap().status(), 400);
     c.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn member_without_a_max_scale_share_forwards_the_cold_start() {
+    let c = cluster().await;
+    ensure_namespace(&c.client, NS).await.unwrap();
+    let api: Api<crds::Revision> = Api::namespaced(c.client.clone(), NS);
+    let mut rev = echo_revision("capped", NS, vec![host_of("capped", NS)]);
+    rev.spec.max_scale = 1;
+    api.create(&PostParams::default(), &rev).await.unwrap();
+    wait_subsets(
+        &c.client,
+        NS,
+        &["capped".to_string()],
+        Duration::from_secs(30),
+    )
+    .await
+    .unwrap();
+    let aep: Api<ActivationEndpoints> = Api::namespaced(c.client.clone(), NS);
+    let members = aep.get("capped").await.unwrap().status.unwrap().activators;
+    assert_eq!(members.len(), 2);
+    let shares: u32 = members.iter().map(|m| m.max_pods as u32).sum();
+    assert_eq!(shares, 1, "shares sum to maxScale: {members:?}");
+    let without = members.iter().find(|m| m.max_pods == 0).unwrap();
+    let with = members.iter().find(|m| m.max_pods == 1).unwrap();
+
+    let driver = Driver::new();
+    let (n, addr) = entry(&c, &without.node);
+    for path in ["/a", "/b"] {
+        let s = driver
+            .get((&n, addr), "capped", &host_of("capped", NS), path)
+            .await;
+        assert!(s.ok(), "{s:?}");
+    }
+    let pods = pods_of(&c, "capped").await;
+    assert_eq!(pods.len(), 1, "maxScale 1");
+    assert_eq!(
+        pods[0].spec.as_ref().unwrap().node_name.as_deref(),
+        Some(with.node.as_str()),
+        "the pod is on the member with the share"
+    );
+    c.shutdown().await;
+}

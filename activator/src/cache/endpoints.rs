@@ -18,8 +18,12 @@ use crate::routing::RevisionKey;
 /// Where a request for a revision should be served.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Membership {
-    /// This node is a member: serve here, with this member entry (its pod quota).
-    Member(ActivatorMember),
+    /// This node is a member: serve here, with this member entry (its pod quota); `peers` are
+    /// the other members.
+    Member {
+        me: ActivatorMember,
+        peers: Vec<ActivatorMember>,
+    },
     /// Another node's activators serve it: forward to one of these.
     Others(Vec<ActivatorMember>),
     /// No subset has been published for the revision yet.
@@ -82,8 +86,8 @@ impl EndpointsCache {
         key: &RevisionKey,
         confirm: bool,
     ) -> Result<Membership, kube::Error> {
-        if let Some(me) = self.member_entry(key) {
-            return Ok(Membership::Member(me));
+        if let Some(m) = self.member_entry(key) {
+            return Ok(m);
         }
         let aep = self.lookup(key, confirm).await?;
         Ok(self.classify(aep.as_deref()))
@@ -119,11 +123,14 @@ impl EndpointsCache {
         self.others.remove(key);
     }
 
-    fn member_entry(&self, key: &RevisionKey) -> Option<ActivatorMember> {
+    fn member_entry(&self, key: &RevisionKey) -> Option<Membership> {
         let aep = self
             .mine
             .get(&ObjectRef::new(&key.name).within(&key.namespace))?;
-        aep.status.as_ref()?.member(&self.node).cloned()
+        match self.classify(Some(&aep)) {
+            m @ Membership::Member { .. } => Some(m),
+            _ => None,
+        }
     }
 
     fn classify(&self, aep: Option<&ActivationEndpoints>) -> Membership {
@@ -131,7 +138,15 @@ impl EndpointsCache {
             return Membership::Unassigned;
         };
         if let Some(me) = status.member(&self.node) {
-            return Membership::Member(me.clone());
+            return Membership::Member {
+                me: me.clone(),
+                peers: status
+                    .activators
+                    .iter()
+                    .filter(|m| m.node != self.node)
+                    .cloned()
+                    .collect(),
+            };
         }
         if status.activators.is_empty() {
             Membership::Unassigned
