@@ -29,7 +29,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::Error;
 
-/// The namespace of the activator (DaemonSet) pods.
+/// The namespace of the activator (DaemonSet) pods, as in `deploy/`. Against a shared API
+/// server (`KUBECONFIG`) each cluster adds a suffix, so concurrent clusters stay apart.
 pub const ACTIVATOR_NAMESPACE: &str = "local-activator";
 /// Marks a pod whose process the harness runs itself (kubesim's kubelet then only reports it
 /// Running and Ready with the node's IP, as for a `hostNetwork` DaemonSet pod).
@@ -51,6 +52,9 @@ pub struct ClusterOptions {
     pub shared_kubelet_watch: bool,
     /// Pods each simulated node admits.
     pub max_pods: u32,
+    /// Only Revisions of this namespace get subsets (None = all). Set it when several
+    /// clusters share one API server.
+    pub revision_namespace: Option<String>,
 }
 
 impl Default for ClusterOptions {
@@ -63,6 +67,7 @@ impl Default for ClusterOptions {
             api_latency: None,
             shared_kubelet_watch: false,
             max_pods: 110,
+            revision_namespace: None,
         }
     }
 }
@@ -82,12 +87,16 @@ pub struct SimCluster {
     pub activators: Vec<NodeActivator>,
     lifecycle: Option<NodeLifecycleController>,
     block: NodeBlock,
+    activator_namespace: String,
+    revision_namespace: Option<String>,
     stop_subsetter: CancellationToken,
     subsetter: tokio::task::JoinHandle<()>,
 }
 
 impl SimCluster {
     pub async fn start(opts: ClusterOptions) -> Result<Self, Error> {
+        // Addresses no other cluster in this or another process is using.
+        let block = reserve_nodes(opts.nodes)?;
         let (api, client) = if opts.use_kubeconfig {
             let client = Client::try_default().await?;
             (None, client)
@@ -101,10 +110,13 @@ impl SimCluster {
             (Some(api), client)
         };
         apply_crds(&client).await?;
-        ensure_namespace(&client, ACTIVATOR_NAMESPACE).await?;
+        let activator_namespace = if api.is_some() {
+            ACTIVATOR_NAMESPACE.to_string()
+        } else {
+            format!("{ACTIVATOR_NAMESPACE}-{}", block.first())
+        };
+        ensure_namespace(&client, &activator_namespace).await?;
 
-        // Addresses no other cluster in this or another process is using.
-        let block = reserve_nodes(opts.nodes)?;
         let configs: Vec<NodeConfig> = block
             .indices()
             .map(|i| {
@@ -135,22 +147,23 @@ impl SimCluster {
             .then(|| NodeLifecycleController::start(client.clone(), Duration::from_secs(40)));
 
         let mut activators = Vec::with_capacity(opts.nodes);
-        let pods: Api<Pod> = Api::namespaced(client.clone(), ACTIVATOR_NAMESPACE);
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &activator_namespace);
         for node in fleet.nodes() {
             let ip = node.ip().into();
-            let cfg = ActivatorConfig::new(
+            let mut cfg = ActivatorConfig::new(
                 node.name(),
                 SocketAddr::new(ip, DATA_PORT),
                 SocketAddr::new(ip, ADMIN_PORT),
             );
             let pod_name = cfg.pod_name.clone();
+            cfg.pod_namespace = activator_namespace.clone();
             let activator = Activator::start(cfg, client.clone())
                 .await
                 .map_err(|source| Error::Activator {
                     node: node.name().to_string(),
                     source,
                 })?;
-            let pod = activator_pod(&pod_name, node.name());
+            let pod = activator_pod(&pod_name, &activator_namespace, node.name());
             match pods.create(&PostParams::default(), &pod).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(s)) if s.code == 409 => {}
@@ -168,7 +181,8 @@ impl SimCluster {
             client.clone(),
             subsetter::Config {
                 default_activators: opts.default_activators,
-                activator_namespace: Some(ACTIVATOR_NAMESPACE.into()),
+                namespace: opts.revision_namespace.clone(),
+                activator_namespace: Some(activator_namespace.clone()),
                 ..subsetter::Config::default()
             },
             Arc::new(subsetter::Random::new()),
@@ -186,9 +200,22 @@ impl SimCluster {
             activators,
             lifecycle,
             block,
+            activator_namespace,
+            revision_namespace: opts.revision_namespace.clone(),
             stop_subsetter,
             subsetter,
         })
+    }
+
+    /// A number no other live cluster on this machine has (its first node index), for
+    /// naming namespaces when clusters share an API server.
+    pub fn id(&self) -> usize {
+        self.block.first()
+    }
+
+    /// The namespace of this cluster's activator pods.
+    pub fn activator_namespace(&self) -> &str {
+        &self.activator_namespace
     }
 
     /// Data addresses of the activators, by node.
@@ -210,11 +237,15 @@ impl SimCluster {
         out
     }
 
-    pub async fn shutdown(self) {
+    pub async fn shutdown(mut self) {
         self.stop_subsetter.cancel();
-        let _ = self.subsetter.await;
-        for a in self.activators {
+        let _ = (&mut self.subsetter).await;
+        for a in std::mem::take(&mut self.activators) {
             a.activator.shutdown().await;
+        }
+        if self.api.is_none() {
+            // A shared API server outlives this cluster: take away what it added.
+            self.clean_up_shared().await;
         }
         self.fleet.shutdown();
         drop(self.lifecycle);
@@ -222,6 +253,25 @@ impl SimCluster {
             api.shutdown().await;
         }
         drop(self.block);
+    }
+}
+
+impl SimCluster {
+    async fn clean_up_shared(&self) {
+        let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        let mut gone = vec![self.activator_namespace.clone()];
+        gone.extend(self.revision_namespace.clone());
+        for ns in gone {
+            if let Err(e) = namespaces.delete(&ns, &Default::default()).await {
+                tracing::warn!(namespace = %ns, error = %e, "cleaning up");
+            }
+        }
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client.clone());
+        for node in self.fleet.nodes() {
+            if let Err(e) = nodes.delete(node.name(), &Default::default()).await {
+                tracing::warn!(node = node.name(), error = %e, "cleaning up");
+            }
+        }
     }
 }
 
@@ -293,11 +343,11 @@ pub async fn ensure_namespace(client: &Client, name: &str) -> Result<(), Error> 
 }
 
 /// The DaemonSet-style pod that represents an activator on `node`.
-fn activator_pod(name: &str, node: &str) -> Pod {
+fn activator_pod(name: &str, namespace: &str, node: &str) -> Pod {
     Pod {
         metadata: ObjectMeta {
             name: Some(name.into()),
-            namespace: Some(ACTIVATOR_NAMESPACE.into()),
+            namespace: Some(namespace.into()),
             labels: Some(BTreeMap::from([
                 (APP_NAME_LABEL.to_string(), APP_NAME_VALUE.to_string()),
                 (COMPONENT_LABEL.to_string(), COMPONENT_VALUE.to_string()),

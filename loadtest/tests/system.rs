@@ -17,34 +17,37 @@ use loadtest::demo::{echo_revision, host_of, wait_subsets};
 use loadtest::driver::Driver;
 use loadtest::{ClusterOptions, SimCluster};
 
-const NS: &str = "system-test";
-
-async fn cluster() -> SimCluster {
-    SimCluster::start(ClusterOptions {
+/// Each test's cluster gets its own namespace, so tests sharing one API server (`KUBECONFIG`)
+/// never see each other's revisions.
+async fn cluster() -> (SimCluster, String) {
+    let ns = format!("system-test-{:08x}", rand::random::<u32>());
+    let c = SimCluster::start(ClusterOptions {
         nodes: 5,
         start_delay: Delay::fixed_ms(150),
         // 2 of 5: every revision has non-members to forward from.
         default_activators: 2,
+        revision_namespace: Some(ns.clone()),
         ..ClusterOptions::default()
     })
     .await
-    .expect("cluster starts")
+    .expect("cluster starts");
+    ensure_namespace(&c.client, &ns).await.unwrap();
+    (c, ns)
 }
 
 /// Creates a revision and returns its subset's member nodes.
-async fn revision(c: &SimCluster, name: &str) -> Vec<String> {
-    ensure_namespace(&c.client, NS).await.unwrap();
-    let api: Api<crds::Revision> = Api::namespaced(c.client.clone(), NS);
+async fn revision(c: &SimCluster, ns: &str, name: &str) -> Vec<String> {
+    let api: Api<crds::Revision> = Api::namespaced(c.client.clone(), &ns);
     api.create(
         &PostParams::default(),
-        &echo_revision(name, NS, vec![host_of(name, NS)]),
+        &echo_revision(name, &ns, vec![host_of(name, &ns)]),
     )
     .await
     .unwrap();
-    wait_subsets(&c.client, NS, &[name.to_string()], Duration::from_secs(30))
+    wait_subsets(&c.client, &ns, &[name.to_string()], Duration::from_secs(30))
         .await
         .unwrap();
-    let aep: Api<ActivationEndpoints> = Api::namespaced(c.client.clone(), NS);
+    let aep: Api<ActivationEndpoints> = Api::namespaced(c.client.clone(), &ns);
     aep.get(name)
         .await
         .unwrap()
@@ -56,8 +59,8 @@ async fn revision(c: &SimCluster, name: &str) -> Vec<String> {
         .collect()
 }
 
-async fn pods_of(c: &SimCluster, rev: &str) -> Vec<Pod> {
-    let api: Api<Pod> = Api::namespaced(c.client.clone(), NS);
+async fn pods_of(c: &SimCluster, ns: &str, rev: &str) -> Vec<Pod> {
+    let api: Api<Pod> = Api::namespaced(c.client.clone(), ns);
     api.list(&ListParams::default().labels(&format!("{REVISION_LABEL}={rev}")))
         .await
         .unwrap()
@@ -73,18 +76,18 @@ fn entry(c: &SimCluster, node: &str) -> (String, std::net::SocketAddr) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cold_start_then_warm_then_forwarded() {
-    let c = cluster().await;
-    let members = revision(&c, "hello").await;
+    let (c, ns) = cluster().await;
+    let members = revision(&c, &ns, "hello").await;
     assert_eq!(members.len(), 2, "{members:?}");
     let driver = Driver::new();
-    let host = host_of("hello", NS);
+    let host = host_of("hello", &ns);
 
     // Cold: through a member, the app's own 200.
     let (m, addr) = entry(&c, &members[0]);
     let s = driver.get((&m, addr), "hello", &host, "/first").await;
     assert!(s.ok(), "{s:?}");
     assert!(s.cold, "the first request waits for a pod start");
-    let pods = pods_of(&c, "hello").await;
+    let pods = pods_of(&c, &ns, "hello").await;
     assert_eq!(pods.len(), 1);
     let node = pods[0].spec.as_ref().unwrap().node_name.clone().unwrap();
     assert!(
@@ -96,7 +99,7 @@ async fn cold_start_then_warm_then_forwarded() {
     // Warm: same member, no new pod.
     let s = driver.get((&m, addr), "hello", &host, "/second").await;
     assert!(s.ok() && !s.cold, "{s:?}");
-    assert_eq!(pods_of(&c, "hello").await.len(), 1);
+    assert_eq!(pods_of(&c, &ns, "hello").await.len(), 1);
 
     // A non-member forwards to a member and the answer comes back.
     let outsider = c
@@ -108,7 +111,7 @@ async fn cold_start_then_warm_then_forwarded() {
         .get((&outsider.0, outsider.1), "hello", &host, "/via-peer")
         .await;
     assert!(s.ok(), "{s:?}");
-    let pods = pods_of(&c, "hello").await;
+    let pods = pods_of(&c, &ns, "hello").await;
     assert!(
         pods.iter()
             .all(|p| members.contains(p.spec.as_ref().unwrap().node_name.as_ref().unwrap())),
@@ -124,7 +127,7 @@ async fn cold_start_then_warm_then_forwarded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_revision_is_404_by_host_and_by_headers() {
-    let c = cluster().await;
+    let (c, ns) = cluster().await;
     let (n, addr) = c.entries()[0].clone();
     let driver = Driver::new();
     let s = driver
@@ -143,7 +146,7 @@ async fn unknown_revision_is_404_by_host_and_by_headers() {
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http::<http_body_util::Empty<bytes::Bytes>>();
     let req = http::Request::get(format!("http://{addr}/"))
-        .header("x-revision-namespace", NS)
+        .header("x-revision-namespace", &ns)
         .header("x-revision-name", "missing")
         .body(http_body_util::Empty::new())
         .unwrap();
@@ -154,11 +157,11 @@ async fn unknown_revision_is_404_by_host_and_by_headers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_first_requests_on_one_member_create_one_pod() {
-    let c = cluster().await;
-    let members = revision(&c, "burst").await;
+    let (c, ns) = cluster().await;
+    let members = revision(&c, &ns, "burst").await;
     let (m, addr) = entry(&c, &members[0]);
     let driver = Driver::new();
-    let host = host_of("burst", NS);
+    let host = host_of("burst", &ns);
     let samples = join_all((0..8).map(|i| {
         let (driver, host, m) = (driver.clone(), host.clone(), m.clone());
         async move {
@@ -171,7 +174,7 @@ async fn concurrent_first_requests_on_one_member_create_one_pod() {
     for s in &samples {
         assert!(s.ok(), "{s:?}");
     }
-    let pods = pods_of(&c, "burst").await;
+    let pods = pods_of(&c, &ns, "burst").await;
     assert_eq!(
         pods.len(),
         1,
@@ -185,10 +188,9 @@ async fn concurrent_first_requests_on_one_member_create_one_pod() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_request_right_after_the_revision_is_created_succeeds() {
-    let c = cluster().await;
-    ensure_namespace(&c.client, NS).await.unwrap();
-    let api: Api<crds::Revision> = Api::namespaced(c.client.clone(), NS);
-    api.create(&PostParams::default(), &echo_revision("eager", NS, vec![]))
+    let (c, ns) = cluster().await;
+    let api: Api<crds::Revision> = Api::namespaced(c.client.clone(), &ns);
+    api.create(&PostParams::default(), &echo_revision("eager", &ns, vec![]))
         .await
         .unwrap();
     // No waiting for the subset or for any activator's watch: named by the ingress headers.
@@ -196,7 +198,7 @@ async fn first_request_right_after_the_revision_is_created_succeeds() {
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http::<http_body_util::Empty<bytes::Bytes>>();
     let req = http::Request::get(format!("http://{addr}/now"))
-        .header("x-revision-namespace", NS)
+        .header("x-revision-namespace", &ns)
         .header("x-revision-name", "eager")
         .body(http_body_util::Empty::new())
         .unwrap();
@@ -216,21 +218,20 @@ async fn first_request_right_after_the_revision_is_created_succeeds() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn member_without_a_max_scale_share_forwards_the_cold_start() {
-    let c = cluster().await;
-    ensure_namespace(&c.client, NS).await.unwrap();
-    let api: Api<crds::Revision> = Api::namespaced(c.client.clone(), NS);
-    let mut rev = echo_revision("capped", NS, vec![host_of("capped", NS)]);
+    let (c, ns) = cluster().await;
+    let api: Api<crds::Revision> = Api::namespaced(c.client.clone(), &ns);
+    let mut rev = echo_revision("capped", &ns, vec![host_of("capped", &ns)]);
     rev.spec.max_scale = 1;
     api.create(&PostParams::default(), &rev).await.unwrap();
     wait_subsets(
         &c.client,
-        NS,
+        &ns,
         &["capped".to_string()],
         Duration::from_secs(30),
     )
     .await
     .unwrap();
-    let aep: Api<ActivationEndpoints> = Api::namespaced(c.client.clone(), NS);
+    let aep: Api<ActivationEndpoints> = Api::namespaced(c.client.clone(), &ns);
     let members = aep.get("capped").await.unwrap().status.unwrap().activators;
     assert_eq!(members.len(), 2);
     let shares: u32 = members.iter().map(|m| m.max_pods as u32).sum();
@@ -242,11 +243,11 @@ async fn member_without_a_max_scale_share_forwards_the_cold_start() {
     let (n, addr) = entry(&c, &without.node);
     for path in ["/a", "/b"] {
         let s = driver
-            .get((&n, addr), "capped", &host_of("capped", NS), path)
+            .get((&n, addr), "capped", &host_of("capped", &ns), path)
             .await;
         assert!(s.ok(), "{s:?}");
     }
-    let pods = pods_of(&c, "capped").await;
+    let pods = pods_of(&c, &ns, "capped").await;
     assert_eq!(pods.len(), 1, "maxScale 1");
     assert_eq!(
         pods[0].spec.as_ref().unwrap().node_name.as_deref(),
