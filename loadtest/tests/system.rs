@@ -37,17 +37,17 @@ async fn cluster() -> (SimCluster, String) {
 
 /// Creates a revision and returns its subset's member nodes.
 async fn revision(c: &SimCluster, ns: &str, name: &str) -> Vec<String> {
-    let api: Api<crds::Revision> = Api::namespaced(c.client.clone(), &ns);
+    let api: Api<crds::Revision> = Api::namespaced(c.client.clone(), ns);
     api.create(
         &PostParams::default(),
-        &echo_revision(name, &ns, vec![host_of(name, &ns)]),
+        &echo_revision(name, ns, vec![host_of(name, ns)]),
     )
     .await
     .unwrap();
-    wait_subsets(&c.client, &ns, &[name.to_string()], Duration::from_secs(30))
+    wait_subsets(&c.client, ns, &[name.to_string()], Duration::from_secs(30))
         .await
         .unwrap();
-    let aep: Api<ActivationEndpoints> = Api::namespaced(c.client.clone(), &ns);
+    let aep: Api<ActivationEndpoints> = Api::namespaced(c.client.clone(), ns);
     aep.get(name)
         .await
         .unwrap()
