@@ -18,6 +18,7 @@ use crds::contract::{
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::{Body as _, Incoming};
+use tokio_util::sync::CancellationToken;
 
 use crate::answer::{Body, Refusal, full};
 use crate::cache::endpoints::{EndpointsCache, Membership};
@@ -43,6 +44,8 @@ pub struct Handler {
     pub scheduler: LocalScheduler,
     pub upstream: Upstream,
     pub metrics: Arc<Metrics>,
+    /// Cancelled when the activator starts draining.
+    pub draining: CancellationToken,
 }
 
 impl Handler {
@@ -112,7 +115,7 @@ impl Handler {
                 );
             }
         };
-        let quota = match membership {
+        let (quota, peers) = match membership {
             // A member without a share of maxScale may not create pods: the members with
             // one serve the cold start (DESIGN §3: shares sum to at most maxScale).
             Membership::Member { me, peers }
@@ -132,7 +135,7 @@ impl Handler {
                     .forward_within(&key, req, with_quota, deadline, timeout)
                     .await;
             }
-            Membership::Member { me, .. } => me,
+            Membership::Member { me, peers } => (me, peers),
             Membership::Unassigned => {
                 return (
                     "refused",
@@ -159,7 +162,15 @@ impl Handler {
 
         // 3. pod, 4. proxy — both within the revision's timeout.
         let serve_here = async {
-            let target = self.scheduler.ready_pod(&key, &rev, &quota).await?;
+            let target = tokio::select! {
+                t = self.scheduler.ready_pod(&key, &rev, &quota) => t?,
+                // Draining (SIGTERM) while the request waits for a pod: a peer member serves
+                // it instead. A request forwarded here already is not forwarded again.
+                _ = self.draining.cancelled(), if !hopped && !peers.is_empty() => {
+                    self.metrics.drained_to_peers.inc();
+                    return self.forward(&key, req, peers).await;
+                }
+            };
             let mut resp = self
                 .upstream
                 .send(req, target.addr, &[], &format!("pod of revision {key}"))

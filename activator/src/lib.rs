@@ -43,7 +43,10 @@ pub struct Activator {
     admin_addr: SocketAddr,
     metrics: Arc<Metrics>,
     admin: Arc<Admin>,
+    /// Stops accepting and starts draining.
     stop: CancellationToken,
+    /// Stops the watches, once draining is over: requests still in flight need them.
+    stop_caches: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -65,15 +68,16 @@ impl Activator {
         })?;
 
         let stop = CancellationToken::new();
+        let stop_caches = CancellationToken::new();
         let metrics = Arc::new(Metrics::default());
-        let revisions = RevisionCache::start(client.clone(), stop.child_token());
+        let revisions = RevisionCache::start(client.clone(), stop_caches.child_token());
         let endpoints = EndpointsCache::start(
             client.clone(),
             &cfg.node_name,
             cfg.endpoints_ttl,
-            stop.child_token(),
+            stop_caches.child_token(),
         );
-        let pods = PodCache::start(client.clone(), &cfg.node_name, stop.child_token());
+        let pods = PodCache::start(client.clone(), &cfg.node_name, stop_caches.child_token());
         let scheduler = LocalScheduler::new(client, &cfg.node_name, pods.clone(), metrics.clone());
         let handler = Arc::new(Handler {
             node: cfg.node_name.clone(),
@@ -82,6 +86,7 @@ impl Activator {
             scheduler,
             upstream: Upstream::new(&cfg),
             metrics: metrics.clone(),
+            draining: stop.child_token(),
         });
         let admin = Arc::new(Admin {
             ready: Default::default(),
@@ -122,6 +127,7 @@ impl Activator {
             metrics,
             admin,
             stop,
+            stop_caches,
             tasks,
         })
     }
@@ -143,13 +149,23 @@ impl Activator {
         self.admin.ready.load(Ordering::Acquire)
     }
 
-    /// Stops accepting, marks not ready, lets in-flight requests finish, then returns.
-    pub async fn shutdown(self) {
+    /// Stops accepting, marks not ready, forwards requests still waiting for a pod to peer
+    /// members, lets in-flight requests finish, then returns.
+    pub async fn shutdown(mut self) {
         self.admin.ready.store(false, Ordering::Release);
         self.stop.cancel();
-        for t in self.tasks {
+        for t in std::mem::take(&mut self.tasks) {
             let _ = t.await;
         }
+        self.stop_caches.cancel();
+    }
+}
+
+impl Drop for Activator {
+    /// An activator dropped without [`Activator::shutdown`] stops at once (no draining).
+    fn drop(&mut self) {
+        self.stop.cancel();
+        self.stop_caches.cancel();
     }
 }
 

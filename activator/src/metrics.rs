@@ -21,6 +21,8 @@ pub struct Metrics {
     pub cold_start_waits: Counter,
     /// Pods this activator created.
     pub pods_created: Counter,
+    /// Requests waiting for a pod that were sent to a peer because this activator was draining.
+    pub drained_to_peers: Counter,
 }
 
 impl Metrics {
@@ -41,6 +43,11 @@ impl Metrics {
             "pods_created",
             "App pods created by this activator",
             self.pods_created.clone(),
+        );
+        r.register(
+            "drained_to_peers",
+            "Requests waiting for a pod sent to a peer while draining",
+            self.drained_to_peers.clone(),
         );
         r
     }

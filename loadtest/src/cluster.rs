@@ -218,6 +218,16 @@ impl SimCluster {
         &self.activator_namespace
     }
 
+    /// Shuts the activator on `node` down as SIGTERM would (drain, then exit) and removes it
+    /// from the cluster. False if there is none.
+    pub async fn stop_activator(&mut self, node: &str) -> bool {
+        let Some(i) = self.activators.iter().position(|a| a.node == node) else {
+            return false;
+        };
+        self.activators.remove(i).activator.shutdown().await;
+        true
+    }
+
     /// Data addresses of the activators, by node.
     pub fn entries(&self) -> Vec<(String, SocketAddr)> {
         self.activators

@@ -7,9 +7,11 @@ use std::time::Duration;
 
 use crds::ActivationEndpoints;
 use crds::contract::REVISION_LABEL;
+use futures::StreamExt;
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ListParams, PostParams};
+use kube::runtime::WatchStreamExt;
 use kube::{Api, ResourceExt};
 use kubesim::node::Delay;
 use loadtest::cluster::ensure_namespace;
@@ -253,6 +255,57 @@ async fn member_without_a_max_scale_share_forwards_the_cold_start() {
         pods[0].spec.as_ref().unwrap().node_name.as_deref(),
         Some(with.node.as_str()),
         "the pod is on the member with the share"
+    );
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn draining_member_hands_a_waiting_request_to_a_peer() {
+    let ns = format!("system-test-{:08x}", rand::random::<u32>());
+    let mut c = SimCluster::start(ClusterOptions {
+        nodes: 3,
+        // Long enough that the activator is told to stop while its pod is still starting.
+        start_delay: Delay::fixed_ms(1500),
+        default_activators: 2,
+        revision_namespace: Some(ns.clone()),
+        ..ClusterOptions::default()
+    })
+    .await
+    .unwrap();
+    ensure_namespace(&c.client, &ns).await.unwrap();
+    let members = revision(&c, &ns, "drain").await;
+    let (first, addr) = entry(&c, &members[0]);
+    let driver = Driver::new();
+    let host = host_of("drain", &ns);
+    let request = tokio::spawn({
+        let (driver, first, host) = (driver.clone(), first.clone(), host.clone());
+        async move { driver.get((&first, addr), "drain", &host, "/slow").await }
+    });
+
+    // Once the member has created its pod (the request is waiting on it), stop the member.
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), &ns);
+    let cfg = kube::runtime::watcher::Config::default()
+        .labels(&format!("{REVISION_LABEL}=drain"))
+        .fields(&format!("spec.nodeName={first}"));
+    let created = kube::runtime::watcher(pods, cfg).applied_objects();
+    tokio::time::timeout(Duration::from_secs(30), std::pin::pin!(created).next())
+        .await
+        .expect("the member creates a pod")
+        .unwrap()
+        .unwrap();
+    assert!(c.stop_activator(&first).await);
+
+    let s = request.await.unwrap();
+    assert!(s.ok(), "{s:?}");
+    let answered_by = pods_of(&c, &ns, "drain")
+        .await
+        .into_iter()
+        .find(|p| Some(p.name_any()) == s.pod)
+        .expect("the answering pod exists");
+    assert_eq!(
+        answered_by.spec.unwrap().node_name.as_deref(),
+        Some(members[1].as_str()),
+        "the peer member served the drained request"
     );
     c.shutdown().await;
 }
