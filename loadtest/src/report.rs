@@ -151,22 +151,30 @@ impl Summary {
             self.wall_ms
         );
         let c = &self.cold_start_ms;
-        let _ = writeln!(
-            o,
-            "cold start ms  p50 {:.1}  p90 {:.1}  p99 {:.1}  max {:.1}   (simulated start delay {} ms; p50 net of it {:.1})",
-            c.p50,
-            c.p90,
-            c.p99,
-            c.max,
-            self.start_delay_ms,
-            c.p50 - self.start_delay_ms as f64
-        );
+        if c.count == 0 {
+            let _ = writeln!(o, "cold start ms  no samples");
+        } else {
+            let _ = writeln!(
+                o,
+                "cold start ms  p50 {:.1}  p90 {:.1}  p99 {:.1}  max {:.1}   (simulated start delay {} ms; p50 net of it {:.1})",
+                c.p50,
+                c.p90,
+                c.p99,
+                c.max,
+                self.start_delay_ms,
+                c.p50 - self.start_delay_ms as f64
+            );
+        }
         let w = &self.warm_ms;
-        let _ = writeln!(
-            o,
-            "warm ms        p50 {:.2}  p90 {:.2}  p99 {:.2}  max {:.2}",
-            w.p50, w.p90, w.p99, w.max
-        );
+        if w.count == 0 {
+            let _ = writeln!(o, "warm ms        no samples");
+        } else {
+            let _ = writeln!(
+                o,
+                "warm ms        p50 {:.2}  p90 {:.2}  p99 {:.2}  max {:.2}",
+                w.p50, w.p90, w.p99, w.max
+            );
+        }
         if !self.api_requests.is_empty() {
             let verbs: Vec<String> = self
                 .api_requests
@@ -244,5 +252,7 @@ mod tests {
             assert!(j["cold_start_ms"].get(k).is_some());
         }
         assert!(s.to_text().contains("error: b via node-0: 502 boom"));
+        let none = Summary::build(&[], &BTreeMap::new(), 1, 0, 0, BTreeMap::new(), 0.0);
+        assert!(none.to_text().contains("warm ms        no samples"));
     }
 }
