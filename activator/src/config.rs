@@ -25,6 +25,9 @@ pub struct ActivatorConfig {
     pub connect_retries: u32,
     /// How long a non-member caches a revision's ActivationEndpoints before reading it again.
     pub endpoints_ttl: Duration,
+    /// How long shutdown waits for in-flight requests before closing their connections
+    /// (keep it below the pod's terminationGracePeriodSeconds).
+    pub drain_timeout: Duration,
 }
 
 impl ActivatorConfig {
@@ -45,6 +48,7 @@ impl ActivatorConfig {
             pool_idle_timeout: Duration::from_secs(90),
             connect_retries: 3,
             endpoints_ttl: Duration::from_secs(5),
+            drain_timeout: Duration::from_secs(90),
         }
     }
 }

@@ -15,7 +15,7 @@ use crds::contract::{
     HEADER_ACTIVATOR_HOP, HEADER_KNATIVE_NAMESPACE, HEADER_KNATIVE_REVISION, HEADER_REVISION_NAME,
     HEADER_REVISION_NAMESPACE,
 };
-use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
+use http::{HeaderName, HeaderValue, Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::{Body as _, Incoming};
 use tokio_util::sync::CancellationToken;
@@ -35,6 +35,10 @@ pub const HEADER_COLD_START: &str = "x-activator-cold-start";
 
 /// How long a request waits for a new revision's subset to be published before a 503.
 const SUBSET_WAIT: Duration = Duration::from_secs(10);
+/// Upper bound on one API read on the request path (the client has no read timeout of its own).
+const API_READ_LIMIT: Duration = Duration::from_secs(10);
+/// The schema's maximum `timeoutSeconds`.
+const MAX_TIMEOUT_SECONDS: i64 = 3600;
 
 /// What the request path needs; shared by all connections.
 pub struct Handler {
@@ -77,36 +81,70 @@ impl Handler {
     }
 
     async fn serve(&self, req: Request<Body>) -> (&'static str, Result<Response<Body>, Refusal>) {
+        let arrived = tokio::time::Instant::now();
         // 1. resolve
-        let key = match self.resolve(req.headers()) {
+        let key = match self.resolve(&req) {
             Ok(k) => k,
             Err(r) => return ("refused", Err(r)),
         };
-        let rev = match self.revisions.get_or_fetch(&key).await {
-            Ok(Some(rev)) => rev,
-            Ok(None) => return ("refused", Err(Refusal::unknown_revision(&key))),
-            Err(e) => {
-                return (
-                    "refused",
-                    Err(Refusal::unavailable(format!("reading revision {key}: {e}"))),
-                );
-            }
-        };
-        let timeout = Duration::from_secs(rev.spec.timeout_seconds.max(1).unsigned_abs());
-        let deadline = tokio::time::Instant::now() + timeout;
+        let rev =
+            match tokio::time::timeout(API_READ_LIMIT, self.revisions.get_or_fetch(&key)).await {
+                Ok(Ok(Some(rev))) => rev,
+                Ok(Ok(None)) => return ("refused", Err(Refusal::unknown_revision(&key))),
+                Ok(Err(e)) => {
+                    return (
+                        "refused",
+                        Err(Refusal::unavailable(format!("reading revision {key}: {e}"))),
+                    );
+                }
+                Err(_) => {
+                    return (
+                        "refused",
+                        Err(Refusal::unavailable(format!(
+                            "reading revision {key}: the API server did not answer"
+                        ))),
+                    );
+                }
+            };
+        // Clamped as the schema does, in case the Revision got past it.
+        let timeout = Duration::from_secs(
+            rev.spec
+                .timeout_seconds
+                .clamp(1, MAX_TIMEOUT_SECONDS)
+                .unsigned_abs(),
+        );
+        let deadline = arrived + timeout;
+        // Members that may create pods: with maxScale set, only those with a share of it.
+        let can_start = |m: &ActivatorMember| rev.spec.max_scale == 0 || m.max_pods > 0;
 
         // 2. route
         let hopped = req.headers().contains_key(HEADER_ACTIVATOR_HOP);
-        let membership = match self.endpoints.membership(&key, hopped).await {
+        let read_by = deadline.min(tokio::time::Instant::now() + API_READ_LIMIT);
+        let membership = match tokio::time::timeout_at(
+            read_by,
+            self.endpoints.membership(&key, hopped),
+        )
+        .await
+        {
+            // The subsetter gives an invalid revision no subset: say why instead of waiting.
+            Ok(Ok(Membership::Unassigned)) if !rev.problems().is_empty() => {
+                return (
+                    "refused",
+                    Err(Refusal::bad_gateway(format!(
+                        "revision {key} is invalid: {}",
+                        rev.problems().join("; ")
+                    ))),
+                );
+            }
             // A revision created a moment ago: its subset is being written.
-            Ok(Membership::Unassigned) => {
+            Ok(Ok(Membership::Unassigned)) => {
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                 self.endpoints
                     .await_assigned(&key, left.min(SUBSET_WAIT))
                     .await
             }
-            Ok(m) => m,
-            Err(e) => {
+            Ok(Ok(m)) => m,
+            Ok(Err(e)) => {
                 return (
                     "refused",
                     Err(Refusal::unavailable(format!(
@@ -114,15 +152,21 @@ impl Handler {
                     ))),
                 );
             }
+            Err(_) => {
+                return (
+                    "refused",
+                    Err(Refusal::unavailable(format!(
+                        "reading the activators of revision {key}: the API server did not answer"
+                    ))),
+                );
+            }
         };
         let (quota, peers) = match membership {
             // A member without a share of maxScale may not create pods: the members with
             // one serve the cold start (DESIGN §3: shares sum to at most maxScale).
-            Membership::Member { me, peers }
-                if rev.spec.max_scale > 0 && me.max_pods == 0 && !hopped =>
-            {
+            Membership::Member { me, peers } if !can_start(&me) && !hopped => {
                 let with_quota: Vec<ActivatorMember> =
-                    peers.into_iter().filter(|p| p.max_pods > 0).collect();
+                    peers.into_iter().filter(can_start).collect();
                 if with_quota.is_empty() {
                     return (
                         "refused",
@@ -135,7 +179,9 @@ impl Handler {
                     .forward_within(&key, req, with_quota, deadline, timeout)
                     .await;
             }
-            Membership::Member { me, peers } => (me, peers),
+            Membership::Member { me, peers } => {
+                (me, peers.into_iter().filter(can_start).collect::<Vec<_>>())
+            }
             Membership::Unassigned => {
                 return (
                     "refused",
@@ -154,6 +200,15 @@ impl Handler {
                 );
             }
             Membership::Others(members) => {
+                let members: Vec<ActivatorMember> = members.into_iter().filter(can_start).collect();
+                if members.is_empty() {
+                    return (
+                        "refused",
+                        Err(Refusal::unavailable(format!(
+                            "no member of revision {key} has a share of its maxScale"
+                        ))),
+                    );
+                }
                 return self
                     .forward_within(&key, req, members, deadline, timeout)
                     .await;
@@ -173,7 +228,13 @@ impl Handler {
             };
             let mut resp = self
                 .upstream
-                .send(req, target.addr, &[], &format!("pod of revision {key}"))
+                .send(
+                    req,
+                    target.addr,
+                    &[],
+                    &format!("pod of revision {key}"),
+                    self.upstream.retries(),
+                )
                 .await?;
             if target.cold {
                 resp.headers_mut()
@@ -194,7 +255,8 @@ impl Handler {
     }
 
     /// Stage 1: the revision a request names.
-    fn resolve(&self, headers: &HeaderMap) -> Result<RevisionKey, Refusal> {
+    fn resolve(&self, req: &Request<Body>) -> Result<RevisionKey, Refusal> {
+        let headers = req.headers();
         let header = |n: &str| headers.get(n).and_then(|v| v.to_str().ok());
         let named = header(HEADER_REVISION_NAMESPACE)
             .zip(header(HEADER_REVISION_NAME))
@@ -207,8 +269,10 @@ impl Handler {
             }
             return Ok(RevisionKey::new(ns, name));
         }
+        // HTTP/2 carries the host in :authority, HTTP/1.1 in Host.
         let host = header(http::header::HOST.as_str())
-            .ok_or_else(|| Refusal::unknown_revision("the request has no Host header"))?;
+            .or_else(|| req.uri().authority().map(|a| a.as_str()))
+            .ok_or_else(|| Refusal::unknown_revision("the request names no host"))?;
         self.revisions
             .resolve_host(host)
             .ok_or_else(|| Refusal::unknown_revision(format!("no revision serves host {host}")))
@@ -235,18 +299,19 @@ impl Handler {
         }
     }
 
-    /// Stage 2b: forward to a member, trying the next one when a member is unreachable.
+    /// Stage 2b: forward to a member, trying the next one when a member is unreachable or,
+    /// for a request that can be replayed, answers 503 (e.g. it is no longer a member).
     async fn forward(
         &self,
         key: &RevisionKey,
         req: Request<Body>,
         members: Vec<ActivatorMember>,
     ) -> Result<Response<Body>, Refusal> {
-        // Spread requests over members; start at a hash of the node so different entry
-        // activators do not all pick the same member first.
-        let start = crds::contract::node_hash(&self.node)
+        // Requests for one revision entering at one node stick to one member (its pod stays
+        // warm); different revisions and entry nodes spread over the members.
+        let start = crds::contract::node_hash(&format!("{}/{key}", self.node))
             .bytes()
-            .fold(0usize, |a, b| a.wrapping_add(b as usize))
+            .fold(0usize, |a, b| a.wrapping_mul(31).wrapping_add(b as usize))
             % members.len();
         let hop = [(
             HeaderName::from_static(HEADER_ACTIVATOR_HOP),
@@ -263,15 +328,23 @@ impl Handler {
             let Some(r) = req.take() else { break };
             // Only a body-less request can be replayed to the next member.
             let replay = r.body().is_end_stream().then(|| replay_of(&r));
-            match self
-                .upstream
-                .send(r, addr, &hop, &format!("activator on node {}", m.node))
-                .await
-            {
+            let what = format!("activator on node {}", m.node);
+            // No retries against one peer: the next member is the retry.
+            match self.upstream.send(r, addr, &hop, &what, 0).await {
+                Ok(resp)
+                    if resp.status() == http::StatusCode::SERVICE_UNAVAILABLE
+                        && replay.is_some()
+                        && i + 1 < members.len() =>
+                {
+                    self.endpoints.invalidate(key);
+                    last = Refusal::unavailable(format!("{what} answered 503"));
+                    req = replay;
+                }
                 Ok(resp) => return Ok(resp),
                 Err(e) => {
                     self.endpoints.invalidate(key);
-                    last = e;
+                    // A peer that cannot be reached is "no member can take it": 503.
+                    last = Refusal::unavailable(e.reason);
                     req = replay;
                 }
             }

@@ -98,6 +98,7 @@ impl Activator {
         tasks.push(tokio::spawn(server::serve(
             admin_l,
             stop.child_token(),
+            std::time::Duration::from_secs(1),
             move |req| {
                 let a = a.clone();
                 async move { a.handle(req) }
@@ -107,6 +108,7 @@ impl Activator {
         tasks.push(tokio::spawn(server::serve(
             data,
             stop.child_token(),
+            cfg.drain_timeout,
             move |req| h.clone().handle(req),
         )));
         let a = admin.clone();

@@ -20,10 +20,13 @@ pub fn build_pod(rev: &Revision, node: &str, ordinal: u32) -> Result<Pod, String
     let owner = rev
         .controller_owner_ref(&())
         .ok_or_else(|| format!("revision {namespace}/{name} has no owner reference data"))?;
-    let template = &rev.spec.template;
+    let template = rev
+        .spec
+        .template
+        .parse()
+        .map_err(|e| format!("revision {namespace}/{name}: {e}"))?;
     let mut spec = template
         .spec
-        .clone()
         .ok_or_else(|| format!("revision {namespace}/{name} has no spec.template.spec"))?;
     if spec.containers.is_empty() {
         return Err(format!(
@@ -32,11 +35,11 @@ pub fn build_pod(rev: &Revision, node: &str, ordinal: u32) -> Result<Pod, String
     }
     spec.node_name = Some(node.to_string());
 
-    let tmeta = template.metadata.clone().unwrap_or_default();
+    let tmeta = template.metadata.unwrap_or_default();
     let mut labels = tmeta.labels.unwrap_or_default();
     labels.insert(REVISION_LABEL.into(), name.clone());
     labels.insert(REVISION_UID_LABEL.into(), uid);
-    labels.insert(NODE_LABEL.into(), node.to_string());
+    labels.insert(NODE_LABEL.into(), node_label_value(node));
 
     Ok(Pod {
         metadata: ObjectMeta {
@@ -52,10 +55,20 @@ pub fn build_pod(rev: &Revision, node: &str, ordinal: u32) -> Result<Pod, String
     })
 }
 
+/// The `local-activator.dev/node` label value: the node's name, or its hash when the name is
+/// longer than a label value may be (node names go up to 253 characters, label values 63).
+pub fn node_label_value(node: &str) -> String {
+    if node.len() <= 63 {
+        node.to_string()
+    } else {
+        crds::contract::node_hash(node)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crds::RevisionSpec;
+    use crds::{PodTemplate, RevisionSpec};
     use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
 
     fn revision() -> Revision {
@@ -65,7 +78,7 @@ mod tests {
         );
         rev.metadata.namespace = Some("apps".into());
         rev.metadata.uid = Some("uid-1".into());
-        rev.spec.template = PodTemplateSpec {
+        rev.spec.template = PodTemplate::from(PodTemplateSpec {
             metadata: Some(ObjectMeta {
                 labels: Some([("app".to_string(), "hello".to_string())].into()),
                 ..Default::default()
@@ -78,7 +91,7 @@ mod tests {
                 }],
                 ..Default::default()
             }),
-        };
+        });
         rev
     }
 
@@ -106,13 +119,30 @@ mod tests {
     #[test]
     fn template_without_containers_is_refused() {
         let mut rev = revision();
-        rev.spec.template.spec.as_mut().unwrap().containers.clear();
+        let mut t = rev.spec.template.parse().unwrap();
+        t.spec.as_mut().unwrap().containers.clear();
+        rev.spec.template = t.clone().into();
         assert!(
             build_pod(&rev, "n", 0)
                 .unwrap_err()
                 .contains("no containers")
         );
-        rev.spec.template.spec = None;
+        t.spec = None;
+        rev.spec.template = t.into();
         assert!(build_pod(&rev, "n", 0).is_err());
+        // Not a PodTemplateSpec at all: refused with the reason, nothing panics.
+        rev.spec.template = PodTemplate(serde_json::json!({"spec": {"containers": "x"}}));
+        assert!(
+            build_pod(&rev, "n", 0)
+                .unwrap_err()
+                .contains("spec.template")
+        );
+    }
+
+    #[test]
+    fn long_node_names_get_a_hash_as_label_value() {
+        assert_eq!(node_label_value("node-1"), "node-1");
+        let long = "n".repeat(100);
+        assert_eq!(node_label_value(&long).len(), 16);
     }
 }

@@ -37,16 +37,32 @@ impl Upstream {
         }
     }
 
-    /// Sends `req` to `target`, adding `extra` headers. `what` names the target in errors.
+    /// How often a body-less request to a pod is retried on a refused connection.
+    pub fn retries(&self) -> u32 {
+        self.retries
+    }
+
+    /// Sends `req` to `target` over HTTP/1.1, adding `extra` headers; a body-less request is
+    /// retried up to `retries` times on a refused connection. `what` names the target in errors.
     pub async fn send(
         &self,
         req: Request<Body>,
         target: SocketAddr,
         extra: &[(HeaderName, String)],
         what: &str,
+        retries: u32,
     ) -> Result<Response<Body>, Refusal> {
         let (mut parts, body) = req.into_parts();
         strip_hop_by_hop(&mut parts.headers);
+        // The pool speaks HTTP/1.1 to pods and peers whatever the client spoke; an HTTP/2
+        // request's :authority becomes the Host header the app (or peer) routes on.
+        if !parts.headers.contains_key(http::header::HOST)
+            && let Some(authority) = parts.uri.authority()
+            && let Ok(v) = authority.as_str().parse()
+        {
+            parts.headers.insert(http::header::HOST, v);
+        }
+        parts.version = http::Version::HTTP_11;
         for (name, value) in extra {
             if let Ok(v) = value.parse() {
                 parts.headers.insert(name.clone(), v);
@@ -75,7 +91,7 @@ impl Upstream {
                     strip_hop_by_hop(&mut rp.headers);
                     return Ok(Response::from_parts(rp, rb.boxed()));
                 }
-                Err(e) if e.is_connect() && bodyless && attempt < self.retries => {
+                Err(e) if e.is_connect() && bodyless && attempt < retries => {
                     attempt += 1;
                     tracing::debug!(%target, attempt, error = %e, "connect failed; retrying");
                     // Backoff, not synchronisation: give a restarting app a moment.

@@ -63,44 +63,53 @@ impl LocalScheduler {
         if let Some(addr) = serving_addr(&rx.borrow(), port) {
             return Ok(Target { addr, cold: false });
         }
-        self.ensure_pod(key, rev, quota).await?;
+        let mut mine = self.ensure_pod(key, rev, quota).await?;
         self.metrics.cold_start_waits.inc();
         loop {
-            let pods = rx
-                .wait_for(|pods| {
-                    serving_addr(pods, port).is_some() || !pods.values().any(|p| p.live())
-                })
+            // Decide with the channel's value borrowed, act (await) after the borrow ends.
+            let start_another = {
+                let pods = rx.borrow_and_update();
+                if let Some(addr) = serving_addr(&pods, port) {
+                    return Ok(Target { addr, cold: true });
+                }
+                // The pod this request started, or any pod when it found one starting, failed
+                // (e.g. OutOfpods): it will never serve, and a new one would fail the same way.
+                let failed = match &mine {
+                    Some(name) => pods.get(name).and_then(|p| p.failed.clone()),
+                    None => pods.values().find_map(|p| p.failed.clone()),
+                };
+                if let Some(reason) = failed {
+                    return Err(Refusal::unavailable(format!(
+                        "the pod of revision {key} on node {} failed: {reason}",
+                        self.node
+                    )));
+                }
+                // Deleted (or terminating) before it became ready.
+                !pods.values().any(|p| p.live())
+            };
+            if start_another {
+                mine = self.ensure_pod(key, rev, quota).await?.or(mine);
+                continue;
+            }
+            rx.changed()
                 .await
-                .map_err(|_| Refusal::unavailable("activator is shutting down"))?
-                .clone();
-            if let Some(addr) = serving_addr(&pods, port) {
-                return Ok(Target { addr, cold: true });
-            }
-            if let Some(reason) = pods.values().find_map(|p| p.failed.clone()) {
-                return Err(Refusal::unavailable(format!(
-                    "the pod of revision {key} on node {} failed: {reason}",
-                    self.node
-                )));
-            }
-            // The pod vanished before it became ready (deleted meanwhile): start another.
-            if pods.is_empty() {
-                self.ensure_pod(key, rev, quota).await?;
-            }
+                .map_err(|_| Refusal::unavailable("activator is shutting down"))?;
         }
     }
 
-    /// Creates a pod unless the revision already has a live one on this node.
+    /// Creates a pod unless the revision already has a live one on this node; returns the name
+    /// of the pod it created (or found already created under the name it chose).
     async fn ensure_pod(
         &self,
         key: &RevisionKey,
         rev: &Revision,
         quota: &ActivatorMember,
-    ) -> Result<(), Refusal> {
+    ) -> Result<Option<String>, Refusal> {
         let lock = self.creating.entry(key.clone()).or_default().clone();
         let _guard = lock.lock().await;
         let pods = self.pods.snapshot(key);
         if pods.values().any(|p| p.live()) {
-            return Ok(());
+            return Ok(None);
         }
         if rev.spec.max_scale > 0 && quota.max_pods == 0 {
             return Err(Refusal::unavailable(format!(
@@ -119,15 +128,26 @@ impl LocalScheduler {
             .find(|i| !pods.contains_key(&pod_name(&key.name, &self.node, *i)))
             .unwrap_or(0);
         let pod = build_pod(rev, &self.node, ordinal).map_err(Refusal::bad_gateway)?;
+        let name = pod.metadata.name.clone().unwrap_or_default();
         match api.create(&PostParams::default(), &pod).await {
             Ok(created) => {
                 self.pods.observe_created(key, &created);
                 self.metrics.pods_created.inc();
-                tracing::info!(revision = %key, pod = ?pod.metadata.name, "created pod");
-                Ok(())
+                tracing::info!(revision = %key, pod = %name, "created pod");
+                Ok(Some(name))
             }
-            // A retried create (or a create racing this node's watch) of the same name.
-            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+            // A retried create, or one racing this node's watch: the pod exists. Read it, so
+            // the wait below sees it even before the watch reports it.
+            Err(kube::Error::Api(s)) if s.code == 409 => match api.get_opt(&name).await {
+                Ok(Some(existing)) => {
+                    self.pods.observe_created(key, &existing);
+                    Ok(Some(name))
+                }
+                Ok(None) => Ok(None),
+                Err(e) => Err(Refusal::unavailable(format!(
+                    "reading pod {name} of revision {key}: {e}"
+                ))),
+            },
             Err(e) => Err(Refusal::unavailable(format!(
                 "creating a pod for revision {key}: {e}"
             ))),

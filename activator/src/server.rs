@@ -4,11 +4,12 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
@@ -16,15 +17,24 @@ use tokio_util::sync::CancellationToken;
 
 use crate::answer::Body;
 
+/// How long a client may take to send a request's head before its connection is closed
+/// (hyper's default, which needs a timer to be enforced).
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Serves `handle` on `listener` until `stop` is cancelled, then waits for open connections
-/// to finish their in-flight requests.
-pub async fn serve<H, F>(listener: TcpListener, stop: CancellationToken, handle: H)
+/// to finish their in-flight requests — at most `drain` — and closes what is left.
+pub async fn serve<H, F>(listener: TcpListener, stop: CancellationToken, drain: Duration, handle: H)
 where
     H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
 {
     let handle = Arc::new(handle);
-    let builder = auto::Builder::new(TokioExecutor::new());
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    builder.http2().timer(TokioTimer::new());
     let graceful = GracefulShutdown::new();
     loop {
         let accepted = tokio::select! {
@@ -34,8 +44,10 @@ where
         let (stream, _peer) = match accepted {
             Ok(a) => a,
             Err(e) => {
-                // e.g. EMFILE: keep serving the connections we have.
+                // e.g. EMFILE: keep serving the connections we have, and give them a moment to
+                // close before trying again rather than spinning on the error.
                 tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
         };
@@ -56,5 +68,13 @@ where
         });
     }
     drop(listener);
-    graceful.shutdown().await;
+    if tokio::time::timeout(drain, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            ?drain,
+            "connections still open after the drain period; closing them"
+        );
+    }
 }

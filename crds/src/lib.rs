@@ -14,7 +14,7 @@ pub mod revision;
 pub use activation_endpoints::{
     ActivationEndpoints, ActivationEndpointsSpec, ActivationEndpointsStatus, ActivatorMember,
 };
-pub use revision::{Revision, RevisionSpec, RevisionStatus};
+pub use revision::{PodTemplate, Revision, RevisionSpec, RevisionStatus};
 
 /// The API group of both kinds.
 pub const GROUP: &str = "local-activator.dev";

@@ -35,7 +35,7 @@ pub struct RevisionSpec {
     /// Knative does) so the CRD stays far below `kubectl apply`'s 256 KiB annotation limit; the
     /// API server checks it when the pod is created and the activator when it reads it.
     #[schemars(schema_with = "crate::revision::preserve_unknown_object")]
-    pub template: PodTemplateSpec,
+    pub template: PodTemplate,
 
     /// The container port requests are proxied to.
     #[serde(default = "default_port")]
@@ -81,6 +81,27 @@ pub struct RevisionSpec {
     #[serde(default = "default_timeout_seconds")]
     #[schemars(range(min = 1, max = 3600))]
     pub timeout_seconds: i64,
+}
+
+/// `spec.template` as stored. The CRD keeps it schemaless, so the API server accepts any
+/// object there; holding it as JSON means one malformed template cannot stop a watch of all
+/// Revisions from decoding (every activator and the subsetter watch them). It is parsed into
+/// a `PodTemplateSpec` where it is used, and a bad one is reported for its revision alone.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(transparent)]
+pub struct PodTemplate(pub serde_json::Value);
+
+impl PodTemplate {
+    /// The template as a `PodTemplateSpec`, or why it is not one.
+    pub fn parse(&self) -> Result<PodTemplateSpec, String> {
+        serde_json::from_value(self.0.clone()).map_err(|e| format!("spec.template: {e}"))
+    }
+}
+
+impl From<PodTemplateSpec> for PodTemplate {
+    fn from(t: PodTemplateSpec) -> Self {
+        Self(serde_json::to_value(t).expect("a PodTemplateSpec serializes"))
+    }
 }
 
 /// What the subsetter reports about a revision.
@@ -152,14 +173,18 @@ impl RevisionSpec {
         if self.max_scale > 0 && self.max_scale < self.min_scale {
             out.push("maxScale must be >= minScale when maxScale > 0".into());
         }
-        let containers = self
-            .template
-            .spec
-            .as_ref()
-            .map(|s| s.containers.len())
-            .unwrap_or(0);
-        if containers == 0 {
-            out.push("spec.template.spec.containers must not be empty".into());
+        match self.template.parse() {
+            Err(e) => out.push(e),
+            Ok(t) if t.spec.as_ref().is_none_or(|s| s.containers.is_empty()) => {
+                out.push("spec.template.spec.containers must not be empty".into())
+            }
+            Ok(_) => {}
+        }
+        if self.timeout_seconds > 3600 {
+            out.push("spec.timeoutSeconds must be <= 3600".into());
+        }
+        if matches!(self.activators, Some(n) if n > 1000) {
+            out.push("spec.activators must be <= 1000".into());
         }
         out
     }

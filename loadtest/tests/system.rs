@@ -249,6 +249,13 @@ async fn member_without_a_max_scale_share_forwards_the_cold_start() {
             .await;
         assert!(s.ok(), "{s:?}");
     }
+    // Non-members forward only to the member with the share, whichever entry they are.
+    for (n, addr) in c.entries() {
+        let s = driver
+            .get((&n, addr), "capped", &host_of("capped", &ns), "/c")
+            .await;
+        assert!(s.ok(), "via {n}: {s:?}");
+    }
     let pods = pods_of(&c, &ns, "capped").await;
     assert_eq!(pods.len(), 1, "maxScale 1");
     assert_eq!(
@@ -306,6 +313,37 @@ async fn draining_member_hands_a_waiting_request_to_a_peer() {
         answered_by.spec.unwrap().node_name.as_deref(),
         Some(members[1].as_str()),
         "the peer member served the drained request"
+    );
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_revision_fails_alone() {
+    let (c, ns) = cluster().await;
+    // The template is schemaless in the CRD, so the API server takes this.
+    let api: Api<crds::Revision> = Api::namespaced(c.client.clone(), &ns);
+    let mut bad = echo_revision("broken", &ns, vec![host_of("broken", &ns)]);
+    bad.spec.template = crds::PodTemplate(serde_json::json!({"spec": {"containers": "x"}}));
+    api.create(&PostParams::default(), &bad).await.unwrap();
+    // Revisions created after it still route, cold-start and answer on every activator.
+    let members = revision(&c, &ns, "fine").await;
+    let driver = Driver::new();
+    for (n, addr) in c.entries() {
+        let s = driver
+            .get((&n, addr), "fine", &host_of("fine", &ns), "/")
+            .await;
+        assert!(s.ok(), "via {n}: {s:?}");
+    }
+    assert!(!members.is_empty());
+    // The broken one is refused with its reason, wherever it enters.
+    let (n, addr) = c.entries()[0].clone();
+    let s = driver
+        .get((&n, addr), "broken", &host_of("broken", &ns), "/")
+        .await;
+    assert_eq!(s.status, 502, "{s:?}");
+    assert!(
+        s.error.as_deref().unwrap_or("").contains("spec.template"),
+        "{s:?}"
     );
     c.shutdown().await;
 }

@@ -194,7 +194,8 @@ mod tests {
                         }],
                         ..Default::default()
                     }),
-                },
+                }
+                .into(),
                 port: 8080,
                 hosts: vec![],
                 container_concurrency: 0,

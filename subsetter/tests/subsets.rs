@@ -192,7 +192,9 @@ async fn invalid_revision_is_reported_and_gets_no_subset() -> Result<()> {
     let running = c.run_subsetter(Arc::new(Random::seeded(2)));
     let mut bad = spec(0, 0, None);
     // The schema cannot check the (schemaless) template, so this one gets through.
-    bad.template.spec.as_mut().unwrap().containers.clear();
+    let mut template = bad.template.parse().unwrap();
+    template.spec.as_mut().unwrap().containers.clear();
+    bad.template = template.into();
     c.create_revision("broken", bad).await?;
     let rev = c
         .wait_revision("broken", |r| {

@@ -26,6 +26,8 @@ pub struct RevisionCache {
 
 /// How long a revision found missing is not looked up again.
 const MISS_TTL: Duration = Duration::from_secs(1);
+/// Misses remembered before expired ones are dropped.
+const MISSES_KEPT: usize = 10_000;
 
 impl RevisionCache {
     /// Starts the watch; it runs until `stop` is cancelled.
@@ -114,6 +116,10 @@ impl RevisionCache {
                 Ok(Some(Arc::new(rev)))
             }
             None => {
+                if self.missing.len() >= MISSES_KEPT {
+                    // Names come from request headers: keep the map bounded.
+                    self.missing.retain(|_, at| at.elapsed() < MISS_TTL);
+                }
                 self.missing.insert(key.clone(), Instant::now());
                 Ok(None)
             }

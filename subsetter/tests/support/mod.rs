@@ -256,7 +256,8 @@ pub fn spec(max_scale: i32, min_scale: i32, activators: Option<i32>) -> Revision
                 }],
                 ..Default::default()
             }),
-        },
+        }
+        .into(),
         port: 8080,
         hosts: vec![],
         container_concurrency: 0,
