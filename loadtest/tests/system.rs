@@ -347,3 +347,48 @@ async fn a_malformed_revision_fails_alone() {
     );
     c.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_deleted_while_requests_wait_is_replaced() {
+    let ns = format!("system-test-{:08x}", rand::random::<u32>());
+    let c = SimCluster::start(ClusterOptions {
+        nodes: 2,
+        start_delay: Delay::fixed_ms(1500),
+        default_activators: 1,
+        revision_namespace: Some(ns.clone()),
+        ..ClusterOptions::default()
+    })
+    .await
+    .unwrap();
+    ensure_namespace(&c.client, &ns).await.unwrap();
+    let members = revision(&c, &ns, "phoenix").await;
+    let (first, addr) = entry(&c, &members[0]);
+    let driver = Driver::new();
+    let host = host_of("phoenix", &ns);
+    let request = tokio::spawn({
+        let (driver, first, host) = (driver.clone(), first.clone(), host.clone());
+        async move { driver.get((&first, addr), "phoenix", &host, "/").await }
+    });
+
+    // Delete the pod as soon as it exists, while the request waits for it to start.
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), &ns);
+    let cfg =
+        kube::runtime::watcher::Config::default().labels(&format!("{REVISION_LABEL}=phoenix"));
+    let created = kube::runtime::watcher(pods.clone(), cfg).applied_objects();
+    let doomed = tokio::time::timeout(Duration::from_secs(30), std::pin::pin!(created).next())
+        .await
+        .expect("the member creates a pod")
+        .unwrap()
+        .unwrap()
+        .name_any();
+    pods.delete(&doomed, &Default::default()).await.unwrap();
+
+    let s = request.await.unwrap();
+    assert!(s.ok(), "{s:?}");
+    assert_ne!(
+        s.pod.as_deref(),
+        Some(doomed.as_str()),
+        "served by a replacement"
+    );
+    c.shutdown().await;
+}
