@@ -3,6 +3,7 @@
 //! reconcile are pure code; `controller` wires them to the API with kube-runtime.
 
 pub mod activators;
+pub mod admin;
 pub mod conditions;
 pub mod error;
 pub mod index;

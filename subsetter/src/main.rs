@@ -39,6 +39,9 @@ struct Args {
     lease_duration_seconds: u64,
     #[arg(long, default_value_t = 5)]
     lease_grace_seconds: u64,
+    /// `/metrics` and `/healthz`.
+    #[arg(long, env = "ADMIN_ADDR", default_value = "0.0.0.0:9091")]
+    admin_addr: std::net::SocketAddr,
 }
 
 #[tokio::main]
@@ -59,9 +62,11 @@ async fn main() -> anyhow::Result<()> {
         ..Config::default()
     };
     let subsetter = Arc::new(Subsetter::new(client.clone(), config, Arc::from(policy)));
-    let shutdown = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+    let (admin, _admin_task) = subsetter::admin::serve(args.admin_addr, subsetter.metrics())
+        .await
+        .with_context(|| format!("binding the admin port {}", args.admin_addr))?;
+    tracing::info!(%admin, "admin port: /metrics, /healthz");
+    let shutdown = shutdown_signal();
     if args.no_leader_election {
         subsetter.run(shutdown).await?;
         return Ok(());
@@ -82,4 +87,26 @@ async fn main() -> anyhow::Result<()> {
     })
     .await?;
     Ok(())
+}
+
+/// Ctrl-C, or SIGTERM (what Kubernetes sends).
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(t) => t,
+                Err(e) => {
+                    tracing::warn!(error = %e, "no SIGTERM handler; Ctrl-C only");
+                    let _ = tokio::signal::ctrl_c().await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = tokio::signal::ctrl_c().await;
 }

@@ -1,0 +1,83 @@
+//! The admin port: `/metrics` (Prometheus text), `/healthz`. Every replica serves it, leader
+//! or not, so probes and scrapes work on the standby too.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use tokio::net::TcpListener;
+
+use crate::metrics::Metrics;
+
+/// Binds `addr` and serves until the returned task is aborted or the process exits.
+pub async fn serve(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    let task = tokio::spawn(async move {
+        loop {
+            let (stream, _) = match listener.accept().await {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "admin accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let metrics = metrics.clone();
+            let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                let metrics = metrics.clone();
+                async move { Ok::<_, Infallible>(answer(req.uri().path(), &metrics)) }
+            });
+            tokio::spawn(async move {
+                let _ = auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    Ok((bound, task))
+}
+
+fn answer(path: &str, metrics: &Metrics) -> Response<Full<Bytes>> {
+    let (status, body, ctype) = match path {
+        "/metrics" => (
+            StatusCode::OK,
+            metrics.encode(),
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        ),
+        "/healthz" | "/readyz" => (StatusCode::OK, "ok\n".into(), "text/plain; charset=utf-8"),
+        _ => (
+            StatusCode::NOT_FOUND,
+            "not found\n".into(),
+            "text/plain; charset=utf-8",
+        ),
+    };
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static(ctype),
+    );
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths() {
+        let m = Metrics::default();
+        assert_eq!(answer("/healthz", &m).status(), StatusCode::OK);
+        assert_eq!(answer("/nope", &m).status(), StatusCode::NOT_FOUND);
+        assert_eq!(answer("/metrics", &m).status(), StatusCode::OK);
+    }
+}
