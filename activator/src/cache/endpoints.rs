@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use crds::{ActivationEndpoints, ActivatorMember};
 use dashmap::DashMap;
-use futures::StreamExt;
+use futures::future::{BoxFuture, Shared};
+use futures::{FutureExt, StreamExt};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::wait::await_condition;
 use kube::runtime::{WatchStreamExt, watcher};
@@ -30,6 +31,12 @@ pub enum Membership {
     Unassigned,
 }
 
+/// A shared wait for a new revision's subset.
+type SubsetWatch = Shared<BoxFuture<'static, Option<Arc<ActivationEndpoints>>>>;
+
+/// How long one shared wait for a new revision's subset lasts.
+const SUBSET_WATCH_LIMIT: Duration = Duration::from_secs(30);
+
 /// A subset read from the API server (None: no such object) and when it was read.
 type Lookup = (Instant, Option<Arc<ActivationEndpoints>>);
 
@@ -40,6 +47,8 @@ pub struct EndpointsCache {
     client: Client,
     mine: Store<ActivationEndpoints>,
     others: Arc<DashMap<RevisionKey, Lookup>>,
+    /// Waits in progress for new revisions' subsets.
+    assigning: Arc<DashMap<RevisionKey, SubsetWatch>>,
     ttl: Duration,
 }
 
@@ -70,6 +79,7 @@ impl EndpointsCache {
             client,
             mine,
             others: Arc::new(DashMap::new()),
+            assigning: Arc::new(DashMap::new()),
             ttl,
         }
     }
@@ -95,27 +105,46 @@ impl EndpointsCache {
 
     /// Waits, at most `limit`, for the subset of a revision that has none yet (a request that
     /// arrives right after its Revision was created, before the subsetter has written it).
-    /// Watches only that one object, so the wait ends on the event, not on a poll.
+    /// Watches only that one object, so the wait ends on the event, not on a poll; concurrent
+    /// requests for the revision share one watch.
     pub async fn await_assigned(&self, key: &RevisionKey, limit: Duration) -> Membership {
-        let api: Api<ActivationEndpoints> = Api::namespaced(self.client.clone(), &key.namespace);
-        let has_members = |a: Option<&ActivationEndpoints>| {
-            a.and_then(|a| a.status.as_ref())
-                .is_some_and(|s| !s.activators.is_empty())
-        };
-        match tokio::time::timeout(limit, await_condition(api, &key.name, has_members)).await {
-            Ok(Ok(Some(aep))) => {
-                let aep = Arc::new(aep);
-                self.others
-                    .insert(key.clone(), (Instant::now(), Some(aep.clone())));
-                self.classify(Some(&aep))
-            }
-            Ok(Ok(None)) => Membership::Unassigned,
-            Ok(Err(e)) => {
-                tracing::warn!(revision = %key, error = %e, "waiting for the subset");
-                Membership::Unassigned
-            }
-            Err(_elapsed) => Membership::Unassigned,
+        let shared = self
+            .assigning
+            .entry(key.clone())
+            .or_insert_with(|| self.subset_watch(key))
+            .clone();
+        let got = tokio::time::timeout(limit, shared).await.ok().flatten();
+        if let Some(aep) = got {
+            self.others
+                .insert(key.clone(), (Instant::now(), Some(aep.clone())));
+            return self.classify(Some(&aep));
         }
+        Membership::Unassigned
+    }
+
+    /// One watch of `key`'s ActivationEndpoints until it has members, or `SUBSET_WATCH_LIMIT`.
+    fn subset_watch(&self, key: &RevisionKey) -> SubsetWatch {
+        let api: Api<ActivationEndpoints> = Api::namespaced(self.client.clone(), &key.namespace);
+        let (key, assigning) = (key.clone(), self.assigning.clone());
+        async move {
+            let has_members = |a: Option<&ActivationEndpoints>| {
+                a.and_then(|a| a.status.as_ref())
+                    .is_some_and(|s| !s.activators.is_empty())
+            };
+            let cond = await_condition(api, &key.name, has_members);
+            let got = match tokio::time::timeout(SUBSET_WATCH_LIMIT, cond).await {
+                Ok(Ok(aep)) => aep.map(Arc::new),
+                Ok(Err(e)) => {
+                    tracing::warn!(revision = %key, error = %e, "waiting for the subset");
+                    None
+                }
+                Err(_elapsed) => None,
+            };
+            assigning.remove(&key);
+            got
+        }
+        .boxed()
+        .shared()
     }
 
     /// Drops the cached copy of `key`'s subset (after a member failed to answer).
