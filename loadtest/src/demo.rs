@@ -73,6 +73,7 @@ pub async fn run(cluster: &SimCluster, opts: &DemoOptions) -> Result<Summary, Er
     ensure_namespace(&client, &opts.namespace).await?;
     let revs: Api<Revision> = Api::namespaced(client.clone(), &opts.namespace);
     let names: Vec<String> = (0..opts.revisions).map(|i| format!("rev-{i:04}")).collect();
+    let t = Instant::now();
     for name in &names {
         let rev = echo_revision(name, &opts.namespace, vec![host_of(name, &opts.namespace)]);
         match revs.create(&PostParams::default(), &rev).await {
@@ -81,7 +82,14 @@ pub async fn run(cluster: &SimCluster, opts: &DemoOptions) -> Result<Summary, Er
             Err(e) => return Err(e.into()),
         }
     }
+    let created = t.elapsed();
     wait_subsets(&client, &opts.namespace, &names, Duration::from_secs(60)).await?;
+    tracing::info!(
+        revisions = names.len(),
+        created_ms = created.as_millis() as u64,
+        subsets_ms = t.elapsed().as_millis() as u64,
+        "revisions created and subsets published"
+    );
 
     let api_before = cluster.api_requests_by_verb();
     let entries = cluster.entries();

@@ -74,6 +74,7 @@ async fn main() -> anyhow::Result<()> {
                 cluster.activators.len(),
                 t.elapsed().as_secs_f64()
             );
+            let t = std::time::Instant::now();
             let summary = demo::run(
                 &cluster,
                 &DemoOptions {
@@ -85,7 +86,10 @@ async fn main() -> anyhow::Result<()> {
                 },
             )
             .await?;
+            eprintln!("demo ran in {:.1}s", t.elapsed().as_secs_f64());
+            let t = std::time::Instant::now();
             cluster.shutdown().await;
+            eprintln!("cluster shut down in {:.1}s", t.elapsed().as_secs_f64());
             print!("{}", summary.to_text());
             if let Some(path) = json {
                 std::fs::write(&path, serde_json::to_string_pretty(&summary.to_json())?)?;
