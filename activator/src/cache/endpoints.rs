@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use crds::{ActivationEndpoints, ActivatorMember};
 use dashmap::DashMap;
+use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
-use futures::{FutureExt, StreamExt};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::wait::await_condition;
 use kube::runtime::{WatchStreamExt, watcher};
@@ -61,19 +61,8 @@ impl EndpointsCache {
             .labels(&crds::contract::member_selector(node))
             .any_semantic();
         let events = watcher(api, cfg).default_backoff().reflect(writer);
-        tokio::spawn(async move {
-            let mut events = std::pin::pin!(events);
-            loop {
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    ev = events.next() => match ev {
-                        None => return,
-                        Some(Err(e)) => tracing::warn!(error = %e, "endpoints watch error; retrying"),
-                        Some(Ok(_)) => {}
-                    },
-                }
-            }
-        });
+        // The reflector keeps the store; nothing else to do per event.
+        super::spawn_watch("endpoints", events, stop, |_| {});
         Self {
             node: node.to_string(),
             client,

@@ -8,3 +8,34 @@
 pub mod endpoints;
 pub mod pods;
 pub mod revisions;
+
+use futures::{Stream, StreamExt};
+use kube::runtime::watcher;
+use tokio_util::sync::CancellationToken;
+
+/// Drives a watch stream until `stop`, handing each event to `on_event`. Errors are logged
+/// and left to the watcher, which retries them with backoff.
+pub(crate) fn spawn_watch<K, S>(
+    what: &'static str,
+    events: S,
+    stop: CancellationToken,
+    mut on_event: impl FnMut(watcher::Event<K>) + Send + 'static,
+) where
+    K: Send + 'static,
+    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+{
+    tokio::spawn(async move {
+        let mut events = std::pin::pin!(events);
+        loop {
+            let ev = tokio::select! {
+                _ = stop.cancelled() => return,
+                ev = events.next() => ev,
+            };
+            match ev {
+                None => return,
+                Some(Err(e)) => tracing::warn!(error = %e, "{what} watch error; retrying"),
+                Some(Ok(ev)) => on_event(ev),
+            }
+        }
+    });
+}

@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use crds::contract::REVISION_LABEL;
 use dashmap::DashMap;
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
@@ -84,43 +83,32 @@ impl PodCache {
             .any_semantic();
         let events = watcher(api, cfg).default_backoff();
         let table = by_revision.clone();
-        tokio::spawn(async move {
-            let mut events = std::pin::pin!(events);
-            // Pods listed by the current relist, so those gone meanwhile can be dropped.
-            let mut relisted: Option<HashSet<(RevisionKey, String)>> = None;
-            loop {
-                let ev = tokio::select! {
-                    _ = stop.cancelled() => return,
-                    ev = events.next() => ev,
-                };
-                match ev {
-                    None => return,
-                    Some(Err(e)) => tracing::warn!(error = %e, "pod watch error; retrying"),
-                    Some(Ok(watcher::Event::Init)) => relisted = Some(HashSet::new()),
-                    Some(Ok(watcher::Event::InitApply(pod))) => {
-                        if let Some(key) = revision_of(&pod) {
-                            if let Some(seen) = relisted.as_mut() {
-                                seen.insert((key.clone(), pod.name_any()));
-                            }
-                            upsert(&table, key, LocalPod::from_pod(&pod));
-                        }
+        // Pods listed by the current relist, so those gone meanwhile can be dropped.
+        let mut relisted: Option<HashSet<(RevisionKey, String)>> = None;
+        super::spawn_watch("pod", events, stop, move |ev| match ev {
+            watcher::Event::Init => relisted = Some(HashSet::new()),
+            watcher::Event::InitApply(pod) => {
+                if let Some(key) = revision_of(&pod) {
+                    if let Some(seen) = relisted.as_mut() {
+                        seen.insert((key.clone(), pod.name_any()));
                     }
-                    Some(Ok(watcher::Event::InitDone)) => {
-                        if let Some(seen) = relisted.take() {
-                            retain(&table, &seen);
-                        }
-                        let _ = synced_tx.send(true);
-                    }
-                    Some(Ok(watcher::Event::Apply(pod))) => {
-                        if let Some(key) = revision_of(&pod) {
-                            upsert(&table, key, LocalPod::from_pod(&pod));
-                        }
-                    }
-                    Some(Ok(watcher::Event::Delete(pod))) => {
-                        if let Some(key) = revision_of(&pod) {
-                            remove(&table, &key, &pod.name_any());
-                        }
-                    }
+                    upsert(&table, key, LocalPod::from_pod(&pod), true);
+                }
+            }
+            watcher::Event::InitDone => {
+                if let Some(seen) = relisted.take() {
+                    retain(&table, &seen);
+                }
+                let _ = synced_tx.send(true);
+            }
+            watcher::Event::Apply(pod) => {
+                if let Some(key) = revision_of(&pod) {
+                    upsert(&table, key, LocalPod::from_pod(&pod), true);
+                }
+            }
+            watcher::Event::Delete(pod) => {
+                if let Some(key) = revision_of(&pod) {
+                    remove(&table, &key, &pod.name_any());
                 }
             }
         });
@@ -155,23 +143,12 @@ impl PodCache {
     /// already (its report is newer), so a request arriving before the watch event does not
     /// create the pod again.
     pub fn observe_created(&self, key: &RevisionKey, pod: &Pod) {
-        let pod = LocalPod::from_pod(pod);
-        let tx = self
-            .by_revision
-            .entry(key.clone())
-            .or_insert_with(|| watch::channel(RevisionPods::new()).0);
-        tx.send_if_modified(|pods| {
-            if pods.contains_key(&pod.name) {
-                return false;
-            }
-            pods.insert(pod.name.clone(), pod);
-            true
-        });
-    }
-
-    /// Number of revisions with pods (or waiters) on this node.
-    pub fn revisions(&self) -> usize {
-        self.by_revision.len()
+        upsert(
+            &self.by_revision,
+            key.clone(),
+            LocalPod::from_pod(pod),
+            false,
+        );
     }
 }
 
@@ -182,20 +159,23 @@ fn revision_of(pod: &Pod) -> Option<RevisionKey> {
     ))
 }
 
+/// Records `pod` in its revision's channel; `replace` = false keeps an entry already there
+/// (the watch's report is newer than a create response).
 fn upsert(
     table: &DashMap<RevisionKey, watch::Sender<RevisionPods>>,
     key: RevisionKey,
     pod: LocalPod,
+    replace: bool,
 ) {
     let tx = table
         .entry(key)
         .or_insert_with(|| watch::channel(RevisionPods::new()).0);
-    tx.send_if_modified(|pods| {
-        if pods.get(&pod.name) == Some(&pod) {
-            return false;
+    tx.send_if_modified(|pods| match pods.get(&pod.name) {
+        Some(old) if !replace || *old == pod => false,
+        _ => {
+            pods.insert(pod.name.clone(), pod);
+            true
         }
-        pods.insert(pod.name.clone(), pod);
-        true
     });
 }
 

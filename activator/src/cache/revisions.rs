@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 use dashmap::DashMap;
 
 use crds::Revision;
-use futures::StreamExt;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
@@ -39,39 +38,26 @@ impl RevisionCache {
         let events = watcher(api, watcher::Config::default().any_semantic())
             .default_backoff()
             .reflect(writer);
-        tokio::spawn(async move {
-            let mut events = std::pin::pin!(events);
-            // A relist builds a fresh table, swapped in when complete, so revisions deleted
-            // while the watch was down disappear and requests keep routing meanwhile.
-            let mut rebuilding: Option<HostTable> = None;
-            loop {
-                let ev = tokio::select! {
-                    _ = stop.cancelled() => return,
-                    ev = events.next() => ev,
-                };
-                match ev {
-                    None => return,
-                    Some(Err(e)) => tracing::warn!(error = %e, "revision watch error; retrying"),
-                    Some(Ok(watcher::Event::Init)) => rebuilding = Some(HostTable::default()),
-                    Some(Ok(watcher::Event::InitApply(rev))) => {
-                        if let Some(t) = rebuilding.as_mut() {
-                            claim(t, &rev);
-                        }
-                    }
-                    Some(Ok(watcher::Event::InitDone)) => {
-                        if let Some(t) = rebuilding.take() {
-                            *table.write().expect("host table lock") = t;
-                        }
-                    }
-                    Some(Ok(watcher::Event::Apply(rev))) => {
-                        claim(&mut table.write().expect("host table lock"), &rev)
-                    }
-                    Some(Ok(watcher::Event::Delete(rev))) => table
-                        .write()
-                        .expect("host table lock")
-                        .remove(&key_of(&rev)),
+        // A relist builds a fresh table, swapped in when complete, so revisions deleted
+        // while the watch was down disappear and requests keep routing meanwhile.
+        let mut rebuilding: Option<HostTable> = None;
+        super::spawn_watch("revision", events, stop, move |ev| match ev {
+            watcher::Event::Init => rebuilding = Some(HostTable::default()),
+            watcher::Event::InitApply(rev) => {
+                if let Some(t) = rebuilding.as_mut() {
+                    claim(t, &rev);
                 }
             }
+            watcher::Event::InitDone => {
+                if let Some(t) = rebuilding.take() {
+                    *table.write().expect("host table lock") = t;
+                }
+            }
+            watcher::Event::Apply(rev) => claim(&mut table.write().expect("host table lock"), &rev),
+            watcher::Event::Delete(rev) => table
+                .write()
+                .expect("host table lock")
+                .remove(&key_of(&rev)),
         });
         Self {
             client,
