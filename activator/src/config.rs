@@ -25,6 +25,10 @@ pub struct ActivatorConfig {
     pub connect_retries: u32,
     /// How long a non-member caches a revision's ActivationEndpoints before reading it again.
     pub endpoints_ttl: Duration,
+    /// Route requests by their Host header. This needs a watch of every Revision; without it
+    /// requests must name their revision with `x-revision-namespace` + `x-revision-name` (an
+    /// ingress sets them) and the activator reads only the revisions requests name.
+    pub host_routing: bool,
     /// How long shutdown waits for in-flight requests before closing their connections
     /// (keep it below the pod's terminationGracePeriodSeconds).
     pub drain_timeout: Duration,
@@ -49,6 +53,7 @@ impl ActivatorConfig {
             connect_retries: 3,
             endpoints_ttl: Duration::from_secs(5),
             drain_timeout: Duration::from_secs(90),
+            host_routing: true,
         }
     }
 }

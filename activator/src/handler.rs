@@ -273,6 +273,12 @@ impl Handler {
         let host = header(http::header::HOST.as_str())
             .or_else(|| req.uri().authority().map(|a| a.as_str()))
             .ok_or_else(|| Refusal::unknown_revision("the request names no host"))?;
+        if !self.revisions.routes_hosts() {
+            return Err(Refusal::unknown_revision(format!(
+                "host routing is off on this activator; name the revision of {host} with \
+                 {HEADER_REVISION_NAMESPACE} and {HEADER_REVISION_NAME}"
+            )));
+        }
         self.revisions
             .resolve_host(host)
             .ok_or_else(|| Refusal::unknown_revision(format!("no revision serves host {host}")))

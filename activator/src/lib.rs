@@ -70,7 +70,8 @@ impl Activator {
         let stop = CancellationToken::new();
         let stop_caches = CancellationToken::new();
         let metrics = Arc::new(Metrics::default());
-        let revisions = RevisionCache::start(client.clone(), stop_caches.child_token());
+        let revisions =
+            RevisionCache::start(client.clone(), cfg.host_routing, stop_caches.child_token());
         let endpoints = EndpointsCache::start(
             client.clone(),
             &cfg.node_name,

@@ -22,6 +22,10 @@ struct Args {
     data_port: u16,
     #[arg(long, env = "ADMIN_PORT", default_value_t = crds::contract::ADMIN_PORT)]
     admin_port: u16,
+    /// Route by Host header (watches every Revision). `false`: requests name their revision
+    /// with x-revision-namespace/x-revision-name, and only those revisions are read.
+    #[arg(long, env = "HOST_ROUTING", default_value_t = true, action = clap::ArgAction::Set)]
+    host_routing: bool,
 }
 
 #[tokio::main]
@@ -39,6 +43,7 @@ async fn main() -> anyhow::Result<()> {
     );
     cfg.pod_name = args.pod_name;
     cfg.pod_namespace = args.pod_namespace;
+    cfg.host_routing = args.host_routing;
     let client = kube::Client::try_default().await?;
     let activator = Activator::start(cfg, client).await?;
     shutdown_signal().await;

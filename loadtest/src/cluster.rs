@@ -55,6 +55,9 @@ pub struct ClusterOptions {
     /// Only Revisions of this namespace get subsets (None = all). Set it when several
     /// clusters share one API server.
     pub revision_namespace: Option<String>,
+    /// Activators route by Host header (each watches every Revision); false: requests name
+    /// their revision with headers and activators read only those.
+    pub host_routing: bool,
 }
 
 impl Default for ClusterOptions {
@@ -68,6 +71,7 @@ impl Default for ClusterOptions {
             shared_kubelet_watch: false,
             max_pods: 110,
             revision_namespace: None,
+            host_routing: true,
         }
     }
 }
@@ -157,6 +161,7 @@ impl SimCluster {
             );
             let pod_name = cfg.pod_name.clone();
             cfg.pod_namespace = activator_namespace.clone();
+            cfg.host_routing = opts.host_routing;
             let activator = Activator::start(cfg, client.clone())
                 .await
                 .map_err(|source| Error::Activator {

@@ -29,6 +29,8 @@ pub struct DemoOptions {
     pub burst: usize,
     /// The simulated pod start delay (for the report).
     pub start_delay_ms: u64,
+    /// Name revisions by Host header (true) or by the `x-revision-*` headers.
+    pub by_host: bool,
 }
 
 impl Default for DemoOptions {
@@ -39,6 +41,7 @@ impl Default for DemoOptions {
             requests: 5,
             burst: 3,
             start_delay_ms: 300,
+            by_host: true,
         }
     }
 }
@@ -99,29 +102,29 @@ pub async fn run(cluster: &SimCluster, opts: &DemoOptions) -> Result<Summary, Er
         let driver = driver.clone();
         let entries = entries.clone();
         let host = host_of(name, &opts.namespace);
+        let namespace = opts.namespace.clone();
+        let by_host = opts.by_host;
         let (requests, burst) = (opts.requests, opts.burst.min(opts.requests));
         async move {
             let pick = || {
                 let (n, a) = &entries[rand::rng().random_range(0..entries.len())];
                 (n.clone(), *a)
             };
-            let first = (0..burst).map(|i| {
+            let send = |i: usize| {
                 let (n, a) = pick();
-                let (driver, host) = (driver.clone(), host.clone());
+                let (driver, host, namespace) = (driver.clone(), host.clone(), namespace.clone());
                 async move {
-                    driver
-                        .get((&n, a), name, &host, &format!("/demo/{i}"))
-                        .await
+                    let path = format!("/demo/{i}");
+                    if by_host {
+                        driver.get((&n, a), name, &host, &path).await
+                    } else {
+                        driver.get_named((&n, a), &namespace, name, &path).await
+                    }
                 }
-            });
-            let mut samples: Vec<Sample> = join_all(first).await;
+            };
+            let mut samples: Vec<Sample> = join_all((0..burst).map(send)).await;
             for i in burst..requests {
-                let (n, a) = pick();
-                samples.push(
-                    driver
-                        .get((&n, a), name, &host, &format!("/demo/{i}"))
-                        .await,
-                );
+                samples.push(send(i).await);
             }
             samples
         }

@@ -67,9 +67,34 @@ impl Driver {
         host: &str,
         path: &str,
     ) -> Sample {
-        let start = Instant::now();
+        let req =
+            Request::get(format!("http://{}{path}", entry.1)).header(http::header::HOST, host);
+        self.send(entry, revision, req).await
+    }
+
+    /// GET `path` from the activator at `entry`, naming the revision with the
+    /// `x-revision-namespace` / `x-revision-name` headers, as an ingress does.
+    pub async fn get_named(
+        &self,
+        entry: (&str, SocketAddr),
+        namespace: &str,
+        revision: &str,
+        path: &str,
+    ) -> Sample {
         let req = Request::get(format!("http://{}{path}", entry.1))
-            .header(http::header::HOST, host)
+            .header(crds::contract::HEADER_REVISION_NAMESPACE, namespace)
+            .header(crds::contract::HEADER_REVISION_NAME, revision);
+        self.send(entry, revision, req).await
+    }
+
+    async fn send(
+        &self,
+        entry: (&str, SocketAddr),
+        revision: &str,
+        req: http::request::Builder,
+    ) -> Sample {
+        let start = Instant::now();
+        let req = req
             .body(Full::new(Bytes::new()))
             .expect("static request parts are valid");
         let mut sample = Sample {

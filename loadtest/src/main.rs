@@ -37,6 +37,11 @@ enum Cmd {
         /// Activators per revision (N).
         #[arg(long, default_value_t = 3)]
         activators: usize,
+        /// How requests name their revision: `host` (Host header; every activator watches
+        /// every Revision) or `headers` (x-revision-namespace/-name, as an ingress sets them;
+        /// activators read only the revisions requests name).
+        #[arg(long, default_value = "host", value_parser = ["host", "headers"])]
+        routing: String,
         /// Write the summary as JSON here.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -59,13 +64,16 @@ async fn main() -> anyhow::Result<()> {
             burst,
             start_delay_ms,
             activators,
+            routing,
             json,
         } => {
+            let by_host = routing == "host";
             let t = std::time::Instant::now();
             let cluster = SimCluster::start(ClusterOptions {
                 nodes,
                 start_delay: Delay::fixed_ms(start_delay_ms),
                 default_activators: activators,
+                host_routing: by_host,
                 ..ClusterOptions::default()
             })
             .await?;
@@ -82,6 +90,7 @@ async fn main() -> anyhow::Result<()> {
                     requests,
                     burst,
                     start_delay_ms,
+                    by_host,
                     ..DemoOptions::default()
                 },
             )

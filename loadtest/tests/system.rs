@@ -392,3 +392,46 @@ async fn a_pod_deleted_while_requests_wait_is_replaced() {
     );
     c.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_host_routing_revisions_are_read_on_demand() {
+    let ns = format!("system-test-{:08x}", rand::random::<u32>());
+    let c = SimCluster::start(ClusterOptions {
+        nodes: 4,
+        start_delay: Delay::fixed_ms(100),
+        default_activators: 2,
+        revision_namespace: Some(ns.clone()),
+        host_routing: false,
+        ..ClusterOptions::default()
+    })
+    .await
+    .unwrap();
+    ensure_namespace(&c.client, &ns).await.unwrap();
+    let members = revision(&c, &ns, "named").await;
+    let driver = Driver::new();
+    // Every entry, member or not, serves the revision named by the headers.
+    for (n, addr) in c.entries() {
+        let s = driver.get_named((&n, addr), &ns, "named", "/").await;
+        assert!(s.ok(), "via {n}: {s:?}");
+    }
+    let pods = pods_of(&c, &ns, "named").await;
+    assert!(
+        !pods.is_empty() && pods.len() <= members.len(),
+        "{}",
+        pods.len()
+    );
+    // Host routing is off: a Host-only request is a 404 that says how to name the revision.
+    let (n, addr) = c.entries()[0].clone();
+    let s = driver
+        .get((&n, addr), "named", &host_of("named", &ns), "/")
+        .await;
+    assert_eq!(s.status, 404, "{s:?}");
+    assert!(
+        s.error.as_deref().unwrap_or("").contains("x-revision-name"),
+        "{s:?}"
+    );
+    // Unknown revisions are still a 404.
+    let s = driver.get_named((&n, addr), &ns, "nope", "/").await;
+    assert_eq!(s.status, 404, "{s:?}");
+    c.shutdown().await;
+}
