@@ -277,8 +277,23 @@ impl SimCluster {
         let mut gone = vec![self.activator_namespace.clone()];
         gone.extend(self.revision_namespace.clone());
         for ns in gone {
-            if let Err(e) = namespaces.delete(&ns, &Default::default()).await {
-                tracing::warn!(namespace = %ns, error = %e, "cleaning up");
+            let uid = match namespaces.delete(&ns, &Default::default()).await {
+                Ok(either) => either.left().and_then(|n| n.metadata.uid),
+                Err(e) => {
+                    tracing::warn!(namespace = %ns, error = %e, "cleaning up");
+                    continue;
+                }
+            };
+            // The namespace goes once its pods are gone, and bound pods go only when their
+            // kubelet has stopped them: wait before the simulated kubelets stop.
+            if let Some(uid) = uid {
+                let gone = await_condition(namespaces.clone(), &ns, conditions::is_deleted(&uid));
+                if tokio::time::timeout(Duration::from_secs(60), gone)
+                    .await
+                    .is_err()
+                {
+                    tracing::warn!(namespace = %ns, "still terminating after 60 s");
+                }
             }
         }
         let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client.clone());
