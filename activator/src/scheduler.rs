@@ -148,9 +148,18 @@ impl LocalScheduler {
                     "reading pod {name} of revision {key}: {e}"
                 ))),
             },
-            Err(e) => Err(Refusal::unavailable(format!(
-                "creating a pod for revision {key}: {e}"
-            ))),
+            // The create may have happened with its answer lost (a timeout, a cut
+            // connection): if the pod exists, it is ours, and a later create must not pick
+            // this name's ordinal again while another pod of the revision runs.
+            Err(e) => match api.get_opt(&name).await {
+                Ok(Some(existing)) => {
+                    self.pods.observe_created(key, &existing);
+                    Ok(Some(name))
+                }
+                _ => Err(Refusal::unavailable(format!(
+                    "creating a pod for revision {key}: {e}"
+                ))),
+            },
         }
     }
 }

@@ -565,7 +565,7 @@ fn start_watch(
         meta_only: ctx.meta_only,
         stat: stat.clone(),
     });
-    inner.stats().watches.push(stat.clone());
+    inner.stats().add_watch(stat.clone());
     let table = def.table_key();
     let mut registered = false;
     {

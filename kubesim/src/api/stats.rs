@@ -41,7 +41,10 @@ pub struct WatchInfo {
 #[derive(Debug, Clone, Default)]
 pub struct Stats {
     pub requests: BTreeMap<RequestKey, u64>,
+    /// Open watches and recently closed ones, each with its own event count.
     pub watches: Vec<WatchInfo>,
+    /// Older closed watches, folded per resource: (watches, events delivered).
+    pub closed: BTreeMap<String, (u64, u64)>,
 }
 
 impl Stats {
@@ -65,17 +68,39 @@ impl Stats {
             .iter()
             .filter(|w| w.resource == resource)
             .map(|w| w.events)
-            .sum()
+            .sum::<u64>()
+            + self.closed.get(resource).map_or(0, |c| c.1)
     }
 }
+
+/// Closed watches are folded into per-resource totals once this many watches are listed, so
+/// a long run (kubelets re-watch every few minutes) keeps the list bounded.
+const WATCHES_LISTED: usize = 20_000;
 
 #[derive(Default)]
 pub(crate) struct StatsInner {
     pub requests: BTreeMap<RequestKey, u64>,
-    pub watches: Vec<Arc<WatchStat>>,
+    watches: Vec<Arc<WatchStat>>,
+    closed: BTreeMap<String, (u64, u64)>,
 }
 
 impl StatsInner {
+    pub fn add_watch(&mut self, stat: Arc<WatchStat>) {
+        if self.watches.len() >= WATCHES_LISTED {
+            let closed = &mut self.closed;
+            self.watches.retain(|w| {
+                if w.open.load(Ordering::Relaxed) {
+                    return true;
+                }
+                let c = closed.entry(w.resource.clone()).or_default();
+                c.0 += 1;
+                c.1 += w.events.load(Ordering::Relaxed);
+                false
+            });
+        }
+        self.watches.push(stat);
+    }
+
     pub fn count(&mut self, verb: &str, group: &str, resource: &str) {
         let k = RequestKey {
             verb: verb.into(),
@@ -101,6 +126,7 @@ impl StatsInner {
                     open: w.open.load(Ordering::Relaxed),
                 })
                 .collect(),
+            closed: self.closed.clone(),
         }
     }
 }
@@ -140,6 +166,11 @@ pub(crate) fn metrics_text(s: &Stats) -> String {
         "Watches currently open, by resource",
         open.clone(),
     );
+    for (resource, (n, ev)) in &s.closed {
+        let l = vec![("resource".to_string(), resource.clone())];
+        events.get_or_create(&l).inc_by(*ev);
+        watches.get_or_create(&l).inc_by(*n);
+    }
     for w in &s.watches {
         let l = vec![("resource".to_string(), w.resource.clone())];
         events.get_or_create(&l).inc_by(w.events);
@@ -151,4 +182,44 @@ pub(crate) fn metrics_text(s: &Stats) -> String {
     let mut out = String::new();
     let _ = encode(&mut out, &reg);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, AtomicU64};
+
+    fn stat(id: u64, open: bool, events: u64) -> Arc<WatchStat> {
+        Arc::new(WatchStat {
+            id,
+            resource: "pods".into(),
+            namespace: None,
+            label_selector: String::new(),
+            field_selector: String::new(),
+            events: AtomicU64::new(events),
+            open: AtomicBool::new(open),
+        })
+    }
+
+    #[test]
+    fn closed_watches_fold_into_totals_and_the_list_stays_bounded() {
+        let mut inner = StatsInner::default();
+        for i in 0..(WATCHES_LISTED as u64 * 3) {
+            // Every tenth watch stays open; each delivered 2 events.
+            inner.add_watch(stat(i, i % 10 == 0, 2));
+        }
+        let s = inner.snapshot();
+        assert!(s.watches.len() <= WATCHES_LISTED + WATCHES_LISTED / 10 * 3);
+        assert_eq!(
+            s.watch_events("pods"),
+            WATCHES_LISTED as u64 * 3 * 2,
+            "no event lost"
+        );
+        assert_eq!(s.open_watches(), WATCHES_LISTED * 3 / 10);
+        let text = metrics_text(&s);
+        assert!(
+            text.contains("kubesim_apiserver_watches_total{resource=\"pods\"} 60000"),
+            "{text}"
+        );
+    }
 }
