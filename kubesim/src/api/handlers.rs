@@ -128,9 +128,15 @@ fn check_type(def: &ResourceDef, obj: &mut Value) -> Result<(), ApiError> {
 }
 
 fn check_namespace(ctx: &Ctx, obj: &mut Value) -> Result<(), ApiError> {
+    set_namespace(ctx.def.namespaced, ctx.ns.as_deref(), obj)
+}
+
+/// Puts the request's namespace on a namespaced object (refusing a different one in the body)
+/// and removes any namespace from a cluster-scoped one, as the real server does.
+fn set_namespace(namespaced: bool, ns: Option<&str>, obj: &mut Value) -> Result<(), ApiError> {
     let m = meta::meta_mut(obj);
-    if ctx.def.namespaced {
-        let ns = ctx.ns.clone().unwrap_or_default();
+    if namespaced {
+        let ns = ns.unwrap_or_default();
         match m.get("namespace").and_then(Value::as_str) {
             Some(n) if !n.is_empty() && n != ns => {
                 return Err(ApiError::bad_request(
@@ -226,23 +232,7 @@ pub(crate) fn create_object(
     managed_done: bool,
 ) -> Result<(Stored, Vec<String>), ApiError> {
     meta::strip_null_meta(&mut obj);
-    {
-        let m = meta::meta_mut(&mut obj);
-        if def.namespaced {
-            let ns = ns.unwrap_or_default();
-            match m.get("namespace").and_then(Value::as_str) {
-                Some(n) if !n.is_empty() && n != ns => {
-                    return Err(ApiError::bad_request(
-                        "the namespace of the provided object does not match the namespace sent on the request",
-                    ));
-                }
-                _ => {}
-            }
-            m.insert("namespace".into(), ns.into());
-        } else {
-            m.remove("namespace");
-        }
-    }
+    set_namespace(def.namespaced, ns, &mut obj)?;
     let tk = def.table_key();
     let ns_s = if def.namespaced {
         ns.unwrap_or_default().to_string()
