@@ -6,6 +6,7 @@
 //!   and start real HTTP apps on their own loopback addresses.
 
 pub mod api;
+pub mod delay;
 pub mod error;
 pub mod node;
 

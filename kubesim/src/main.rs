@@ -51,6 +51,16 @@ struct Args {
     /// Latency added to every API request, in milliseconds.
     #[arg(long)]
     api_latency_ms: Option<u64>,
+    /// Time each write (create/update/patch/delete) takes, as an etcd commit does on a real
+    /// server: `6ms`, `uniform:3ms..9ms`, `lognormal:6ms,0.5`. Default none (answered from memory).
+    #[arg(long, default_value = "0ms")]
+    api_write_latency: Delay,
+    /// Time each GET and LIST takes (same syntax).
+    #[arg(long, default_value = "0ms")]
+    api_read_latency: Delay,
+    /// How often watches that ask for bookmarks get one (kube-apiserver: 1m).
+    #[arg(long, default_value = "60s", value_parser = duration)]
+    bookmark_interval: Duration,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -76,6 +86,9 @@ async fn main() -> anyhow::Result<()> {
     let server = ApiServer::start(ApiServerConfig {
         bind: SocketAddr::from(([127, 0, 0, 1], args.port)),
         latency: args.api_latency_ms.map(Duration::from_millis),
+        write_latency: args.api_write_latency.clone(),
+        read_latency: args.api_read_latency.clone(),
+        bookmark_interval: args.bookmark_interval,
         ..Default::default()
     })
     .await

@@ -339,3 +339,56 @@ async fn raw_watch_protocol() -> anyhow::Result<()> {
     s.shutdown().await;
     Ok(())
 }
+
+/// A real server's quiet watch is silent: no BOOKMARK unless asked for, and then about once a
+/// minute (here: the configured interval) plus one 2 s before `timeoutSeconds` ends.
+#[tokio::test]
+async fn quiet_watches_are_silent_and_bookmarks_keep_the_real_cadence() -> anyhow::Result<()> {
+    let (s, client) = server().await;
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    pods.create(&PostParams::default(), &pod("q", json!({})))
+        .await?;
+    let rv = s.resource_version();
+
+    // Not asked for: nothing at all until the stream ends.
+    let evs = raw_watch(
+        &client,
+        &format!("watch=true&timeoutSeconds=3&resourceVersion={rv}"),
+    )
+    .await;
+    assert_eq!(evs, Vec::<Value>::new());
+
+    // Asked for, with the interval (an hour here) longer than the watch: only the one just
+    // before the end, carrying the current resourceVersion.
+    let evs = raw_watch(
+        &client,
+        &format!("watch=true&timeoutSeconds=3&allowWatchBookmarks=true&resourceVersion={rv}"),
+    )
+    .await;
+    assert_eq!(evs.len(), 1, "{evs:?}");
+    assert_eq!(evs[0]["type"], "BOOKMARK");
+    assert_eq!(evs[0]["object"]["kind"], "Pod");
+    assert_eq!(
+        evs[0]["object"]["metadata"]["resourceVersion"],
+        rv.to_string()
+    );
+    s.shutdown().await;
+
+    // A short interval: bookmarks keep coming, never more often than the interval, and none
+    // in the last 2 s.
+    let fast = ApiServer::start(ApiServerConfig {
+        bookmark_interval: Duration::from_millis(500),
+        ..Default::default()
+    })
+    .await?;
+    let client = fast.client();
+    let evs = raw_watch(
+        &client,
+        "watch=true&timeoutSeconds=4&allowWatchBookmarks=true&resourceVersion=1",
+    )
+    .await;
+    assert!(evs.iter().all(|e| e["type"] == "BOOKMARK"), "{evs:?}");
+    assert!((1..=4).contains(&evs.len()), "{} bookmarks", evs.len());
+    fast.shutdown().await;
+    Ok(())
+}

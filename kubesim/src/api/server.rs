@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -27,8 +27,15 @@ use super::resource::ResourceDef;
 use super::stats::{Stats, StatsInner, metrics_text};
 use super::status::{ApiError, Cause};
 use super::store::State;
-use super::watch::{WatchStat, Watcher, bookmark_line, event_line};
+use super::watch::{WatchStat, Watcher, bookmark_line, event_line, next_bookmark};
+use crate::delay::Delay;
 use crate::error::Error;
+
+/// kube-apiserver's bookmark frequency (`cacheWatcher`'s `bookmarkFrequency`).
+pub const DEFAULT_BOOKMARK_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Used when a watch names no `timeoutSeconds` (kube-apiserver's `--min-request-timeout`).
+const DEFAULT_WATCH_TIMEOUT: Duration = Duration::from_secs(1800);
 
 /// How to run an [`ApiServer`].
 #[derive(Debug, Clone)]
@@ -37,10 +44,17 @@ pub struct ApiServerConfig {
     pub bind: SocketAddr,
     /// Delay before handling each request (simulates a remote API server).
     pub latency: Option<Duration>,
+    /// Time each write (create, update, patch, delete) takes before it is applied and
+    /// answered, sampled per write: on a real server every write is an etcd commit.
+    pub write_latency: Delay,
+    /// Time each GET and LIST takes before it is answered (watches are not delayed).
+    pub read_latency: Delay,
     /// Watch events kept per resource for resuming watches; a watch from an older
     /// resourceVersion gets 410 Gone.
     pub watch_history: usize,
-    /// How often watches with `allowWatchBookmarks` get a BOOKMARK.
+    /// How often watches with `allowWatchBookmarks` get a BOOKMARK (kube-apiserver: a
+    /// minute), plus one 2 s before the watch's `timeoutSeconds` ends. Watches that did not
+    /// ask get none: a quiet watch is silent.
     pub bookmark_interval: Duration,
 }
 
@@ -49,8 +63,10 @@ impl Default for ApiServerConfig {
         Self {
             bind: SocketAddr::from(([127, 0, 0, 1], 0)),
             latency: None,
+            write_latency: Delay::ZERO,
+            read_latency: Delay::ZERO,
             watch_history: 10_000,
-            bookmark_interval: Duration::from_secs(5),
+            bookmark_interval: DEFAULT_BOOKMARK_INTERVAL,
         }
     }
 }
@@ -61,6 +77,9 @@ pub(crate) struct Inner {
     addr: SocketAddr,
     /// nanoseconds; u64::MAX = none
     latency: AtomicU64,
+    write_latency: Mutex<Delay>,
+    read_latency: Mutex<Delay>,
+    bookmark_interval: Duration,
     next_watch: AtomicU64,
     gc: Notify,
     shutdown: tokio_watch::Sender<bool>,
@@ -106,6 +125,9 @@ impl ApiServer {
             stats: Mutex::new(StatsInner::default()),
             addr,
             latency: AtomicU64::new(latency_nanos(cfg.latency)),
+            write_latency: Mutex::new(cfg.write_latency.clone()),
+            read_latency: Mutex::new(cfg.read_latency.clone()),
+            bookmark_interval: cfg.bookmark_interval,
             next_watch: AtomicU64::new(1),
             gc: Notify::new(),
             shutdown,
@@ -135,7 +157,7 @@ impl ApiServer {
         let tasks = vec![
             tokio::spawn(accept_loop(inner.clone(), listener)),
             tokio::spawn(gc_loop(inner.clone())),
-            tokio::spawn(bookmark_loop(inner.clone(), cfg.bookmark_interval)),
+            tokio::spawn(bookmark_loop(inner.clone())),
         ];
         Ok(ApiServer {
             inner,
@@ -181,6 +203,24 @@ impl ApiServer {
         self.inner
             .latency
             .store(latency_nanos(d), Ordering::Relaxed);
+    }
+
+    /// Changes the write-latency model (every create, update, patch and delete from now on).
+    pub fn set_write_latency(&self, d: Delay) {
+        *self
+            .inner
+            .write_latency
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = d;
+    }
+
+    /// Changes the read-latency model (every GET and LIST from now on).
+    pub fn set_read_latency(&self, d: Delay) {
+        *self
+            .inner
+            .read_latency
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = d;
     }
 
     /// Forgets retained watch history: a watch resuming from any earlier resourceVersion gets
@@ -255,18 +295,28 @@ async fn gc_loop(inner: Arc<Inner>) {
     }
 }
 
-async fn bookmark_loop(inner: Arc<Inner>, every: Duration) {
+/// Sends each bookmark-asking watch its BOOKMARK when due (see [`next_bookmark`]). Bookmarks
+/// go through the watch's own channel under the state lock, so one never overtakes an event
+/// with a lower resourceVersion.
+async fn bookmark_loop(inner: Arc<Inner>) {
     let mut sd = inner.shutdown.subscribe();
-    let mut tick = tokio::time::interval(every.max(Duration::from_millis(10)));
+    let resolution =
+        (inner.bookmark_interval / 10).clamp(Duration::from_millis(5), Duration::from_secs(1));
+    let mut tick = tokio::time::interval(resolution);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tick.tick().await;
     loop {
         tokio::select! {
             _ = tick.tick() => {
+                let now = Instant::now();
                 let st = inner.state();
                 for t in st.tables.values() {
                     let mut line = None;
-                    for w in t.watchers.iter().filter(|w| w.bookmarks) {
+                    for w in t.watchers.iter() {
+                        let mut due = w.next_bookmark.lock().unwrap_or_else(|e| e.into_inner());
+                        if due.is_none_or(|d| d > now) {
+                            continue;
+                        }
+                        *due = next_bookmark(now, inner.bookmark_interval, w.deadline);
                         let l = line.get_or_insert_with(|| bookmark_line(&t.def.api_version(), &t.def.kind, st.rv, false));
                         w.send(l.clone());
                     }
@@ -286,6 +336,16 @@ fn accepts(req: &Request<Incoming>, what: &str) -> bool {
         .get_all(header::ACCEPT)
         .iter()
         .any(|v| v.to_str().is_ok_and(|s| s.contains(what)))
+}
+
+/// The latency model's delay for one request of `verb` (zero for watches).
+fn modelled_latency(inner: &Inner, verb: &str) -> Duration {
+    let model = match verb {
+        "get" | "list" => &inner.read_latency,
+        "watch" => return Duration::ZERO,
+        _ => &inner.write_latency,
+    };
+    model.lock().unwrap_or_else(|e| e.into_inner()).sample_now()
 }
 
 async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Response<Body> {
@@ -446,6 +506,10 @@ async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Response<Body> {
         meta_only,
         manager,
     };
+    let modelled = modelled_latency(&inner, verb);
+    if !modelled.is_zero() {
+        tokio::time::sleep(modelled).await;
+    }
     if verb == "watch" {
         return match start_watch(&inner, &ctx, resource) {
             Ok(r) => r,
@@ -545,6 +609,8 @@ fn start_watch(
     };
     let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
     let id = inner.next_watch.fetch_add(1, Ordering::Relaxed);
+    let started = Instant::now();
+    let deadline = started + timeout.unwrap_or(DEFAULT_WATCH_TIMEOUT);
     let stat = Arc::new(WatchStat {
         id,
         resource,
@@ -561,7 +627,12 @@ fn start_watch(
         field: sel.field,
         node: sel.node,
         tx,
-        bookmarks,
+        next_bookmark: std::sync::Mutex::new(
+            bookmarks
+                .then(|| next_bookmark(started, inner.bookmark_interval, deadline))
+                .flatten(),
+        ),
+        deadline,
         meta_only: ctx.meta_only,
         stat: stat.clone(),
     });
@@ -628,9 +699,7 @@ fn start_watch(
         table,
         id,
     });
-    let sleep = Box::pin(tokio::time::sleep(
-        timeout.unwrap_or(Duration::from_secs(1800)),
-    ));
+    let sleep = Box::pin(tokio::time::sleep_until(deadline.into()));
     let sd = inner.shutdown.subscribe();
     let stream = futures::stream::unfold(
         (rx, sleep, sd, guard),

@@ -5,6 +5,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use serde_json::{Value, json};
@@ -151,7 +152,11 @@ pub(crate) struct Watcher {
     /// `spec.nodeName` value this watcher requires (the fan-out index key), if any.
     pub node: Option<String>,
     pub tx: UnboundedSender<Bytes>,
-    pub bookmarks: bool,
+    /// When this watch gets its next BOOKMARK (None: no bookmarks, or none left before its
+    /// deadline). Only with `allowWatchBookmarks`.
+    pub next_bookmark: std::sync::Mutex<Option<Instant>>,
+    /// When the watch ends (`timeoutSeconds`, or the server's default).
+    pub deadline: Instant,
     pub meta_only: bool,
     pub stat: Arc<WatchStat>,
 }
@@ -307,6 +312,18 @@ impl WatcherSet {
 }
 
 /// A `BOOKMARK` line for a resource at a resourceVersion.
+/// When a watch that asked for bookmarks gets its next one, as kube-apiserver's watch cache
+/// decides (`cacheWatcher.nextBookmarkTime`): `every` after `now`, but 2 s before the watch's
+/// deadline if that is sooner, and none once that moment has passed.
+pub(crate) fn next_bookmark(now: Instant, every: Duration, deadline: Instant) -> Option<Instant> {
+    let heartbeat = now + every;
+    let pre_timeout = deadline
+        .checked_sub(Duration::from_secs(2))
+        .unwrap_or(deadline);
+    let at = heartbeat.min(pre_timeout);
+    (at >= now).then_some(at)
+}
+
 pub(crate) fn bookmark_line(api_version: &str, kind: &str, rv: u64, initial_end: bool) -> Bytes {
     let mut meta = json!({"resourceVersion": rv.to_string()});
     if initial_end {
@@ -319,6 +336,26 @@ pub(crate) fn bookmark_line(api_version: &str, kind: &str, rv: u64, initial_end:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bookmarks_come_every_interval_and_once_just_before_the_deadline() {
+        let t0 = Instant::now();
+        let minute = Duration::from_secs(60);
+        // A long watch: a minute from now.
+        let far = t0 + Duration::from_secs(1800);
+        assert_eq!(next_bookmark(t0, minute, far), Some(t0 + minute));
+        // A watch ending in 10 s: 2 s before its end, not a minute later.
+        let soon = t0 + Duration::from_secs(10);
+        assert_eq!(
+            next_bookmark(t0, minute, soon),
+            Some(t0 + Duration::from_secs(8))
+        );
+        // After that last one, none.
+        assert_eq!(
+            next_bookmark(t0 + Duration::from_secs(9), minute, soon),
+            None
+        );
+    }
 
     #[test]
     fn node_terms() {
