@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use crds::contract::ACTIVATOR_SELECTOR;
 use crds::{ActivationEndpoints, Revision};
 use futures::channel::mpsc::{UnboundedSender, unbounded};
-use futures::{StreamExt, stream};
+use futures::{FutureExt, StreamExt, stream};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::controller::Controller;
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -69,8 +69,10 @@ impl Subsetter {
         Arc::clone(&self.metrics)
     }
 
-    /// Runs until `stop` resolves (finishing in-flight reconciles) or a watch ends.
+    /// Runs until `stop` resolves or a watch ends. A stop lets reconciles in flight finish,
+    /// for at most `Config::shutdown_grace`, and returns at once when none can be in flight.
     pub async fn run(&self, stop: impl Future<Output = ()> + Send + Sync + 'static) -> Result<()> {
+        let stop = stop.shared();
         let client = self.client.clone();
         let (revisions, endpoints): (Api<Revision>, Api<ActivationEndpoints>) =
             match &self.config.namespace {
@@ -142,7 +144,8 @@ impl Subsetter {
             .applied_objects()
             .predicate_filter(predicates::generation, Default::default());
         info!(namespace = ?self.config.namespace, policy = self.policy.name(), "subsetter starting");
-        Controller::for_stream(revision_stream, rev_reader)
+        let forced = forced_stop(stop.clone(), rev_reader.clone(), self.config.shutdown_grace);
+        let controller = Controller::for_stream(revision_stream, rev_reader)
             .owns_stream(owned_rx.map(Ok))
             .reconcile_on(trigger_rx)
             .graceful_shutdown_on(stop)
@@ -151,13 +154,40 @@ impl Subsetter {
                 if let Err(e) = res {
                     debug!(error = %e, "controller event");
                 }
-            })
-            .await;
+            });
+        tokio::select! {
+            () = controller => {}
+            () = forced => {}
+        }
         ae_task.abort();
         act_task.abort();
         info!("subsetter stopped");
         Ok(())
     }
+}
+
+/// Resolves when a stop must no longer wait for the controller's graceful shutdown.
+///
+/// kube-runtime's graceful shutdown stops reading the Revision watch at once, then waits for
+/// the runner to finish — and the runner holds every task until the Revision store has had its
+/// first list. A stop that comes before that list has been answered (a slow real API server, a
+/// subsetter stopped right after it started) would wait forever, so then nothing can be in
+/// flight and the stop is immediate. Otherwise reconciles in flight get `grace` to finish.
+async fn forced_stop(
+    stop: impl Future<Output = ()>,
+    revisions: Store<Revision>,
+    grace: std::time::Duration,
+) {
+    stop.await;
+    if revisions.wait_until_ready().now_or_never().is_none() {
+        info!("stopped before the first Revision list; nothing in flight");
+        return;
+    }
+    tokio::time::sleep(grace).await;
+    warn!(
+        ?grace,
+        "reconciles still in flight after the shutdown grace; dropping them"
+    );
 }
 
 fn key_of(ae: &ActivationEndpoints) -> Key {

@@ -32,6 +32,9 @@ pub struct Config {
     pub default_activators: usize,
     /// Field manager of every write.
     pub field_manager: String,
+    /// How long a stop waits for reconciles in flight before dropping them. Stopping never
+    /// waits on the API server beyond this (a real server's quiet watch sends nothing).
+    pub shutdown_grace: Duration,
 }
 
 impl Default for Config {
@@ -41,6 +44,7 @@ impl Default for Config {
             activator_namespace: None,
             default_activators: 3,
             field_manager: "local-activator-subsetter".into(),
+            shutdown_grace: Duration::from_secs(10),
         }
     }
 }

@@ -203,11 +203,11 @@ impl Cluster {
     }
 
     pub fn run_subsetter(&self, policy: Arc<dyn SubsetPolicy>) -> Running {
-        let subsetter = Arc::new(Subsetter::new(
-            self.client.clone(),
-            Config::default(),
-            policy,
-        ));
+        self.run_subsetter_with(policy, Config::default())
+    }
+
+    pub fn run_subsetter_with(&self, policy: Arc<dyn SubsetPolicy>, config: Config) -> Running {
+        let subsetter = Arc::new(Subsetter::new(self.client.clone(), config, policy));
         let (stop, stopped) = oneshot::channel::<()>();
         let s = Arc::clone(&subsetter);
         let task = tokio::spawn(async move {
