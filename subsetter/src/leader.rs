@@ -4,11 +4,12 @@
 
 use std::future::Future;
 use std::pin::pin;
+use std::time::Duration;
 
 use kube::Client;
 use kube_lease_manager::LeaseManagerBuilder;
 use tokio::sync::oneshot;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::error::Result;
 
@@ -23,7 +24,13 @@ pub struct LeaseConfig {
     pub duration_seconds: u64,
     /// Seconds before expiry at which the holder renews.
     pub grace_seconds: u64,
+    /// How long a stop waits for the Lease to be released. Past it the replica exits
+    /// anyway: the Lease then expires after `duration_seconds`, as if the process had died.
+    pub release_timeout: Duration,
 }
+
+/// A default for [`LeaseConfig::release_timeout`]: a release is one API write.
+pub const DEFAULT_RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Runs `work` whenever this replica holds the Lease, until `shutdown` resolves. `work` gets
 /// a future that resolves when it must stop (leadership lost or shutdown).
@@ -37,15 +44,19 @@ where
     W: FnMut(Box<dyn Future<Output = ()> + Send + Sync + Unpin + 'static>) -> F,
     F: Future<Output = Result<()>>,
 {
-    let manager = LeaseManagerBuilder::new(client, &config.name)
+    let mut shutdown = pin!(shutdown);
+    // Building the manager reads (and may create) the Lease: a stop must not wait for that.
+    let build = LeaseManagerBuilder::new(client, &config.name)
         .with_namespace(&config.namespace)
         .with_identity(&config.identity)
         .with_duration(config.duration_seconds)
         .with_grace(config.grace_seconds)
-        .build()
-        .await?;
-    let (mut leader, task) = manager.watch().await;
-    let mut shutdown = pin!(shutdown);
+        .build();
+    let manager = tokio::select! {
+        m = build => m?,
+        _ = &mut shutdown => return Ok(()),
+    };
+    let (mut leader, mut task) = manager.watch().await;
     let outcome = loop {
         tokio::select! {
             _ = &mut shutdown => break Ok(()),
@@ -73,6 +84,12 @@ where
     // Dropping the receiver makes the manager release the Lease so a standby takes over at
     // once instead of after the lease duration.
     drop(leader);
-    let _ = task.await;
+    if tokio::time::timeout(config.release_timeout, &mut task)
+        .await
+        .is_err()
+    {
+        task.abort();
+        warn!(timeout = ?config.release_timeout, "the Lease was not released in time; it will expire");
+    }
     outcome
 }

@@ -80,6 +80,7 @@ async fn main() -> anyhow::Result<()> {
         identity,
         duration_seconds: args.lease_duration_seconds,
         grace_seconds: args.lease_grace_seconds,
+        release_timeout: subsetter::leader::DEFAULT_RELEASE_TIMEOUT,
     };
     run_as_leader(client, lease, shutdown, |stop| {
         let subsetter = Arc::clone(&subsetter);

@@ -4,11 +4,13 @@
 mod support;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Result;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use kube::runtime::wait::await_condition;
+use kubesim::delay::Delay;
 use subsetter::leader::{LeaseConfig, run_as_leader};
 use subsetter::{Config, Random, Subsetter};
 use support::*;
@@ -33,6 +35,7 @@ fn replica(c: &Cluster, identity: &str) -> Replica {
         identity: identity.into(),
         duration_seconds: 3,
         grace_seconds: 1,
+        release_timeout: Duration::from_millis(500),
     };
     let s = Arc::clone(&subsetter);
     let client = c.client.clone();
@@ -116,5 +119,39 @@ async fn only_the_leader_reconciles_and_the_standby_takes_over() -> Result<()> {
 
     let _ = standby.shutdown.take().unwrap().send(());
     (&mut standby.task).await??;
+    Ok(())
+}
+
+/// Far longer than any bounded stop takes: reaching it means the stop hung.
+const HANG: Duration = Duration::from_secs(60);
+const NEVER: Duration = Duration::from_secs(3600);
+
+/// The leader's stop releases the Lease, one write; a server that never answers it must not
+/// keep the replica from exiting.
+#[tokio::test]
+async fn leader_stop_is_bounded_when_the_release_is_never_answered() -> Result<()> {
+    let c = Cluster::start().await?;
+    let mut a = replica(&c, "replica-a");
+    holder(&c, |h| h == "replica-a").await?;
+    c.server.set_write_latency(Delay::Fixed(NEVER));
+    let _ = a.shutdown.take().unwrap().send(());
+    tokio::time::timeout(HANG, &mut a.task)
+        .await
+        .map_err(|_| anyhow::anyhow!("the leader's stop hung"))???;
+    Ok(())
+}
+
+/// A replica stopped while it still waits for the API server to answer its first Lease read
+/// returns at once.
+#[tokio::test]
+async fn stop_before_the_lease_is_read_returns() -> Result<()> {
+    let c = Cluster::start().await?;
+    c.server.set_read_latency(Delay::Fixed(NEVER));
+    c.server.set_write_latency(Delay::Fixed(NEVER));
+    let mut a = replica(&c, "replica-a");
+    let _ = a.shutdown.take().unwrap().send(());
+    tokio::time::timeout(HANG, &mut a.task)
+        .await
+        .map_err(|_| anyhow::anyhow!("the replica's stop hung"))???;
     Ok(())
 }
