@@ -76,6 +76,22 @@ impl Default for Delay {
     }
 }
 
+/// The same syntax `FromStr` reads: `6ms`, `uniform:3ms..9ms`, `lognormal:6ms,0.5`.
+impl std::fmt::Display for Delay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        fn ms(d: Duration) -> String {
+            let v = d.as_secs_f64() * 1e3;
+            let s = format!("{v:.3}");
+            format!("{}ms", s.trim_end_matches('0').trim_end_matches('.'))
+        }
+        match self {
+            Delay::Fixed(d) => write!(f, "{}", ms(*d)),
+            Delay::Uniform { min, max } => write!(f, "uniform:{}..{}", ms(*min), ms(*max)),
+            Delay::LogNormal { median, sigma } => write!(f, "lognormal:{},{sigma}", ms(*median)),
+        }
+    }
+}
+
 /// Parses `300ms`, `2s`, `uniform:100ms..500ms`, `lognormal:300ms,0.5`.
 impl FromStr for Delay {
     type Err = Error;
@@ -157,6 +173,15 @@ mod tests {
             "lognormal:1s,-1",
         ] {
             assert!(bad.parse::<Delay>().is_err(), "{bad:?} parsed");
+        }
+    }
+
+    #[test]
+    fn displays_what_it_parses() {
+        for s in ["6ms", "0ms", "0.5ms", "uniform:3ms..9ms", "lognormal:6ms,0.5", "1500ms"] {
+            let d: Delay = s.parse().unwrap();
+            assert_eq!(d.to_string(), s);
+            assert_eq!(d.to_string().parse::<Delay>().unwrap(), d);
         }
     }
 
