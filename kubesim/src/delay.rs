@@ -178,7 +178,14 @@ mod tests {
 
     #[test]
     fn displays_what_it_parses() {
-        for s in ["6ms", "0ms", "0.5ms", "uniform:3ms..9ms", "lognormal:6ms,0.5", "1500ms"] {
+        for s in [
+            "6ms",
+            "0ms",
+            "0.5ms",
+            "uniform:3ms..9ms",
+            "lognormal:6ms,0.5",
+            "1500ms",
+        ] {
             let d: Delay = s.parse().unwrap();
             assert_eq!(d.to_string(), s);
             assert_eq!(d.to_string().parse::<Delay>().unwrap(), d);

@@ -79,6 +79,8 @@ pub(crate) struct Inner {
     latency: AtomicU64,
     write_latency: Mutex<Delay>,
     read_latency: Mutex<Delay>,
+    /// Read latency of particular resources (by plural), over `read_latency`.
+    resource_read_latency: Mutex<std::collections::HashMap<String, Delay>>,
     bookmark_interval: Duration,
     next_watch: AtomicU64,
     gc: Notify,
@@ -127,6 +129,7 @@ impl ApiServer {
             latency: AtomicU64::new(latency_nanos(cfg.latency)),
             write_latency: Mutex::new(cfg.write_latency.clone()),
             read_latency: Mutex::new(cfg.read_latency.clone()),
+            resource_read_latency: Mutex::default(),
             bookmark_interval: cfg.bookmark_interval,
             next_watch: AtomicU64::new(1),
             gc: Notify::new(),
@@ -221,6 +224,16 @@ impl ApiServer {
             .read_latency
             .lock()
             .unwrap_or_else(|e| e.into_inner()) = d;
+    }
+
+    /// Changes the read latency of one resource (its plural, e.g. `revisions`): a list a
+    /// real server answers slowly (an uncached resource, a busy etcd) while others are fast.
+    pub fn set_resource_read_latency(&self, plural: &str, d: Delay) {
+        self.inner
+            .resource_read_latency
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(plural.to_string(), d);
     }
 
     /// Forgets retained watch history: a watch resuming from any earlier resourceVersion gets
@@ -338,10 +351,19 @@ fn accepts(req: &Request<Incoming>, what: &str) -> bool {
         .any(|v| v.to_str().is_ok_and(|s| s.contains(what)))
 }
 
-/// The latency model's delay for one request of `verb` (zero for watches).
-fn modelled_latency(inner: &Inner, verb: &str) -> Duration {
+/// The latency model's delay for one request of `verb` on `plural` (zero for watches).
+fn modelled_latency(inner: &Inner, verb: &str, plural: &str) -> Duration {
     let model = match verb {
-        "get" | "list" => &inner.read_latency,
+        "get" | "list" => {
+            let per = inner
+                .resource_read_latency
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if let Some(d) = per.get(plural) {
+                return d.sample_now();
+            }
+            &inner.read_latency
+        }
         "watch" => return Duration::ZERO,
         _ => &inner.write_latency,
     };
@@ -506,7 +528,7 @@ async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Response<Body> {
         meta_only,
         manager,
     };
-    let modelled = modelled_latency(&inner, verb);
+    let modelled = modelled_latency(&inner, verb, ctx.def.plural.as_str());
     if !modelled.is_zero() {
         tokio::time::sleep(modelled).await;
     }
