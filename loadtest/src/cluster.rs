@@ -36,8 +36,14 @@ pub const ACTIVATOR_NAMESPACE: &str = "local-activator";
 /// Running and Ready with the node's IP, as for a `hostNetwork` DaemonSet pod).
 const EXTERNAL_ANNOTATION: &str = "kubesim.local-activator.dev/external";
 
+/// The write-latency model load tests use by default: the median write of a real
+/// kube-apiserver + etcd on this kind of machine (a pod create seen bound in about 6 ms; a cold
+/// start of several writes 24–42 ms where an in-memory server answers in 3 ms), with a
+/// log-normal tail. See docs/load-testing.md.
+pub const CALIBRATED_WRITE_LATENCY: &str = "lognormal:6ms,0.5";
+
 /// How to build the cluster.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ClusterOptions {
     pub nodes: usize,
     /// Simulated time from a pod's admission to its app answering and being Ready.
@@ -46,8 +52,19 @@ pub struct ClusterOptions {
     pub default_activators: usize,
     /// Use the API server of `KUBECONFIG` instead of an embedded kubesim one.
     pub use_kubeconfig: bool,
+    /// Use this client's API server instead of an embedded one (as with `KUBECONFIG`: the
+    /// server is shared, and the cluster cleans up what it created there).
+    pub shared_client: Option<Client>,
     /// Latency the embedded API server adds to every request.
     pub api_latency: Option<Duration>,
+    /// The embedded API server's write-latency model (an etcd commit per write on a real
+    /// server); see [`CALIBRATED_WRITE_LATENCY`].
+    pub api_write_latency: Delay,
+    /// The embedded API server's latency for GET and LIST.
+    pub api_read_latency: Delay,
+    /// How long shutting down waits, in all, for what the cluster created on a shared API
+    /// server to be gone (namespaces terminate only when their pods have).
+    pub cleanup_timeout: Duration,
     /// One pod watch for all simulated kubelets instead of one per node (for thousands of nodes).
     pub shared_kubelet_watch: bool,
     /// Pods each simulated node admits.
@@ -67,7 +84,11 @@ impl Default for ClusterOptions {
             start_delay: Delay::fixed_ms(300),
             default_activators: 3,
             use_kubeconfig: std::env::var_os("KUBECONFIG").is_some(),
+            shared_client: None,
             api_latency: None,
+            api_write_latency: Delay::ZERO,
+            api_read_latency: Delay::ZERO,
+            cleanup_timeout: Duration::from_secs(60),
             shared_kubelet_watch: false,
             max_pods: 110,
             revision_namespace: None,
@@ -92,7 +113,11 @@ pub struct SimCluster {
     lifecycle: Option<NodeLifecycleController>,
     block: NodeBlock,
     activator_namespace: String,
-    revision_namespace: Option<String>,
+    /// Namespaces this cluster created on a shared API server, deleted when it shuts down.
+    owned_namespaces: std::sync::Mutex<Vec<String>>,
+    cleanup_timeout: Duration,
+    /// Which API server, under which latency model (for reports).
+    api_description: String,
     stop_subsetter: CancellationToken,
     subsetter: tokio::task::JoinHandle<()>,
 }
@@ -101,17 +126,25 @@ impl SimCluster {
     pub async fn start(opts: ClusterOptions) -> Result<Self, Error> {
         // Addresses no other cluster in this or another process is using.
         let block = reserve_nodes(opts.nodes)?;
-        let (api, client) = if opts.use_kubeconfig {
+        let (api, client, api_description) = if let Some(client) = opts.shared_client.clone() {
+            (None, client, "a shared API server".to_string())
+        } else if opts.use_kubeconfig {
             let client = Client::try_default().await?;
-            (None, client)
+            (None, client, "the API server of KUBECONFIG".to_string())
         } else {
             let api = ApiServer::start(ApiServerConfig {
                 latency: opts.api_latency,
+                write_latency: opts.api_write_latency.clone(),
+                read_latency: opts.api_read_latency.clone(),
                 ..ApiServerConfig::default()
             })
             .await?;
             let client = api.client();
-            (Some(api), client)
+            let description = format!(
+                "embedded kubesim; write latency {}, read latency {}",
+                opts.api_write_latency, opts.api_read_latency
+            );
+            (Some(api), client, description)
         };
         apply_crds(&client).await?;
         let activator_namespace = if api.is_some() {
@@ -119,7 +152,10 @@ impl SimCluster {
         } else {
             format!("{ACTIVATOR_NAMESPACE}-{}", block.first())
         };
-        ensure_namespace(&client, &activator_namespace).await?;
+        let mut owned_namespaces = Vec::new();
+        if ensure_namespace(&client, &activator_namespace).await? {
+            owned_namespaces.push(activator_namespace.clone());
+        }
 
         let configs: Vec<NodeConfig> = block
             .indices()
@@ -206,7 +242,9 @@ impl SimCluster {
             lifecycle,
             block,
             activator_namespace,
-            revision_namespace: opts.revision_namespace.clone(),
+            owned_namespaces: std::sync::Mutex::new(owned_namespaces),
+            cleanup_timeout: opts.cleanup_timeout,
+            api_description,
             stop_subsetter,
             subsetter,
         })
@@ -216,6 +254,24 @@ impl SimCluster {
     /// naming namespaces when clusters share an API server.
     pub fn id(&self) -> usize {
         self.block.first()
+    }
+
+    /// Which API server the cluster runs against, and under which latency model.
+    pub fn api_description(&self) -> &str {
+        &self.api_description
+    }
+
+    /// Creates `name` unless it exists; one this call created is deleted again when the
+    /// cluster shuts down on a shared API server (what the cluster did not create, it never
+    /// deletes).
+    pub async fn ensure_own_namespace(&self, name: &str) -> Result<(), Error> {
+        if ensure_namespace(&self.client, name).await? {
+            self.owned_namespaces
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(name.to_string());
+        }
+        Ok(())
     }
 
     /// The namespace of this cluster's activator pods.
@@ -272,34 +328,50 @@ impl SimCluster {
 }
 
 impl SimCluster {
+    /// Deletes the namespaces and nodes this cluster created on a shared API server, and
+    /// waits — at most `cleanup_timeout` in all — for the namespaces to be gone: their bound
+    /// pods go only when the simulated kubelets (still running) have stopped them.
     async fn clean_up_shared(&self) {
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
-        let mut gone = vec![self.activator_namespace.clone()];
-        gone.extend(self.revision_namespace.clone());
-        for ns in gone {
-            let uid = match namespaces.delete(&ns, &Default::default()).await {
-                Ok(either) => either.left().and_then(|n| n.metadata.uid),
-                Err(e) => {
-                    tracing::warn!(namespace = %ns, error = %e, "cleaning up");
-                    continue;
+        let owned = std::mem::take(
+            &mut *self
+                .owned_namespaces
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        );
+        let mut terminating = Vec::new();
+        for ns in owned {
+            match namespaces.delete(&ns, &Default::default()).await {
+                Ok(either) => {
+                    if let Some(uid) = either.left().and_then(|n| n.metadata.uid) {
+                        terminating.push((ns, uid));
+                    }
                 }
-            };
-            // The namespace goes once its pods are gone, and bound pods go only when their
-            // kubelet has stopped them: wait before the simulated kubelets stop.
-            if let Some(uid) = uid {
-                let gone = await_condition(namespaces.clone(), &ns, conditions::is_deleted(&uid));
-                if tokio::time::timeout(Duration::from_secs(60), gone)
-                    .await
-                    .is_err()
-                {
-                    tracing::warn!(namespace = %ns, "still terminating after 60 s");
-                }
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => tracing::warn!(namespace = %ns, error = %e, "cleaning up"),
             }
+        }
+        let all_gone =
+            futures::future::join_all(terminating.iter().map(|(ns, uid)| {
+                await_condition(namespaces.clone(), ns, conditions::is_deleted(uid))
+            }));
+        if tokio::time::timeout(self.cleanup_timeout, all_gone)
+            .await
+            .is_err()
+        {
+            let names: Vec<&str> = terminating.iter().map(|(n, _)| n.as_str()).collect();
+            tracing::warn!(
+                namespaces = ?names,
+                timeout = ?self.cleanup_timeout,
+                "namespaces still terminating; leaving them to the namespace controller"
+            );
         }
         let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client.clone());
         for node in self.fleet.nodes() {
-            if let Err(e) = nodes.delete(node.name(), &Default::default()).await {
-                tracing::warn!(node = node.name(), error = %e, "cleaning up");
+            match nodes.delete(node.name(), &Default::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => tracing::warn!(node = node.name(), error = %e, "cleaning up"),
             }
         }
     }
@@ -355,8 +427,8 @@ pub async fn apply_crds(client: &Client) -> Result<(), Error> {
     Ok(())
 }
 
-/// Creates a namespace unless it exists.
-pub async fn ensure_namespace(client: &Client, name: &str) -> Result<(), Error> {
+/// Creates a namespace unless it exists; true if this call created it.
+pub async fn ensure_namespace(client: &Client, name: &str) -> Result<bool, Error> {
     let api: Api<Namespace> = Api::all(client.clone());
     let ns = Namespace {
         metadata: ObjectMeta {
@@ -366,8 +438,8 @@ pub async fn ensure_namespace(client: &Client, name: &str) -> Result<(), Error> 
         ..Default::default()
     };
     match api.create(&PostParams::default(), &ns).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
         Err(e) => Err(e.into()),
     }
 }

@@ -14,7 +14,7 @@ use kube::{Api, Client, ResourceExt};
 use rand::RngExt;
 
 use crate::Error;
-use crate::cluster::{SimCluster, ensure_namespace};
+use crate::cluster::SimCluster;
 use crate::driver::{Driver, Sample};
 use crate::report::Summary;
 
@@ -73,7 +73,7 @@ pub fn echo_revision(name: &str, namespace: &str, hosts: Vec<String>) -> Revisio
 /// Runs the demo on a started cluster and summarises it.
 pub async fn run(cluster: &SimCluster, opts: &DemoOptions) -> Result<Summary, Error> {
     let client = cluster.client.clone();
-    ensure_namespace(&client, &opts.namespace).await?;
+    cluster.ensure_own_namespace(&opts.namespace).await?;
     let revs: Api<Revision> = Api::namespaced(client.clone(), &opts.namespace);
     let names: Vec<String> = (0..opts.revisions).map(|i| format!("rev-{i:04}")).collect();
     let t = Instant::now();
@@ -149,7 +149,7 @@ pub async fn run(cluster: &SimCluster, opts: &DemoOptions) -> Result<Summary, Er
         .await?
         .items
         .len() as u64;
-    Ok(Summary::build(
+    let mut summary = Summary::build(
         &samples,
         &members,
         cluster.activators.len(),
@@ -157,7 +157,9 @@ pub async fn run(cluster: &SimCluster, opts: &DemoOptions) -> Result<Summary, Er
         opts.start_delay_ms,
         api_requests,
         wall_ms,
-    ))
+    );
+    summary.api_server = cluster.api_description().to_string();
+    Ok(summary)
 }
 
 /// Waits until every named revision has an ActivationEndpoints with members.

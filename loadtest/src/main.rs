@@ -45,6 +45,11 @@ enum Cmd {
         /// Write the summary as JSON here.
         #[arg(long)]
         json: Option<PathBuf>,
+        /// The embedded API server's time per write (an etcd commit on a real server):
+        /// `6ms`, `uniform:3ms..9ms`, `lognormal:6ms,0.5`; `0ms` answers from memory. The
+        /// default is calibrated on a real kube-apiserver + etcd (docs/load-testing.md).
+        #[arg(long, default_value = loadtest::cluster::CALIBRATED_WRITE_LATENCY)]
+        api_write_latency: Delay,
     },
 }
 
@@ -66,6 +71,7 @@ async fn main() -> anyhow::Result<()> {
             activators,
             routing,
             json,
+            api_write_latency,
         } => {
             let by_host = routing == "host";
             let t = std::time::Instant::now();
@@ -74,6 +80,9 @@ async fn main() -> anyhow::Result<()> {
                 start_delay: Delay::fixed_ms(start_delay_ms),
                 default_activators: activators,
                 host_routing: by_host,
+                api_write_latency,
+                // On a shared API server the subsetter must leave other Revisions alone.
+                revision_namespace: Some(DemoOptions::default().namespace),
                 ..ClusterOptions::default()
             })
             .await?;

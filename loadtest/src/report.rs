@@ -39,6 +39,9 @@ pub struct Summary {
     pub start_delay_ms: u64,
     /// API requests by verb during the run (embedded API server only).
     pub api_requests: BTreeMap<String, u64>,
+    /// Which API server the run used, and its latency model: figures from an in-memory
+    /// server without one understate the control path several times over.
+    pub api_server: String,
     pub wall_ms: f64,
     pub per_revision: Vec<RevisionRow>,
     /// The first few errors, verbatim.
@@ -91,6 +94,7 @@ impl Summary {
             warm_ms: Percentiles::of(&warm),
             start_delay_ms,
             api_requests,
+            api_server: String::new(),
             wall_ms,
             per_revision,
             error_samples: samples
@@ -174,6 +178,9 @@ impl Summary {
                 "warm ms        p50 {:.2}  p90 {:.2}  p99 {:.2}  max {:.2}",
                 w.p50, w.p90, w.p99, w.max
             );
+        }
+        if !self.api_server.is_empty() {
+            let _ = writeln!(o, "API server     {}", self.api_server);
         }
         if !self.api_requests.is_empty() {
             let verbs: Vec<String> = self

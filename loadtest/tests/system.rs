@@ -14,7 +14,6 @@ use kube::api::{ListParams, PostParams};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, ResourceExt};
 use kubesim::node::Delay;
-use loadtest::cluster::ensure_namespace;
 use loadtest::demo::{echo_revision, host_of, wait_subsets};
 use loadtest::driver::Driver;
 use loadtest::{ClusterOptions, SimCluster};
@@ -33,7 +32,7 @@ async fn cluster() -> (SimCluster, String) {
     })
     .await
     .expect("cluster starts");
-    ensure_namespace(&c.client, &ns).await.unwrap();
+    c.ensure_own_namespace(&ns).await.unwrap();
     (c, ns)
 }
 
@@ -279,7 +278,7 @@ async fn draining_member_hands_a_waiting_request_to_a_peer() {
     })
     .await
     .unwrap();
-    ensure_namespace(&c.client, &ns).await.unwrap();
+    c.ensure_own_namespace(&ns).await.unwrap();
     let members = revision(&c, &ns, "drain").await;
     let (first, addr) = entry(&c, &members[0]);
     let driver = Driver::new();
@@ -360,7 +359,7 @@ async fn a_pod_deleted_while_requests_wait_is_replaced() {
     })
     .await
     .unwrap();
-    ensure_namespace(&c.client, &ns).await.unwrap();
+    c.ensure_own_namespace(&ns).await.unwrap();
     let members = revision(&c, &ns, "phoenix").await;
     let (first, addr) = entry(&c, &members[0]);
     let driver = Driver::new();
@@ -406,7 +405,7 @@ async fn without_host_routing_revisions_are_read_on_demand() {
     })
     .await
     .unwrap();
-    ensure_namespace(&c.client, &ns).await.unwrap();
+    c.ensure_own_namespace(&ns).await.unwrap();
     let members = revision(&c, &ns, "named").await;
     let driver = Driver::new();
     // Every entry, member or not, serves the revision named by the headers.
