@@ -558,3 +558,134 @@ async fn namespaces_discovery_kubeconfig_and_metrics() -> anyhow::Result<()> {
     s.shutdown().await;
     Ok(())
 }
+
+/// Pod DELETE as the pod strategy decides: the period is gracePeriodSeconds if given, else the
+/// pod's terminationGracePeriodSeconds; 0 for an unbound or terminated pod; 0 removes at once
+/// and the answer still carries deletionTimestamp and grace 0; a later DELETE only shortens.
+#[tokio::test]
+async fn pod_delete_grace_follows_the_pod_strategy() -> anyhow::Result<()> {
+    let (s, client) = server().await;
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+
+    pods.create(&PostParams::default(), &pod("unbound", json!({})))
+        .await?;
+    let d = pods
+        .delete("unbound", &DeleteParams::default())
+        .await?
+        .left()
+        .expect("pods answer with the object");
+    assert!(d.metadata.deletion_timestamp.is_some());
+    assert_eq!(d.metadata.deletion_grace_period_seconds, Some(0));
+    assert_eq!(api_err(pods.get("unbound").await.unwrap_err()).code, 404);
+
+    let mut p = pod("bound", json!({}));
+    let spec = p.spec.as_mut().unwrap();
+    spec.node_name = Some("node-1".into());
+    spec.termination_grace_period_seconds = Some(7);
+    pods.create(&PostParams::default(), &p).await?;
+    let d = pods.delete("bound", &DeleteParams::default()).await?;
+    assert_eq!(
+        d.left().unwrap().metadata.deletion_grace_period_seconds,
+        Some(7)
+    );
+    let d = pods
+        .delete("bound", &DeleteParams::default().grace_period(20))
+        .await?;
+    assert_eq!(
+        d.left().unwrap().metadata.deletion_grace_period_seconds,
+        Some(7),
+        "a later DELETE may only shorten the period"
+    );
+    assert!(pods.get("bound").await.is_ok(), "waits for its kubelet");
+    let d = pods
+        .delete("bound", &DeleteParams::default().grace_period(0))
+        .await?
+        .left()
+        .expect("the object");
+    assert_eq!(d.metadata.deletion_grace_period_seconds, Some(0));
+    assert!(d.metadata.deletion_timestamp.is_some());
+    assert_eq!(api_err(pods.get("bound").await.unwrap_err()).code, 404);
+
+    // A bound pod that has terminated goes at once.
+    let mut p = pod("done", json!({}));
+    p.spec.as_mut().unwrap().node_name = Some("node-1".into());
+    pods.create(&PostParams::default(), &p).await?;
+    pods.patch_status(
+        "done",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"phase": "Succeeded"}})),
+    )
+    .await?;
+    let d = pods.delete("done", &DeleteParams::default()).await?;
+    assert_eq!(
+        d.left().unwrap().metadata.deletion_grace_period_seconds,
+        Some(0)
+    );
+    assert_eq!(api_err(pods.get("done").await.unwrap_err()).code, 404);
+    s.shutdown().await;
+    Ok(())
+}
+
+/// Deleting a namespace: Terminating with the `kubernetes` finalizer until its objects are
+/// gone; creating in it meanwhile is 403 with a NamespaceTerminating cause.
+#[tokio::test]
+async fn terminating_namespace_refuses_new_objects_then_goes() -> anyhow::Result<()> {
+    use kube::runtime::wait::{await_condition, conditions};
+    let (s, client) = server().await;
+    let nss: Api<Namespace> = Api::all(client.clone());
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": "going"}}))?;
+    let created = nss.create(&PostParams::default(), &ns).await?;
+    assert_eq!(
+        created.spec.and_then(|s| s.finalizers),
+        Some(vec!["kubernetes".to_string()])
+    );
+    // An object whose finalizer holds the namespace in Terminating.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "going");
+    let l: Lease = serde_json::from_value(
+        json!({"metadata": {"name": "held", "finalizers": ["x/y"]}, "spec": {}}),
+    )?;
+    leases.create(&PostParams::default(), &l).await?;
+    let d = nss.delete("going", &DeleteParams::default()).await?;
+    let terminating = d
+        .left()
+        .expect("a namespace DELETE answers with the object");
+    assert!(terminating.metadata.deletion_timestamp.is_some());
+    assert_eq!(
+        terminating.status.and_then(|s| s.phase).as_deref(),
+        Some("Terminating")
+    );
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "going");
+    let e = api_err(
+        pods.create(&PostParams::default(), &pod("late", json!({})))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((e.code, e.reason.as_str()), (403, "Forbidden"));
+    assert_eq!(
+        e.message,
+        "pods \"late\" is forbidden: unable to create new content in namespace going because it is being terminated"
+    );
+    let cause = &e.details.expect("details").causes[0];
+    assert_eq!(
+        (cause.reason.as_str(), cause.field.as_str()),
+        ("NamespaceTerminating", "metadata.namespace")
+    );
+
+    // Once the last object goes, so does the namespace.
+    leases
+        .patch(
+            "held",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await?;
+    let uid = terminating.metadata.uid.unwrap();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        await_condition(nss.clone(), "going", conditions::is_deleted(&uid)),
+    )
+    .await??;
+    s.shutdown().await;
+    Ok(())
+}

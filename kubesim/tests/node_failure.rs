@@ -195,3 +195,45 @@ async fn pod_deleted_while_its_node_is_down_is_removed_after_revive() {
     .unwrap();
     assert!(fleet.node("node-0023").unwrap().pod(NS, "orphan").is_none());
 }
+
+/// A new Node is admitted with `not-ready:NoSchedule` (TaintNodesByCondition), which the
+/// lifecycle controller takes off once the node reports Ready; a Node nobody reports for
+/// keeps it; taints the creator set stay.
+#[tokio::test]
+async fn new_nodes_are_tainted_not_ready_until_they_report_ready() {
+    use kubesim::node::lifecycle::NOT_READY_TAINT;
+    let (server, _fleet, _controller) = cluster(vec![fast_node(30)]).await;
+    let nodes: Api<Node> = Api::all(server.client());
+
+    // Created by hand, with a taint of its own, and never reported Ready.
+    let bare: Node = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "bare"},
+        "spec": {"taints": [{"key": "dedicated", "value": "x", "effect": "NoSchedule"}]},
+    }))
+    .unwrap();
+    let created = nodes.create(&PostParams::default(), &bare).await.unwrap();
+    assert!(has_taint(&created, NOT_READY_TAINT, "NoSchedule"));
+    assert!(has_taint(&created, "dedicated", "NoSchedule"));
+
+    // The simulated kubelet's node reports Ready: the taint comes off.
+    let ready = wait_for(&nodes, "node-0030", |n: Option<&Node>| {
+        n.is_some_and(|n| {
+            node_condition(n, "Ready").is_some_and(|(s, _)| s == "True")
+                && !has_taint(n, NOT_READY_TAINT, "NoSchedule")
+        })
+    })
+    .await
+    .unwrap();
+    assert!(!has_taint(&ready, UNREACHABLE_TAINT, "NoSchedule"));
+
+    // The bare node never reports: once it is stale the controller marks it Unknown and
+    // swaps not-ready for the unreachable taints, keeping its own.
+    let unknown = wait_for(&nodes, "bare", |n: Option<&Node>| {
+        n.is_some_and(|n| has_taint(n, UNREACHABLE_TAINT, "NoSchedule"))
+    })
+    .await
+    .unwrap();
+    assert!(!has_taint(&unknown, NOT_READY_TAINT, "NoSchedule"));
+    assert!(has_taint(&unknown, "dedicated", "NoSchedule"));
+    assert_eq!(node_condition(&unknown, "Ready").unwrap().0, "Unknown");
+}

@@ -57,6 +57,34 @@ pub(crate) fn default_pod(pod: &mut Value) {
     }
 }
 
+/// The taint kube-apiserver's TaintNodesByCondition admission plugin puts on every new Node:
+/// nothing is scheduled there until the node lifecycle controller sees it Ready.
+pub(crate) const NOT_READY_TAINT: &str = "node.kubernetes.io/not-ready";
+
+/// Admission of a new Node (TaintNodesByCondition): adds `not-ready:NoSchedule`, keeping the
+/// taints the creator sent.
+pub(crate) fn taint_new_node(node: &mut Value) {
+    let Some(obj) = node.as_object_mut() else {
+        return;
+    };
+    let spec = obj.entry("spec").or_insert_with(|| json!({}));
+    let Some(spec) = spec.as_object_mut() else {
+        return;
+    };
+    let taints = spec.entry("taints").or_insert_with(|| json!([]));
+    if !taints.is_array() {
+        *taints = json!([]);
+    }
+    let list = taints.as_array_mut().expect("an array");
+    let present = list.iter().any(|t| {
+        t.get("key").and_then(Value::as_str) == Some(NOT_READY_TAINT)
+            && t.get("effect").and_then(Value::as_str) == Some("NoSchedule")
+    });
+    if !present {
+        list.push(json!({"key": NOT_READY_TAINT, "effect": "NoSchedule"}));
+    }
+}
+
 fn default_container(c: &mut Map<String, Value>) {
     let image = c.get("image").and_then(Value::as_str).unwrap_or("");
     let last = image.rsplit('/').next().unwrap_or("");

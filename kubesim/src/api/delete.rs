@@ -249,6 +249,13 @@ pub(crate) fn delete_object(
         return Ok(Deleted::Pending(st.commit(def, key.clone(), obj)));
     }
     let gone = st.remove(&tk, key).expect("object exists");
+    if tk == "/pods" {
+        // A pod deleted with grace 0 (unbound, terminal, or asked for) goes at once, and the
+        // answer carries the deletion as the pod strategy set it: deletionTimestamp now, grace 0.
+        let mut answered = (*gone.obj).clone();
+        mark_deleting(&mut answered, def, 0);
+        return Ok(Deleted::Gone(Stored::new(answered)));
+    }
     Ok(Deleted::Gone(gone))
 }
 

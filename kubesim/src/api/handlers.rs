@@ -299,6 +299,7 @@ pub(crate) fn create_object(
             }
         }
         "/namespaces" => builtin::default_namespace(&mut obj),
+        "/nodes" => builtin::taint_new_node(&mut obj),
         CRD_TABLE => {
             obj.as_object_mut().expect("object").remove("status");
             crd_schemas =

@@ -78,8 +78,15 @@ impl ApiError {
     }
 
     pub fn namespace_terminating(def: &ResourceDef, name: &str, ns: &str) -> Self {
+        let mut d = details(def, name, &def.plural);
+        // The NamespaceLifecycle admission plugin says which field is at fault, and why.
+        d["causes"] = serde_json::json!([{
+            "reason": "NamespaceTerminating",
+            "message": format!("namespace {ns} is being terminated"),
+            "field": "metadata.namespace",
+        }]);
         Self {
-            details: Some(details(def, name, &def.plural)),
+            details: Some(d),
             ..Self::new(
                 403,
                 "Forbidden",

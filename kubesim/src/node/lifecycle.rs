@@ -1,7 +1,9 @@
 //! The node lifecycle controller's health part (kube-controller-manager's job in a real
 //! cluster, which kubesim has to play itself): a node whose Lease (and Ready heartbeat) has
 //! not changed for `grace` is marked Unknown, tainted unreachable, and its pods NotReady.
-//! When the kubelet reports Ready again, the taints come off.
+//! Its NoSchedule tainting pass keeps the condition taints in step with the Ready condition:
+//! none while Ready, `not-ready` while not Ready (every new Node is admitted with it), and
+//! `unreachable` while Unknown.
 //!
 //! Like the real controller it measures staleness on its own clock, from when it last saw
 //! the renew time change, so clock skew between kubelet and controller does not matter.
@@ -28,6 +30,7 @@ use super::objects::{LEASE_NAMESPACE, now};
 use super::retry::is_code;
 
 pub const UNREACHABLE_TAINT: &str = "node.kubernetes.io/unreachable";
+pub const NOT_READY_TAINT: &str = "node.kubernetes.io/not-ready";
 pub const UNKNOWN_REASON: &str = "NodeStatusUnknown";
 pub const UNKNOWN_MESSAGE: &str = "Kubelet stopped posting node status.";
 /// The conditions the kubelet owns, all turned Unknown together.
@@ -89,7 +92,8 @@ async fn check_loop(client: Client, nodes: Store<Node>, leases: Store<Lease>, gr
     if nodes.wait_until_ready().await.is_err() || leases.wait_until_ready().await.is_err() {
         return;
     }
-    let period = (grace / 8).clamp(Duration::from_millis(20), Duration::from_secs(5));
+    // Taints follow readiness within a second or so (the real tainting pass is event-driven).
+    let period = (grace / 8).clamp(Duration::from_millis(20), Duration::from_secs(1));
     let mut ticker = tokio::time::interval(period);
     let mut observed: HashMap<String, Observed> = HashMap::new();
     // Nodes whose pods still have to be marked NotReady (retried until it succeeds).
@@ -133,7 +137,9 @@ async fn check_loop(client: Client, nodes: Store<Node>, leases: Store<Lease>, gr
             }
             let stale = now_instant.duration_since(seen.changed_at) > grace;
 
-            if stale && ready_status != "Unknown" {
+            // A node that never posted a Ready condition goes Unknown too ("Kubelet never
+            // posted node status" on a real cluster).
+            if stale && (ready.is_none() || ready_status != "Unknown") {
                 tracing::info!(node = %name, "node stopped posting status; marking it Unknown");
                 match mark_unknown(&client, &node).await {
                     Ok(()) => {
@@ -145,12 +151,16 @@ async fn check_loop(client: Client, nodes: Store<Node>, leases: Store<Lease>, gr
                         tracing::warn!(node = %name, error = %e, "could not mark node Unknown")
                     }
                 }
-            } else if ready_status == "True" {
-                pods_to_mark.remove(&name);
-                if has_unreachable_taint(&node)
-                    && let Err(e) = set_unreachable_taints(&client, &node, false).await
+            } else {
+                if ready_status == "True" {
+                    pods_to_mark.remove(&name);
+                }
+                // A node that never reported keeps its admission taint until it is stale.
+                if ready.is_some()
+                    && condition_taints(&node) != wanted_condition_taints(ready_status)
+                    && let Err(e) = sync_condition_taints(&client, &node, ready_status).await
                 {
-                    tracing::warn!(node = %name, error = %e, "could not remove unreachable taints");
+                    tracing::warn!(node = %name, error = %e, "could not update condition taints");
                 }
             }
             if pods_to_mark.contains(&name) && ready_status != "True" {
@@ -176,11 +186,35 @@ fn condition<'a>(node: &'a Node, type_: &str) -> Option<&'a NodeCondition> {
         .find(|c| c.type_ == type_)
 }
 
-fn has_unreachable_taint(node: &Node) -> bool {
-    node.spec
+/// The node's taints that follow its Ready condition, as (key, effect), sorted.
+fn condition_taints(node: &Node) -> Vec<(String, String)> {
+    let mut t: Vec<(String, String)> = node
+        .spec
         .as_ref()
         .and_then(|s| s.taints.as_ref())
-        .is_some_and(|t| t.iter().any(|t| t.key == UNREACHABLE_TAINT))
+        .into_iter()
+        .flatten()
+        .filter(|t| t.key == UNREACHABLE_TAINT || t.key == NOT_READY_TAINT)
+        .map(|t| (t.key.clone(), t.effect.clone()))
+        .collect();
+    t.sort();
+    t
+}
+
+/// What the real controller keeps on a node whose Ready condition is `ready`: nothing when
+/// True; `not-ready:NoSchedule` when False; both `unreachable` taints when Unknown (NoExecute
+/// is what would evict its pods). Sorted as [`condition_taints`] sorts.
+fn wanted_condition_taints(ready: &str) -> Vec<(String, String)> {
+    let mut t: Vec<(String, String)> = match ready {
+        "True" => vec![],
+        "False" => vec![(NOT_READY_TAINT.into(), "NoSchedule".into())],
+        _ => vec![
+            (UNREACHABLE_TAINT.into(), "NoSchedule".into()),
+            (UNREACHABLE_TAINT.into(), "NoExecute".into()),
+        ],
+    };
+    t.sort();
+    t
 }
 
 /// Status Unknown on every kubelet condition (keeping the last heartbeat), then the
@@ -220,30 +254,30 @@ async fn mark_unknown(client: &Client, node: &Node) -> Result<(), kube::Error> {
         Err(e) if is_code(&e, 409) || is_code(&e, 404) => return Ok(()),
         Err(e) => return Err(e),
     };
-    set_unreachable_taints(client, &replaced, true).await
+    sync_condition_taints(client, &replaced, "Unknown").await
 }
 
-/// Adds or removes both unreachable taints (NoSchedule, and NoExecute, which drives eviction).
-async fn set_unreachable_taints(
+/// Replaces the node's condition taints with the ones its Ready status `ready` calls for,
+/// keeping every other taint. A write with the cached resourceVersion: on a conflict the
+/// next pass looks again.
+async fn sync_condition_taints(
     client: &Client,
     node: &Node,
-    present: bool,
+    ready: &str,
 ) -> Result<(), kube::Error> {
     let api: Api<Node> = Api::all(client.clone());
     let name = node.metadata.name.clone().unwrap_or_default();
     let mut updated = node.clone();
     let spec = updated.spec.get_or_insert_with(Default::default);
     let mut taints: Vec<Taint> = spec.taints.take().unwrap_or_default();
-    taints.retain(|t| t.key != UNREACHABLE_TAINT);
-    if present {
-        for effect in ["NoSchedule", "NoExecute"] {
-            taints.push(Taint {
-                key: UNREACHABLE_TAINT.into(),
-                effect: effect.into(),
-                time_added: (effect == "NoExecute").then(now),
-                value: None,
-            });
-        }
+    taints.retain(|t| t.key != UNREACHABLE_TAINT && t.key != NOT_READY_TAINT);
+    for (key, effect) in wanted_condition_taints(ready) {
+        taints.push(Taint {
+            time_added: (effect == "NoExecute").then(now),
+            key,
+            effect,
+            value: None,
+        });
     }
     spec.taints = (!taints.is_empty()).then_some(taints);
     match api.replace(&name, &PostParams::default(), &updated).await {
