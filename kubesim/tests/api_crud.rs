@@ -689,3 +689,75 @@ async fn terminating_namespace_refuses_new_objects_then_goes() -> anyhow::Result
     s.shutdown().await;
     Ok(())
 }
+
+/// ConfigMaps (the subsetter's configuration may live in one): the usual semantics, and
+/// `immutable: true` refusing changes as the real validation does.
+#[tokio::test]
+async fn configmaps_are_served_and_immutable_ones_refuse_changes() -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::runtime::wait::await_condition;
+    let (s, client) = server().await;
+    let cms: Api<ConfigMap> = Api::default_namespaced(client.clone());
+    let cm: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "cfg", "labels": {"app": "subsetter"}},
+        "data": {"policy": "random"},
+        "binaryData": {"blob": "AAE="},
+    }))?;
+    cms.create(&PostParams::default(), &cm).await?;
+    let listed = cms
+        .list(&ListParams::default().labels("app=subsetter"))
+        .await?;
+    assert_eq!(listed.items.len(), 1);
+    assert_eq!(
+        listed.items[0].binary_data.as_ref().unwrap()["blob"].0,
+        vec![0u8, 1]
+    );
+    assert!(
+        cms.list(&ListParams::default().labels("app=other"))
+            .await?
+            .items
+            .is_empty()
+    );
+
+    // A change is seen by a watch-based wait.
+    let seen = await_condition(cms.clone(), "cfg", |c: Option<&ConfigMap>| {
+        c.and_then(|c| c.data.as_ref()?.get("policy").cloned())
+            .as_deref()
+            == Some("least-loaded")
+    });
+    cms.patch(
+        "cfg",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"policy": "least-loaded"}})),
+    )
+    .await?;
+    tokio::time::timeout(std::time::Duration::from_secs(10), seen).await??;
+
+    let frozen: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "frozen"}, "data": {"k": "v"}, "immutable": true,
+    }))?;
+    cms.create(&PostParams::default(), &frozen).await?;
+    let e = api_err(
+        cms.patch(
+            "frozen",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"k": "w"}})),
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert_eq!((e.code, e.reason.as_str()), (422, "Invalid"));
+    assert_eq!(
+        e.message,
+        "ConfigMap \"frozen\" is invalid: data: Forbidden: field is immutable when `immutable` is set"
+    );
+    // Labels may still change.
+    cms.patch(
+        "frozen",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})),
+    )
+    .await?;
+    s.shutdown().await;
+    Ok(())
+}

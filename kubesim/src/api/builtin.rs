@@ -85,6 +85,27 @@ pub(crate) fn taint_new_node(node: &mut Value) {
     }
 }
 
+/// ConfigMap update validation (ValidateConfigMapUpdate): once `immutable` is true, neither
+/// the data nor the flag may change.
+pub(crate) fn validate_configmap_update(new: &Value, old: &Value) -> Vec<Cause> {
+    if old.get("immutable").and_then(Value::as_bool) != Some(true) {
+        return Vec::new();
+    }
+    let why = "field is immutable when `immutable` is set";
+    let mut causes = Vec::new();
+    if new.get("immutable") != old.get("immutable") {
+        causes.push(forbidden("immutable", why));
+    }
+    for field in ["data", "binaryData"] {
+        let empty = |v: Option<&Value>| v.is_none_or(|v| v.is_null() || v == &json!({}));
+        let (a, b) = (new.get(field), old.get(field));
+        if a != b && !(empty(a) && empty(b)) {
+            causes.push(forbidden(field, why));
+        }
+    }
+    causes
+}
+
 fn default_container(c: &mut Map<String, Value>) {
     let image = c.get("image").and_then(Value::as_str).unwrap_or("");
     let last = image.rsplit('/').next().unwrap_or("");

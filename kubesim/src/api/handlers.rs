@@ -477,6 +477,12 @@ fn update_object(
                 new["spec"] = s.clone();
             }
         }
+        "/configmaps" => {
+            let causes = builtin::validate_configmap_update(&new, old_obj);
+            if !causes.is_empty() {
+                return Err(ApiError::invalid(def, &name, &causes));
+            }
+        }
         CRD_TABLE if sub.is_none() => {
             crd::validate(&mut new).map_err(|c| ApiError::invalid(def, &name, &c))?;
         }

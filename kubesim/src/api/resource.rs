@@ -209,6 +209,17 @@ pub(crate) fn builtins() -> Vec<ResourceDef> {
         status: false,
         generation: false,
     });
+    let cm = builtin(B {
+        group: "",
+        version: "v1",
+        plural: "configmaps",
+        singular: "configmap",
+        kind: "ConfigMap",
+        short: &["cm"],
+        namespaced: true,
+        status: false,
+        generation: false,
+    });
     let eps = builtin(B {
         group: "discovery.k8s.io",
         version: "v1",
@@ -233,7 +244,7 @@ pub(crate) fn builtins() -> Vec<ResourceDef> {
     });
     crd.categories = vec!["api-extensions".into()];
     crd.unconditional_update = false;
-    vec![ns, node, pod, ev, ev2, lease, eps, crd]
+    vec![ns, node, pod, ev, ev2, cm, lease, eps, crd]
 }
 
 /// All served group/version/resources, in discovery order.
