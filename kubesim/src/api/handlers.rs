@@ -300,6 +300,12 @@ pub(crate) fn create_object(
         }
         "/namespaces" => builtin::default_namespace(&mut obj),
         "/nodes" => builtin::taint_new_node(&mut obj),
+        super::events::CORE_TABLE | super::events::EVENTS_TABLE => {
+            let causes = super::events::validate_create(&obj, &tk, &key.0);
+            if !causes.is_empty() {
+                return Err(ApiError::invalid(def, &name, &causes));
+            }
+        }
         CRD_TABLE => {
             obj.as_object_mut().expect("object").remove("status");
             crd_schemas =

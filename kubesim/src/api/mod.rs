@@ -4,6 +4,7 @@ mod builtin;
 mod crd;
 mod delete;
 mod discovery;
+mod events;
 mod gc;
 mod handlers;
 mod http;

@@ -14,7 +14,7 @@ pub(crate) struct ApiError {
 }
 
 /// One entry of `details.causes`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Cause {
     pub reason: String,
     pub field: String,

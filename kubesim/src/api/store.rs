@@ -155,7 +155,27 @@ impl State {
             EvType::Added
         };
         self.record(&tk, Event::new(rv, ty, old, stored.clone()));
+        self.mirror_commit(&tk, &r.1, &stored, rv);
         stored
+    }
+
+    /// The other Event API's copy of an Event just written, at the same resourceVersion
+    /// (see [`super::events`]).
+    fn mirror_commit(&mut self, tk: &str, key: &ObjKey, stored: &Stored, rv: u64) {
+        let Some((mirror_tk, group)) = super::events::mirror_of(tk) else {
+            return;
+        };
+        let Some(def) = self.registry.get(group, "v1", "events") else {
+            return;
+        };
+        let copy = Stored::new(super::events::convert(&stored.obj, mirror_tk));
+        let old = self.table(&def).objects.insert(key.clone(), copy.clone());
+        let ty = if old.is_some() {
+            EvType::Modified
+        } else {
+            EvType::Added
+        };
+        self.record(mirror_tk, Event::new(rv, ty, old, copy));
     }
 
     /// Removes an object at the next resourceVersion; returns its final state (its last content
@@ -175,6 +195,18 @@ impl State {
         self.index_owners(&r, Some(&old.obj), None);
         self.foreground.remove(&r);
         self.record(tk, Event::new(rv, EvType::Deleted, Some(old), last.clone()));
+        if let Some((mirror_tk, _)) = super::events::mirror_of(tk)
+            && let Some(copy) = self
+                .tables
+                .get_mut(mirror_tk)
+                .and_then(|t| t.objects.remove(key))
+        {
+            let copy_last = Stored::new(meta::with_rv(&copy.obj, rv));
+            self.record(
+                mirror_tk,
+                Event::new(rv, EvType::Deleted, Some(copy), copy_last),
+            );
+        }
         Some(last)
     }
 
