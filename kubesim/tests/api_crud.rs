@@ -761,3 +761,43 @@ async fn configmaps_are_served_and_immutable_ones_refuse_changes() -> anyhow::Re
     s.shutdown().await;
     Ok(())
 }
+
+/// The namespace controller removes only its own `kubernetes` finalizer; another one keeps
+/// the empty namespace Terminating until its owner drops it through `/finalize`.
+#[tokio::test]
+async fn namespace_waits_for_every_spec_finalizer() -> anyhow::Result<()> {
+    use kube::runtime::wait::{await_condition, conditions};
+    let (s, client) = server().await;
+    let nss: Api<Namespace> = Api::all(client.clone());
+    let ns: Namespace = serde_json::from_value(json!({
+        "metadata": {"name": "held"},
+        "spec": {"finalizers": ["kubernetes", "example.com/cleanup"]},
+    }))?;
+    nss.create(&PostParams::default(), &ns).await?;
+    let uid = nss.get("held").await?.metadata.uid.unwrap();
+    nss.delete("held", &DeleteParams::default()).await?;
+    let only_ours = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        await_condition(nss.clone(), "held", |n: Option<&Namespace>| {
+            n.and_then(|n| n.spec.as_ref()?.finalizers.clone())
+                == Some(vec!["example.com/cleanup".to_string()])
+        }),
+    )
+    .await??
+    .expect("still there");
+    assert_eq!(
+        only_ours.status.and_then(|s| s.phase).as_deref(),
+        Some("Terminating")
+    );
+    let mut done = nss.get("held").await?;
+    done.spec.as_mut().unwrap().finalizers = Some(vec![]);
+    nss.replace_subresource("finalize", "held", &PostParams::default(), &done)
+        .await?;
+    tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        await_condition(nss.clone(), "held", conditions::is_deleted(&uid)),
+    )
+    .await??;
+    s.shutdown().await;
+    Ok(())
+}

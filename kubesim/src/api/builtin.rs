@@ -267,7 +267,16 @@ pub(crate) fn default_namespace(ns: &mut Value) {
     if let Some(l) = labels.as_object_mut() {
         l.insert("kubernetes.io/metadata.name".into(), json!(name));
     }
-    ns["spec"] = json!({"finalizers": ["kubernetes"]});
+    // As the namespace strategy's PrepareForCreate: the finalizers asked for, plus `kubernetes`.
+    let mut finalizers: Vec<Value> = ns
+        .pointer("/spec/finalizers")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    if !finalizers.iter().any(|f| f.as_str() == Some("kubernetes")) {
+        finalizers.push(json!("kubernetes"));
+    }
+    ns["spec"] = json!({"finalizers": finalizers});
     ns["status"] = json!({"phase": "Active"});
 }
 

@@ -122,8 +122,7 @@ fn pass(st: &mut State) {
             }
         }
         if remaining == 0 {
-            st.terminating_namespaces.remove(&ns);
-            st.remove("/namespaces", &(String::new(), ns));
+            finish_namespace(st, &ns);
         }
     }
 
@@ -168,6 +167,40 @@ fn pass(st: &mut State) {
                 remove_finalizer(st, &def, &key, CRD_CLEANUP);
             }
         }
+    }
+}
+
+/// The namespace controller's last step for an emptied namespace: it drops its own
+/// `kubernetes` finalizer from `spec.finalizers` (a MODIFIED event, as `/finalize` makes), and
+/// the namespace goes once no finalizer of either kind is left. Another finalizer keeps it
+/// Terminating until its owner removes it through `/finalize`.
+fn finish_namespace(st: &mut State, ns: &str) {
+    let key = (String::new(), ns.to_string());
+    let Some(cur) = st.get("/namespaces", &key).cloned() else {
+        st.terminating_namespaces.remove(ns);
+        return;
+    };
+    let spec_finalizers: Vec<Value> = cur
+        .obj
+        .pointer("/spec/finalizers")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let left: Vec<Value> = spec_finalizers
+        .iter()
+        .filter(|f| f.as_str() != Some("kubernetes"))
+        .cloned()
+        .collect();
+    if left.len() != spec_finalizers.len()
+        && let Some(def) = def_of(st, "/namespaces")
+    {
+        let mut obj = (*cur.obj).clone();
+        obj["spec"]["finalizers"] = Value::Array(left.clone());
+        st.commit(&def, key.clone(), obj);
+    }
+    if left.is_empty() && meta::finalizers(&cur.obj).is_empty() {
+        st.terminating_namespaces.remove(ns);
+        st.remove("/namespaces", &key);
     }
 }
 
