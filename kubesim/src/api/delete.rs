@@ -151,14 +151,27 @@ pub(crate) fn delete_object(
     let deleting = meta::is_deleting(&obj);
 
     if tk == "/namespaces" {
-        if deleting {
+        if !deleting {
+            // The namespace registry's first DELETE: a deletionTimestamp (and no grace
+            // period) and phase Terminating; the namespace controller takes it from there.
+            meta::meta_mut(&mut obj).insert("deletionTimestamp".into(), meta::now_rfc3339().into());
+            if !obj.get("status").is_some_and(Value::is_object) {
+                obj["status"] = json!({});
+            }
+            obj["status"]["phase"] = json!("Terminating");
+            let s = st.commit(def, key.clone(), obj);
+            st.terminating_namespaces.insert(key.1.clone());
+            return Ok(Deleted::Pending(s));
+        }
+        // Later DELETEs change nothing while `spec.finalizers` holds anything; once it is
+        // empty the namespace is deleted like any object (metadata finalizers permitting).
+        let spec_finalizers = obj
+            .pointer("/spec/finalizers")
+            .and_then(Value::as_array)
+            .is_some_and(|f| !f.is_empty());
+        if spec_finalizers {
             return Ok(Deleted::Pending(cur));
         }
-        mark_deleting(&mut obj, def, 0);
-        obj["status"] = json!({"phase": "Terminating"});
-        let s = st.commit(def, key.clone(), obj);
-        st.terminating_namespaces.insert(key.1.clone());
-        return Ok(Deleted::Pending(s));
     }
     if tk == "apiextensions.k8s.io/customresourcedefinitions" {
         if deleting {
@@ -194,43 +207,29 @@ pub(crate) fn delete_object(
         meta::set_finalizers(&mut obj, f);
     }
 
-    let mut grace = 0;
     if tk == "/pods" {
-        let spec = obj.get("spec");
-        let bound = spec
-            .and_then(|s| s.get("nodeName"))
-            .and_then(Value::as_str)
-            .is_some_and(|n| !n.is_empty());
-        let phase = obj
-            .pointer("/status/phase")
-            .and_then(Value::as_str)
-            .unwrap_or("");
-        let terminal = matches!(phase, "Failed" | "Succeeded");
-        let default = spec
-            .and_then(|s| s.get("terminationGracePeriodSeconds"))
-            .and_then(Value::as_i64)
-            .unwrap_or(30);
-        grace = opts.grace.unwrap_or(default).max(0);
-        if !bound || terminal {
-            grace = 0;
-        }
-        if grace > 0 {
-            let existing = meta::meta(&obj)
-                .and_then(|m| m.get("deletionGracePeriodSeconds"))
-                .and_then(Value::as_i64);
-            if deleting
-                && existing.is_some_and(|e| e <= grace)
-                && meta::finalizers(&obj) == meta::finalizers(&cur.obj)
-            {
-                return Ok(Deleted::Pending(cur));
+        match pod_grace(&mut obj, opts, deleting) {
+            PodGrace::Pending => return Ok(Deleted::Pending(cur)),
+            PodGrace::Graceful(period) => {
+                // The deletion is written first (a MODIFIED event); a pod whose period is
+                // over and that has no finalizers then goes (DELETED), as the generic store's
+                // updateForGracefulDeletionAndFinalizers + Delete do.
+                let s = st.commit(def, key.clone(), obj);
+                if policy == "Foreground" {
+                    st.foreground.insert((tk.clone(), key.clone()));
+                }
+                if period > 0 || !meta::finalizers(&s.obj).is_empty() {
+                    return Ok(Deleted::Pending(s));
+                }
+                let gone = st.remove(&tk, key).expect("object exists");
+                return Ok(Deleted::Gone(gone));
             }
-            mark_deleting(&mut obj, def, grace);
-            return Ok(Deleted::Pending(st.commit(def, key.clone(), obj)));
+            PodGrace::NotGraceful => {}
         }
     }
 
     if !meta::finalizers(&obj).is_empty() {
-        if deleting && obj == *cur.obj && grace == 0 {
+        if deleting && obj == *cur.obj {
             let already_zero = meta::meta(&obj)
                 .and_then(|m| m.get("deletionGracePeriodSeconds"))
                 .and_then(Value::as_i64)
@@ -249,14 +248,79 @@ pub(crate) fn delete_object(
         return Ok(Deleted::Pending(st.commit(def, key.clone(), obj)));
     }
     let gone = st.remove(&tk, key).expect("object exists");
-    if tk == "/pods" {
-        // A pod deleted with grace 0 (unbound, terminal, or asked for) goes at once, and the
-        // answer carries the deletion as the pod strategy set it: deletionTimestamp now, grace 0.
-        let mut answered = (*gone.obj).clone();
-        mark_deleting(&mut answered, def, 0);
-        return Ok(Deleted::Gone(Stored::new(answered)));
-    }
     Ok(Deleted::Gone(gone))
+}
+
+/// What the pod strategy makes of a DELETE (`rest.BeforeDelete` with the pod's
+/// `CheckGracefulDelete`).
+enum PodGrace {
+    /// A graceful deletion is under way and this DELETE does not shorten it: nothing changes.
+    Pending,
+    /// `deletionTimestamp`/`deletionGracePeriodSeconds` set on the object for this period.
+    Graceful(i64),
+    /// Already deleting with grace 0: deleted like any object (finalizers permitting).
+    NotGraceful,
+}
+
+fn pod_grace(pod: &mut Value, opts: &DeleteOpts, deleting: bool) -> PodGrace {
+    // A negative period counts as 1 s on the delete path.
+    let asked = opts.grace.map(|g| if g < 0 { 1 } else { g });
+    if deleting {
+        let m = meta::meta_mut(pod);
+        let current = match m.get("deletionGracePeriodSeconds").and_then(Value::as_i64) {
+            None | Some(0) => 0,
+            Some(g) if g < 0 => 1,
+            Some(g) => g,
+        };
+        if current == 0 {
+            return PodGrace::NotGraceful;
+        }
+        // Only a shorter period may be asked for; the deadline moves with it.
+        let Some(period) = asked.filter(|p| *p < current) else {
+            return PodGrace::Pending;
+        };
+        let deadline = m
+            .get("deletionTimestamp")
+            .and_then(Value::as_str)
+            .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+            .and_then(|t| {
+                t.checked_sub(jiff::SignedDuration::from_secs(current - period))
+                    .ok()
+            });
+        if let Some(t) = deadline {
+            m.insert(
+                "deletionTimestamp".into(),
+                t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string().into(),
+            );
+        }
+        m.insert("deletionGracePeriodSeconds".into(), period.into());
+        return PodGrace::Graceful(period);
+    }
+    let spec = pod.get("spec");
+    let bound = spec
+        .and_then(|s| s.get("nodeName"))
+        .and_then(Value::as_str)
+        .is_some_and(|n| !n.is_empty());
+    let terminal = matches!(
+        pod.pointer("/status/phase").and_then(Value::as_str),
+        Some("Failed" | "Succeeded")
+    );
+    let mut period = asked
+        .or_else(|| {
+            spec.and_then(|s| s.get("terminationGracePeriodSeconds"))
+                .and_then(Value::as_i64)
+        })
+        .unwrap_or(0);
+    if !bound || terminal {
+        period = 0;
+    }
+    if period < 0 {
+        period = 1;
+    }
+    let m = meta::meta_mut(pod);
+    m.insert("deletionTimestamp".into(), meta::rfc3339_in(period).into());
+    m.insert("deletionGracePeriodSeconds".into(), period.into());
+    PodGrace::Graceful(period)
 }
 
 /// Removes ownerReferences to `owner_uid` from its dependents.
