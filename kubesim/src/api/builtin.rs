@@ -280,6 +280,31 @@ pub(crate) fn default_namespace(ns: &mut Value) {
     ns["status"] = json!({"phase": "Active"});
 }
 
+/// The finalizer names a namespace's `spec.finalizers` may hold (core validation's
+/// `validateKubeFinalizerName`): one without a `/` only if standard. On create the field is
+/// `spec.finalizers`; `/finalize` names the index. (The qualified-name syntax is not checked.)
+pub(crate) fn validate_namespace_finalizers(ns: &Value, indexed: bool) -> Vec<Cause> {
+    const STANDARD: [&str; 3] = ["kubernetes", "orphan", "foregroundDeletion"];
+    let mut causes = Vec::new();
+    let list = ns.pointer("/spec/finalizers").and_then(Value::as_array);
+    for (i, f) in list.into_iter().flatten().enumerate() {
+        let field = if indexed {
+            format!("spec.finalizers[{i}]")
+        } else {
+            "spec.finalizers".to_string()
+        };
+        let name = f.as_str().unwrap_or("");
+        if !name.contains('/') && !STANDARD.contains(&name) {
+            causes.push(invalid_value(
+                field,
+                f,
+                "name is neither a standard finalizer name nor is it fully qualified",
+            ));
+        }
+    }
+    causes
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

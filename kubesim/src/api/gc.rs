@@ -228,13 +228,25 @@ pub(crate) fn remove_finalizer(st: &mut State, def: &Arc<ResourceDef>, key: &Obj
     if fs.len() == before {
         return;
     }
-    if fs.is_empty() && meta::is_deleting(&cur.obj) && pod_may_go(&tk, &cur.obj) {
+    if fs.is_empty() && meta::is_deleting(&cur.obj) && may_go(&tk, &cur.obj) {
         st.remove(&tk, key);
         return;
     }
     let mut obj = (*cur.obj).clone();
     meta::set_finalizers(&mut obj, fs);
     st.commit(def, key.clone(), obj);
+}
+
+/// Whether an object being deleted whose metadata finalizers are all gone may be removed
+/// (the generic store's `ShouldDeleteDuringUpdate`, with the namespace registry's rule on top:
+/// a namespace goes only once its `spec.finalizers` is empty too).
+pub(crate) fn may_go(tk: &str, obj: &Value) -> bool {
+    let spec_finalizers = tk == "/namespaces"
+        && obj
+            .pointer("/spec/finalizers")
+            .and_then(Value::as_array)
+            .is_some_and(|f| !f.is_empty());
+    !spec_finalizers && pod_may_go(tk, obj)
 }
 
 /// A terminating pod is removed only once its grace period was cut to zero (by its kubelet).

@@ -298,7 +298,13 @@ pub(crate) fn create_object(
                 return Err(ApiError::invalid(def, &name, &causes));
             }
         }
-        "/namespaces" => builtin::default_namespace(&mut obj),
+        "/namespaces" => {
+            let causes = builtin::validate_namespace_finalizers(&obj, false);
+            if !causes.is_empty() {
+                return Err(ApiError::invalid(def, &name, &causes));
+            }
+            builtin::default_namespace(&mut obj);
+        }
         "/nodes" => builtin::taint_new_node(&mut obj),
         super::events::CORE_TABLE | super::events::EVENTS_TABLE => {
             let causes = super::events::validate_create(&obj, &tk, &key.0);
@@ -407,6 +413,10 @@ fn update_object(
             .unwrap_or_else(|| json!([]));
         new = old_obj.clone();
         new["spec"]["finalizers"] = finalizers;
+        let causes = builtin::validate_namespace_finalizers(&new, true);
+        if !causes.is_empty() {
+            return Err(ApiError::invalid(def, &name, &causes));
+        }
     }
     if sub == Some("status") {
         let mut base = old_obj.clone();
@@ -531,7 +541,7 @@ fn update_object(
         return Ok(Reply::obj(200, &Stored::new(new), ctx.meta_only, warnings));
     }
     let key = ctx.key();
-    if meta::is_deleting(&new) && meta::finalizers(&new).is_empty() && gc::pod_may_go(&tk, &new) {
+    if meta::is_deleting(&new) && meta::finalizers(&new).is_empty() && gc::may_go(&tk, &new) {
         let gone = st.remove(&tk, &key).expect("object exists");
         let mut v = new;
         meta::meta_mut(&mut v).insert("resourceVersion".into(), json!(gone.rv()));

@@ -202,12 +202,16 @@ fn condition_taints(node: &Node) -> Vec<(String, String)> {
 }
 
 /// What the real controller keeps on a node whose Ready condition is `ready`: nothing when
-/// True; `not-ready:NoSchedule` when False; both `unreachable` taints when Unknown (NoExecute
-/// is what would evict its pods). Sorted as [`condition_taints`] sorts.
+/// True; both `not-ready` taints when False; both `unreachable` taints when Unknown (its
+/// NoSchedule tainting pass sets the NoSchedule one, its eviction pass the NoExecute one,
+/// which is what would evict pods). Sorted as [`condition_taints`] sorts.
 fn wanted_condition_taints(ready: &str) -> Vec<(String, String)> {
     let mut t: Vec<(String, String)> = match ready {
         "True" => vec![],
-        "False" => vec![(NOT_READY_TAINT.into(), "NoSchedule".into())],
+        "False" => vec![
+            (NOT_READY_TAINT.into(), "NoSchedule".into()),
+            (NOT_READY_TAINT.into(), "NoExecute".into()),
+        ],
         _ => vec![
             (UNREACHABLE_TAINT.into(), "NoSchedule".into()),
             (UNREACHABLE_TAINT.into(), "NoExecute".into()),
