@@ -293,6 +293,11 @@ async fn terminating_namespace_waits_for_its_pods_kubelet() -> anyhow::Result<()
         &Patch::Merge(json!({"metadata": {"labels": {"touched": "yes"}}})),
     )
     .await?;
+    let (ty, o) = next_event::<Namespace, _>(&mut events).await;
+    assert_eq!(
+        (ty, o.labels().get("touched").map(String::as_str)),
+        ("MODIFIED", Some("yes"))
+    );
     let again = nss
         .delete("doomed", &DeleteParams::default())
         .await?
@@ -348,14 +353,10 @@ async fn terminating_namespace_waits_for_its_pods_kubelet() -> anyhow::Result<()
     // The kubelet finishes the pod; the namespace controller then finalizes the namespace.
     pods.delete("resident", &DeleteParams::default().grace_period(0))
         .await?;
-    loop {
-        let (ty, o) = next_event::<Namespace, _>(&mut events).await;
-        if ty == "DELETED" {
-            assert!(o.metadata.deletion_timestamp.is_some());
-            break;
-        }
-        assert_eq!(ty, "MODIFIED");
-    }
+    // The namespace controller's finalize deletes it in one write: DELETED, no MODIFIED.
+    let (ty, o) = next_event::<Namespace, _>(&mut events).await;
+    assert_eq!(ty, "DELETED");
+    assert!(o.metadata.deletion_timestamp.is_some());
     assert_eq!(api_err(nss.get("doomed").await.unwrap_err()).code, 404);
     s.shutdown().await;
     Ok(())

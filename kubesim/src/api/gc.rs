@@ -191,16 +191,21 @@ fn finish_namespace(st: &mut State, ns: &str) {
         .filter(|f| f.as_str() != Some("kubernetes"))
         .cloned()
         .collect();
+    // The controller is done with it; whatever finalizers are left are removed through
+    // updates, which delete the namespace when the last one goes.
+    st.terminating_namespaces.remove(ns);
+    if left.is_empty() && meta::finalizers(&cur.obj).is_empty() {
+        // The finalize update that empties the list deletes the namespace in the same write
+        // (ShouldDeleteNamespaceDuringUpdate): watchers see DELETED, no MODIFIED before it.
+        st.remove("/namespaces", &key);
+        return;
+    }
     if left.len() != spec_finalizers.len()
         && let Some(def) = def_of(st, "/namespaces")
     {
         let mut obj = (*cur.obj).clone();
-        obj["spec"]["finalizers"] = Value::Array(left.clone());
-        st.commit(&def, key.clone(), obj);
-    }
-    if left.is_empty() && meta::finalizers(&cur.obj).is_empty() {
-        st.terminating_namespaces.remove(ns);
-        st.remove("/namespaces", &key);
+        obj["spec"]["finalizers"] = Value::Array(left);
+        st.commit(&def, key, obj);
     }
 }
 
