@@ -7,7 +7,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Event as CoreEvent, ObjectReference};
 use k8s_openapi::api::events::v1::Event as NewEvent;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::watcher;
 use kubesim::api::{ApiServer, ApiServerConfig};
@@ -104,17 +104,15 @@ async fn one_store_through_both_apis() -> anyhow::Result<()> {
         Some("kubelet")
     );
 
-    // A patch through one API shows in the other; a delete through one removes both.
-    new.patch(
+    // A patch through one API shows in the other (core/v1: events.k8s.io/v1 keeps the note
+    // immutable); a delete through one removes both.
+    core.patch(
         "legacy",
         &PatchParams::default(),
-        &Patch::Merge(json!({"note": "restarted"})),
+        &Patch::Merge(json!({"message": "restarted"})),
     )
     .await?;
-    assert_eq!(
-        core.get("legacy").await?.message.as_deref(),
-        Some("restarted")
-    );
+    assert_eq!(new.get("legacy").await?.note.as_deref(), Some("restarted"));
     new.delete("legacy", &DeleteParams::default()).await?;
     assert_eq!(api_err(core.get("legacy").await.unwrap_err()).code, 404);
     s.shutdown().await;
@@ -159,9 +157,16 @@ async fn each_api_validates_as_the_real_server_does() -> anyhow::Result<()> {
         .into_iter()
         .map(|c| c.field)
         .collect();
+    // an empty controller is also reported as not a qualified name, as IsQualifiedName does
     assert_eq!(
         fields,
-        vec!["reportingController", "reportingInstance", "action"]
+        vec![
+            "reportingController",
+            "reportingController",
+            "reportingController",
+            "reportingInstance",
+            "action"
+        ]
     );
 
     let core: Api<CoreEvent> = Api::namespaced(client.clone(), "default");
@@ -180,6 +185,274 @@ async fn each_api_validates_as_the_real_server_does() -> anyhow::Result<()> {
         e.message,
         "Event \"elsewhere\" is invalid: involvedObject.namespace: Invalid value: \"other\": does not match event.namespace"
     );
+    s.shutdown().await;
+    Ok(())
+}
+
+/// Waits for the next watch event of `name` (any type), as (type, object).
+async fn next_about<K>(
+    watch: &mut (impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Unpin),
+    name: &str,
+) -> (&'static str, K)
+where
+    K: kube::Resource,
+{
+    tokio::time::timeout(WAIT, async {
+        while let Some(ev) = watch.next().await {
+            let (ty, obj) = match ev {
+                Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => ("APPLY", o),
+                Ok(watcher::Event::Delete(o)) => ("DELETE", o),
+                _ => continue,
+            };
+            if obj.meta().name.as_deref() == Some(name) {
+                return (ty, obj);
+            }
+        }
+        panic!("the watch ended")
+    })
+    .await
+    .expect("a watch event in time")
+}
+
+#[tokio::test]
+async fn recorder_series_and_core_writes_seen_through_the_other_api() -> anyhow::Result<()> {
+    let s = ApiServer::start(ApiServerConfig::default()).await?;
+    let client = s.client();
+    let core: Api<CoreEvent> = Api::namespaced(client.clone(), "default");
+    let new: Api<NewEvent> = Api::namespaced(client.clone(), "default");
+    let mut core_watch = std::pin::pin!(watcher(core.clone(), watcher::Config::default()));
+    let mut new_watch = std::pin::pin!(watcher(new.clone(), watcher::Config::default()));
+
+    // The Recorder's second identical event is a merge patch with a series (events.k8s.io
+    // update validation lets the series change); core readers see it as a series too.
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "local-activator.dev/activator".into(),
+            instance: Some("node-1".into()),
+        },
+    );
+    let regarding = ObjectReference {
+        kind: Some("Node".into()),
+        name: Some("node-1".into()),
+        namespace: Some("default".into()),
+        ..Default::default()
+    };
+    let ev = Event {
+        type_: EventType::Normal,
+        reason: "Ready".into(),
+        note: Some("activator ready".into()),
+        action: "Start".into(),
+        secondary: None,
+    };
+    recorder.publish(&ev, &regarding).await?;
+    recorder.publish(&ev, &regarding).await?;
+    let name = new.list(&ListParams::default()).await?.items[0]
+        .metadata
+        .name
+        .clone()
+        .unwrap();
+    let got = core.get(&name).await?;
+    let series = got.series.expect("a series");
+    assert_eq!(series.count, Some(2));
+    assert!(series.last_observed_time.is_some());
+    assert_eq!(got.reason.as_deref(), Some("Ready"));
+    assert!(got.event_time.is_some());
+    loop {
+        let (ty, seen) = next_about(&mut core_watch, &name).await;
+        assert_eq!(ty, "APPLY");
+        if seen.series.is_some() {
+            break;
+        }
+    }
+
+    // A core Event, written and then changed through core/v1: an events.k8s.io watcher sees
+    // it created, modified and deleted with the fields mapped.
+    let legacy: CoreEvent = serde_json::from_value(json!({
+        "metadata": {"name": "legacy"},
+        "involvedObject": {"kind": "Pod", "name": "app-2", "namespace": "default", "uid": "u-2"},
+        "reason": "Pulled", "message": "pulled", "type": "Normal",
+        "source": {"component": "kubelet", "host": "node-2"}, "count": 1,
+        "firstTimestamp": "2026-11-23T00:00:00Z", "lastTimestamp": "2026-11-23T00:00:00Z",
+    }))?;
+    core.create(&PostParams::default(), &legacy).await?;
+    let (ty, seen) = next_about(&mut new_watch, "legacy").await;
+    assert_eq!(ty, "APPLY");
+    assert_eq!(seen.note.as_deref(), Some("pulled"));
+    assert_eq!(seen.deprecated_count, Some(1));
+    assert!(seen.deprecated_first_timestamp.is_some());
+    assert_eq!(seen.regarding.as_ref().unwrap().uid.as_deref(), Some("u-2"));
+    // core/v1 updates keep only the legacy rules: the message and count may change
+    core.patch(
+        "legacy",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"message": "pulled again", "count": 2})),
+    )
+    .await?;
+    let (ty, seen) = next_about(&mut new_watch, "legacy").await;
+    assert_eq!(ty, "APPLY");
+    assert_eq!(seen.note.as_deref(), Some("pulled again"));
+    assert_eq!(seen.deprecated_count, Some(2));
+    assert_eq!(
+        seen.metadata.resource_version,
+        core.get("legacy").await?.metadata.resource_version
+    );
+    core.delete("legacy", &DeleteParams::default()).await?;
+    let (ty, _) = next_about(&mut new_watch, "legacy").await;
+    assert_eq!(ty, "DELETE");
+    s.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn events_api_updates_may_change_only_the_series() -> anyhow::Result<()> {
+    let s = ApiServer::start(ApiServerConfig::default()).await?;
+    let client = s.client();
+    let core: Api<CoreEvent> = Api::namespaced(client.clone(), "default");
+    let new: Api<NewEvent> = Api::namespaced(client.clone(), "default");
+    let ev: NewEvent = serde_json::from_value(json!({
+        "metadata": {"name": "e"},
+        "regarding": {"kind": "Pod", "name": "p", "namespace": "default"},
+        "eventTime": "2026-11-23T00:00:00.000000Z", "reason": "R", "type": "Normal",
+        "note": "first", "action": "A",
+        "reportingController": "local-activator.dev/c", "reportingInstance": "i",
+    }))?;
+    new.create(&PostParams::default(), &ev).await?;
+    let e = api_err(
+        new.patch(
+            "e",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"note": "second"})),
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert_eq!((e.code, e.reason.as_str()), (422, "Invalid"));
+    assert_eq!(
+        e.message,
+        "Event.events.k8s.io \"e\" is invalid: message: Invalid value: \"second\": field is immutable"
+    );
+    let e = api_err(
+        new.patch(
+            "e",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"series": {"count": 1}})),
+        )
+        .await
+        .unwrap_err(),
+    );
+    let causes: Vec<(String, String)> = e
+        .details
+        .unwrap()
+        .causes
+        .into_iter()
+        .map(|c| (c.field, c.reason))
+        .collect();
+    assert_eq!(
+        causes,
+        vec![
+            ("series.count".to_string(), "FieldValueInvalid".to_string()),
+            (
+                "series.lastObservedTime".to_string(),
+                "FieldValueRequired".to_string()
+            ),
+        ]
+    );
+    // The same change through core/v1 is allowed (legacy rules only).
+    core.patch(
+        "e",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"message": "second"})),
+    )
+    .await?;
+    assert_eq!(new.get("e").await?.note.as_deref(), Some("second"));
+    s.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn field_selectors_of_both_apis() -> anyhow::Result<()> {
+    let s = ApiServer::start(ApiServerConfig::default()).await?;
+    let client = s.client();
+    let core: Api<CoreEvent> = Api::namespaced(client.clone(), "default");
+    let new: Api<NewEvent> = Api::namespaced(client.clone(), "default");
+    let kubelet: CoreEvent = serde_json::from_value(json!({
+        "metadata": {"name": "from-kubelet"},
+        "involvedObject": {"kind": "Pod", "name": "app-1", "namespace": "default"},
+        "reason": "Pulled", "message": "m", "type": "Normal",
+        "source": {"component": "kubelet", "host": "node-1"},
+    }))?;
+    core.create(&PostParams::default(), &kubelet).await?;
+    let controller: NewEvent = serde_json::from_value(json!({
+        "metadata": {"name": "from-controller"},
+        "regarding": {"kind": "Node", "name": "node-1", "namespace": "default", "fieldPath": "spec"},
+        "eventTime": "2026-11-23T00:00:00.000000Z", "reason": "R", "type": "Warning",
+        "action": "A", "reportingController": "local-activator.dev/c", "reportingInstance": "i",
+    }))?;
+    new.create(&PostParams::default(), &controller).await?;
+
+    let core_names = |sel: &'static str| {
+        let core = core.clone();
+        async move {
+            let l = core.list(&ListParams::default().fields(sel)).await?;
+            anyhow::Ok(
+                l.items
+                    .into_iter()
+                    .map(|e| e.metadata.name.unwrap())
+                    .collect::<Vec<_>>(),
+            )
+        }
+    };
+    let new_names = |sel: &'static str| {
+        let new = new.clone();
+        async move {
+            let l = new.list(&ListParams::default().fields(sel)).await?;
+            anyhow::Ok(
+                l.items
+                    .into_iter()
+                    .map(|e| e.metadata.name.unwrap())
+                    .collect::<Vec<_>>(),
+            )
+        }
+    };
+    // `source` is the source component, or the reporting controller when there is none
+    assert_eq!(core_names("source=kubelet").await?, ["from-kubelet"]);
+    assert_eq!(
+        core_names("source=local-activator.dev/c").await?,
+        ["from-controller"]
+    );
+    assert_eq!(
+        core_names("involvedObject.kind=Node").await?,
+        ["from-controller"]
+    );
+    assert_eq!(
+        core_names("reportingComponent=local-activator.dev/c,type=Warning").await?,
+        ["from-controller"]
+    );
+    assert_eq!(new_names("regarding.name=app-1").await?, ["from-kubelet"]);
+    assert_eq!(
+        new_names("regarding.fieldPath=spec").await?,
+        ["from-controller"]
+    );
+    assert_eq!(
+        new_names("reportingController=local-activator.dev/c").await?,
+        ["from-controller"]
+    );
+    assert_eq!(new_names("source=kubelet").await?, ["from-kubelet"]);
+    // each API takes its own names only
+    let e = api_err(
+        new.list(&ListParams::default().fields("involvedObject.name=app-1"))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(e.code, 400);
+    assert_eq!(e.message, "field label not supported: involvedObject.name");
+    let e = api_err(
+        core.list(&ListParams::default().fields("regarding.name=app-1"))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(e.code, 400);
     s.shutdown().await;
     Ok(())
 }

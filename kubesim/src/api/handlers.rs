@@ -510,6 +510,13 @@ fn update_object(
                 return Err(ApiError::invalid(def, &name, &causes));
             }
         }
+        super::events::CORE_TABLE | super::events::EVENTS_TABLE => {
+            let ns = meta::namespace_of(old_obj);
+            let causes = super::events::validate_update(&new, old_obj, &tk, ns);
+            if !causes.is_empty() {
+                return Err(ApiError::invalid(def, &name, &causes));
+            }
+        }
         CRD_TABLE if sub.is_none() => {
             crd::validate(&mut new).map_err(|c| ApiError::invalid(def, &name, &c))?;
         }

@@ -189,14 +189,19 @@ pub(crate) fn builtins() -> Vec<ResourceDef> {
         status: false,
         generation: false,
     });
+    // events.k8s.io/v1's field label conversion (to the core Event's selectable fields)
     ev2.field_labels = vec![
         "reason",
         "type",
         "reportingController",
+        "source",
         "regarding.kind",
         "regarding.name",
         "regarding.namespace",
         "regarding.uid",
+        "regarding.apiVersion",
+        "regarding.resourceVersion",
+        "regarding.fieldPath",
     ];
     let lease = builtin(B {
         group: "coordination.k8s.io",

@@ -536,8 +536,14 @@ impl FieldSelector {
 }
 
 /// A field of `obj` by dotted path rendered as the apiserver's field sets render it:
-/// strings as-is, booleans and numbers in their text form, absent or null as "".
+/// strings as-is, booleans and numbers in their text form, absent or null as "". An Event's
+/// `source` is its source component (or reporting controller), as its registry selects it.
 pub fn field_value(obj: &Value, path: &str) -> String {
+    if path == "source"
+        && let Some(source) = super::events::selectable_source(obj)
+    {
+        return source;
+    }
     let mut cur = obj;
     for seg in path.split('.') {
         match cur.get(seg) {

@@ -156,10 +156,15 @@ impl ApiError {
     /// 422 Invalid with the message built from the causes the way apimachinery's
     /// `NewInvalid` does.
     pub fn invalid(def: &ResourceDef, name: &str, causes: &[Cause]) -> Self {
-        let msgs: Vec<String> = causes
-            .iter()
-            .map(|c| format!("{}: {}", c.field, c.message))
-            .collect();
+        // the message lists each distinct error once (`ErrorList.ToAggregate`); the causes
+        // keep them all
+        let mut msgs: Vec<String> = Vec::new();
+        for c in causes {
+            let m = format!("{}: {}", c.field, c.message);
+            if !msgs.contains(&m) {
+                msgs.push(m);
+            }
+        }
         let body = if msgs.len() == 1 {
             msgs[0].clone()
         } else {
