@@ -344,7 +344,8 @@ pub(crate) fn create_object(
         }
     }
     if !managed_done {
-        patch::record_update(None, &mut obj, manager, None, &meta::now_rfc3339());
+        let lists = def.schema.as_ref().map(|s| s.list_types());
+        patch::record_update_with(None, &mut obj, manager, None, &meta::now_rfc3339(), lists);
     }
     if dry_run {
         return Ok((Stored::new(obj), warnings));
@@ -533,12 +534,14 @@ fn update_object(
         meta::meta_mut(&mut new).insert("generation".into(), json!(g + 1));
     }
     if !managed_done {
-        patch::record_update(
+        let lists = def.schema.as_ref().map(|s| s.list_types());
+        patch::record_update_with(
             Some(old_obj),
             &mut new,
             &ctx.manager,
             sub,
             &meta::now_rfc3339(),
+            lists,
         );
     }
     if without_volatile(&new) == without_volatile(old_obj) {
@@ -658,13 +661,15 @@ pub(crate) fn patch(st: &mut State, ctx: &Ctx) -> Result<Reply, ApiError> {
             }
         }
         let force = ctx.query.flag("force");
-        let merged = patch::server_side_apply(
+        let lists = def.schema.as_ref().map(|s| s.list_types());
+        let merged = patch::server_side_apply_with(
             old.as_ref().map(|o| &*o.obj),
             &applied,
             manager,
             force,
             ctx.sub.as_deref(),
             &now,
+            lists,
         )
         .map_err(|e| patch_error(def, &name, e))?;
         return match old {

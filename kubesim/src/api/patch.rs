@@ -39,8 +39,8 @@ mod fieldset;
 mod lists;
 mod strategic;
 
-pub use apply::{record_update, server_side_apply};
-pub use lists::{ListRule, SmpList, SsaList, list_rule};
+pub use apply::{record_update, record_update_with, server_side_apply, server_side_apply_with};
+pub use lists::{CustomLists, ListRule, SmpList, SsaList, intern_keys, list_rule};
 pub use strategic::strategic_merge_patch;
 
 use serde_json::Value;

@@ -42,12 +42,49 @@ impl FieldCause {
 #[derive(Debug, Clone)]
 pub struct CompiledSchema {
     root: Arc<Node>,
+    /// [`CompiledSchema::list_types`], worked out on first use (every apply and update of
+    /// the kind needs it).
+    lists: std::sync::OnceLock<crate::api::patch::CustomLists>,
 }
 
 /// The message the apiserver adds when structural errors kept CEL rules from running.
 const RULES_NOT_CHECKED: &str = "some validation rules were not checked because the object was invalid; correct the existing errors to complete validation";
 
 impl CompiledSchema {
+    /// The list types this schema declares, for server-side apply: every array node with
+    /// `x-kubernetes-list-type: map` (keyed by its `x-kubernetes-list-map-keys`) or `set`.
+    pub fn list_types(&self) -> &crate::api::patch::CustomLists {
+        self.lists.get_or_init(|| self.find_list_types())
+    }
+
+    fn find_list_types(&self) -> crate::api::patch::CustomLists {
+        fn walk(n: &Node, path: &str, out: &mut crate::api::patch::CustomLists) {
+            use crate::api::patch::SsaList;
+            for (k, child) in &n.properties {
+                let p = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
+                walk(child, &p, out);
+            }
+            if let Some(items) = &n.items {
+                match n.list_type.as_deref() {
+                    Some("map") if !n.list_map_keys.is_empty() => out.insert(
+                        path.to_string(),
+                        SsaList::Map(crate::api::patch::intern_keys(&n.list_map_keys)),
+                    ),
+                    Some("set") => out.insert(path.to_string(), SsaList::Set),
+                    _ => {}
+                }
+                walk(items, &format!("{path}[]"), out);
+            }
+        }
+        let mut out = crate::api::patch::CustomLists::default();
+        walk(&self.root, "", &mut out);
+        out
+    }
+
     /// Parses the schema and compiles every `x-kubernetes-validations` rule; a bad schema or rule
     /// is an error naming it (`openAPIV3Schema.properties[spec].x-kubernetes-validations[0].rule: ...`).
     pub fn compile(open_api_v3_schema: &Value) -> Result<CompiledSchema, String> {
@@ -60,6 +97,7 @@ impl CompiledSchema {
         let root = node::parse(open_api_v3_schema, &SchemaPath(at.to_string()))?;
         Ok(CompiledSchema {
             root: Arc::new(root),
+            lists: Default::default(),
         })
     }
 

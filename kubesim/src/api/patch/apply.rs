@@ -6,7 +6,7 @@ use super::PatchError;
 use super::fieldset::{
     FieldSet, Pe, covers, element_key, from_fields_v1, path_string, to_fields_v1,
 };
-use super::lists::{SsaList, child_path, elem_path, list_rule};
+use super::lists::{CustomLists, SsaList, child_path, elem_path, list_rule};
 
 const APPLY: &str = "Apply";
 const UPDATE: &str = "Update";
@@ -161,7 +161,7 @@ fn keyed_elements<'a>(items: &'a [Value], keys: &[&str]) -> Option<Vec<(String, 
 
 /// The set an applied configuration claims: its leaves and its map-list elements (not the
 /// maps on the way, as the real server's `ToFieldSet`).
-fn applied_set(v: &Value, kind: &str) -> Result<FieldSet, PatchError> {
+fn applied_set(v: &Value, kind: &Kind<'_>) -> Result<FieldSet, PatchError> {
     let mut set = FieldSet::new();
     let mut path = Vec::new();
     applied_walk(v, kind, "", &mut path, &mut set)?;
@@ -170,7 +170,7 @@ fn applied_set(v: &Value, kind: &str) -> Result<FieldSet, PatchError> {
 
 fn applied_walk(
     v: &Value,
-    kind: &str,
+    kind: &Kind<'_>,
     rule: &str,
     path: &mut Vec<Pe>,
     set: &mut FieldSet,
@@ -188,7 +188,7 @@ fn applied_walk(
         match child {
             // an empty map claims nothing (not even itself), as in the real ToFieldSet
             Value::Object(_) => applied_walk(child, kind, &crule, path, set)?,
-            Value::Array(items) => match list_rule(kind, &crule).ssa {
+            Value::Array(items) => match kind.ssa(&crule) {
                 SsaList::Atomic => {
                     set.insert(path.clone());
                 }
@@ -242,7 +242,7 @@ fn applied_walk(
 
 /// Every node of a subtree: what a write adds or removes when the whole subtree appears or
 /// disappears (maps included, hence the `.` entries of Update managers).
-fn all_nodes(v: &Value, kind: &str, rule: &str, path: &mut Vec<Pe>, set: &mut FieldSet) {
+fn all_nodes(v: &Value, kind: &Kind<'_>, rule: &str, path: &mut Vec<Pe>, set: &mut FieldSet) {
     if !path.is_empty() {
         set.insert(path.clone());
     }
@@ -257,7 +257,7 @@ fn all_nodes(v: &Value, kind: &str, rule: &str, path: &mut Vec<Pe>, set: &mut Fi
                 path.pop();
             }
         }
-        Value::Array(items) => match list_rule(kind, rule).ssa {
+        Value::Array(items) => match kind.ssa(rule) {
             SsaList::Atomic => {}
             SsaList::Set => {
                 for i in items {
@@ -295,7 +295,7 @@ fn present(v: Option<&Value>) -> Option<&Value> {
 fn diff(
     old: Option<&Value>,
     new: Option<&Value>,
-    kind: &str,
+    kind: &Kind<'_>,
     rule: &str,
     path: &mut Vec<Pe>,
     d: &mut Diff,
@@ -315,8 +315,7 @@ fn diff(
                 path.pop();
             }
         }
-        (Some(Value::Array(o)), Some(Value::Array(n))) if o != n => match list_rule(kind, rule).ssa
-        {
+        (Some(Value::Array(o)), Some(Value::Array(n))) if o != n => match kind.ssa(rule) {
             SsaList::Atomic => {
                 d.modified.insert(path.clone());
             }
@@ -360,7 +359,7 @@ fn diff(
     }
 }
 
-fn diff_objects(old: &Value, new: &Value, kind: &str) -> Diff {
+fn diff_objects(old: &Value, new: &Value, kind: &Kind<'_>) -> Diff {
     let mut d = Diff::default();
     diff(Some(old), Some(new), kind, "", &mut Vec::new(), &mut d);
     d.added = clean(d.added);
@@ -371,7 +370,7 @@ fn diff_objects(old: &Value, new: &Value, kind: &str) -> Diff {
 
 /// Merges an applied configuration into the live object: maps recursively, map-type lists by
 /// key (new elements appended), set-type lists as a union, everything else replaced.
-fn merge_applied(live: &mut Value, applied: &Value, kind: &str, rule: &str) {
+fn merge_applied(live: &mut Value, applied: &Value, kind: &Kind<'_>, rule: &str) {
     match (live, applied) {
         (Value::Object(l), Value::Object(a)) => {
             for (k, av) in a {
@@ -393,7 +392,7 @@ fn merge_applied(live: &mut Value, applied: &Value, kind: &str, rule: &str) {
                 }
             }
         }
-        (Value::Array(l), Value::Array(a)) => match list_rule(kind, rule).ssa {
+        (Value::Array(l), Value::Array(a)) => match kind.ssa(rule) {
             SsaList::Atomic => *l = a.clone(),
             SsaList::Set => {
                 for i in a {
@@ -445,7 +444,7 @@ fn strip_nulls(v: &Value) -> Value {
 
 /// Removes the node at `path` from `v`; maps and lists emptied by the removal (below the
 /// object's top-level fields) go too, as Go's `omitempty` would drop them.
-fn remove_path(v: &mut Value, path: &[Pe], kind: &str, rule: &str, depth: usize) -> bool {
+fn remove_path(v: &mut Value, path: &[Pe], kind: &Kind<'_>, rule: &str, depth: usize) -> bool {
     let Some((first, rest)) = path.split_first() else {
         return false;
     };
@@ -470,7 +469,7 @@ fn remove_path(v: &mut Value, path: &[Pe], kind: &str, rule: &str, depth: usize)
         }
         (Value::Array(items), pe) => {
             let pos = match pe {
-                Pe::Key(k) => match list_rule(kind, rule).ssa {
+                Pe::Key(k) => match kind.ssa(rule) {
                     SsaList::Map(keys) => items
                         .iter()
                         .position(|i| element_key(i, keys).as_deref() == Some(k.as_str())),
@@ -498,8 +497,8 @@ fn remove_path(v: &mut Value, path: &[Pe], kind: &str, rule: &str, depth: usize)
 
 /// The zero value of a built-in kind as the apiserver's typed objects have it: structs that
 /// are always present, so that creating an object does not claim them as added.
-fn empty_typed(kind: &str, api_version: &str) -> Value {
-    let fields: &[&str] = match (kind, api_version) {
+fn empty_typed(kind: &Kind<'_>, api_version: &str) -> Value {
+    let fields: &[&str] = match (kind.name, api_version) {
         ("Pod" | "Node" | "Namespace" | "CustomResourceDefinition", _) => {
             &["metadata", "spec", "status"]
         }
@@ -546,6 +545,22 @@ fn conflict_error(conflicts: &[(String, String)]) -> PatchError {
     }
 }
 
+/// The kind of the object being applied and, for a custom resource, the list types its
+/// schema declares: what decides how each list is owned.
+#[derive(Clone, Copy)]
+pub(crate) struct Kind<'a> {
+    name: &'a str,
+    lists: Option<&'a CustomLists>,
+}
+
+impl Kind<'_> {
+    fn ssa(&self, path: &str) -> SsaList {
+        self.lists
+            .and_then(|l| l.get(path))
+            .unwrap_or_else(|| list_rule(self.name, path).ssa)
+    }
+}
+
 /// Server-side apply of `applied` (the request body, already decoded from YAML) by `manager`
 /// onto `live` (None: the object does not exist yet). Returns the new object with its
 /// `metadata.managedFields` updated; a conflict with another manager's fields fails unless
@@ -558,15 +573,32 @@ pub fn server_side_apply(
     subresource: Option<&str>,
     now: &str,
 ) -> Result<Value, PatchError> {
+    server_side_apply_with(live, applied, manager, force, subresource, now, None)
+}
+
+/// [`server_side_apply`] for a custom resource whose schema declares `lists`.
+pub fn server_side_apply_with(
+    live: Option<&Value>,
+    applied: &Value,
+    manager: &str,
+    force: bool,
+    subresource: Option<&str>,
+    now: &str,
+    lists: Option<&CustomLists>,
+) -> Result<Value, PatchError> {
     if !applied.is_object() {
         return Err(PatchError::BadRequest(
             "the body of an apply patch must be an object".into(),
         ));
     }
-    let kind = str_field(Some(applied), "kind")
+    let kind_name = str_field(Some(applied), "kind")
         .or(str_field(live, "kind"))
         .unwrap_or_default()
         .to_owned();
+    let kind = Kind {
+        name: &kind_name,
+        lists,
+    };
     let api_version = str_field(Some(applied), "apiVersion")
         .or(str_field(live, "apiVersion"))
         .unwrap_or_default()
@@ -674,7 +706,23 @@ pub fn record_update(
     subresource: Option<&str>,
     now: &str,
 ) {
-    let kind = str_field(Some(new), "kind").unwrap_or_default().to_owned();
+    record_update_with(old, new, manager, subresource, now, None)
+}
+
+/// [`record_update`] for a custom resource whose schema declares `lists`.
+pub fn record_update_with(
+    old: Option<&Value>,
+    new: &mut Value,
+    manager: &str,
+    subresource: Option<&str>,
+    now: &str,
+    lists: Option<&CustomLists>,
+) {
+    let kind_name = str_field(Some(new), "kind").unwrap_or_default().to_owned();
+    let kind = Kind {
+        name: &kind_name,
+        lists,
+    };
     let api_version = str_field(Some(new), "apiVersion")
         .unwrap_or_default()
         .to_owned();

@@ -24,7 +24,9 @@
 //! | Namespace, CustomResourceDefinition | `status.conditions` | by `type` | map `[type]` |
 //!
 //! Everything else (tolerations, taints, readinessGates, container args/command, EndpointSlice
-//! endpoints and ports, CRD versions, all lists in custom resources) is replaced / atomic.
+//! endpoints and ports, CRD versions) is replaced / atomic. Custom resources' lists follow
+//! their schema's `x-kubernetes-list-type` for server-side apply ([`CustomLists`]) and are
+//! replaced by merge patches (custom resources take no strategic merge patch).
 
 /// Strategic-merge-patch behaviour of a list.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,6 +126,47 @@ fn pod_rule(path: &str) -> ListRule {
         "status.podIPs" | "status.hostIPs" => keyed("ip", &["ip"]),
         _ => ATOMIC,
     }
+}
+
+/// The server-side-apply list types a custom resource's schema declares
+/// (`x-kubernetes-list-type` / `x-kubernetes-list-map-keys`), by rule path (see the module
+/// doc). Lists it does not name are atomic, as for built-ins.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct CustomLists(std::collections::BTreeMap<String, SsaList>);
+
+impl CustomLists {
+    pub fn insert(&mut self, path: String, list: SsaList) {
+        self.0.insert(path, list);
+    }
+
+    pub fn get(&self, path: &str) -> Option<SsaList> {
+        self.0.get(path).copied()
+    }
+}
+
+/// A `'static` copy of a list's map keys, shared by every list that declares the same keys:
+/// list rules are `Copy` and name their keys statically, and CRDs declare few distinct sets.
+pub fn intern_keys(keys: &[String]) -> &'static [&'static str] {
+    use std::collections::HashSet;
+    use std::sync::{Mutex, OnceLock};
+    static KEYS: OnceLock<Mutex<HashSet<&'static [&'static str]>>> = OnceLock::new();
+    let mut all = KEYS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if let Some(found) = all
+        .iter()
+        .find(|k| k.len() == keys.len() && k.iter().zip(keys).all(|(a, b)| *a == b))
+    {
+        return found;
+    }
+    let leaked: Vec<&'static str> = keys
+        .iter()
+        .map(|k| &*Box::leak(k.clone().into_boxed_str()))
+        .collect();
+    let leaked: &'static [&'static str] = Box::leak(leaked.into_boxed_slice());
+    all.insert(leaked);
+    leaked
 }
 
 /// The value a map-list key field takes when the element omits it (API defaulting would
