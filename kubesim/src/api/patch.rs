@@ -14,12 +14,16 @@
 //!   drops the keys it does not name, on any map. Custom resources are not refused here (the
 //!   real server answers 415 to a strategic merge patch of a custom resource: the caller
 //!   decides).
-//! - Server-side apply knows list types from the same table instead of the OpenAPI schema:
-//!   lists not in it are atomic (also in custom resources, whatever their CRD's
-//!   `x-kubernetes-list-type` says). Unions, `x-kubernetes-map-type: atomic` structs (e.g.
-//!   `spec.selector`, `nodeAffinity`) and defaulting are not modelled: such structs are
-//!   owned field by field, and of all defaults only a port's `protocol: TCP` is assumed when
-//!   computing list keys.
+//! - Server-side apply knows the list types of built-in kinds from the same table instead of
+//!   the OpenAPI schema: lists not in it are atomic. Custom resources follow their CRD's
+//!   structural schema ([`CustomLists`]): `x-kubernetes-list-type` `map` (keyed by
+//!   `x-kubernetes-list-map-keys`) and `set`, others atomic; `x-kubernetes-map-type: atomic`
+//!   objects are owned as one value; `additionalProperties` maps' values follow the value
+//!   schema. Unions, the built-ins' atomic structs (e.g. `spec.selector`, `nodeAffinity`) and
+//!   defaulting are not modelled: such structs are owned field by field, and of all defaults
+//!   only a port's `protocol: TCP` is assumed when computing list keys (a custom resource's
+//!   map-list element that omits a key field with a schema default is refused, where the
+//!   real server uses the default).
 //! - Elements added to a map-type list by apply go after the live ones (the real merge follows
 //!   the applied order).
 //! - Removing a field the manager no longer applies also drops maps and lists it leaves empty

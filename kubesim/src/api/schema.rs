@@ -51,8 +51,10 @@ pub struct CompiledSchema {
 const RULES_NOT_CHECKED: &str = "some validation rules were not checked because the object was invalid; correct the existing errors to complete validation";
 
 impl CompiledSchema {
-    /// The list types this schema declares, for server-side apply: every array node with
-    /// `x-kubernetes-list-type: map` (keyed by its `x-kubernetes-list-map-keys`) or `set`.
+    /// What server-side apply reads of this schema: every array node with
+    /// `x-kubernetes-list-type: map` (keyed by its `x-kubernetes-list-map-keys`) or `set`,
+    /// every map (`additionalProperties`, its values at `<path>.*`) and every
+    /// `x-kubernetes-map-type: atomic` object.
     pub fn list_types(&self) -> &crate::api::patch::CustomLists {
         self.lists.get_or_init(|| self.find_list_types())
     }
@@ -67,6 +69,18 @@ impl CompiledSchema {
                     format!("{path}.{k}")
                 };
                 walk(child, &p, out);
+            }
+            if n.map_type.as_deref() == Some("atomic") {
+                out.insert_atomic(path.to_string());
+            }
+            if let Some(values) = &n.additional {
+                out.insert_map(path.to_string());
+                let p = if path.is_empty() {
+                    "*".to_string()
+                } else {
+                    format!("{path}.*")
+                };
+                walk(values, &p, out);
             }
             if let Some(items) = &n.items {
                 match n.list_type.as_deref() {

@@ -183,9 +183,13 @@ fn applied_walk(
         if child.is_null() || stripped(rule, k) {
             continue;
         }
-        let crule = child_path(rule, k);
+        let crule = kind.child(rule, k);
         path.push(Pe::Field(k.clone()));
         match child {
+            // an atomic map is one value
+            Value::Object(_) if kind.atomic_map(&crule) => {
+                set.insert(path.clone());
+            }
             // an empty map claims nothing (not even itself), as in the real ToFieldSet
             Value::Object(_) => applied_walk(child, kind, &crule, path, set)?,
             Value::Array(items) => match kind.ssa(&crule) {
@@ -247,13 +251,14 @@ fn all_nodes(v: &Value, kind: &Kind<'_>, rule: &str, path: &mut Vec<Pe>, set: &m
         set.insert(path.clone());
     }
     match v {
+        Value::Object(_) if kind.atomic_map(rule) => {}
         Value::Object(m) => {
             for (k, child) in m {
                 if child.is_null() || stripped(rule, k) {
                     continue;
                 }
                 path.push(Pe::Field(k.clone()));
-                all_nodes(child, kind, &child_path(rule, k), path, set);
+                all_nodes(child, kind, &kind.child(rule, k), path, set);
                 path.pop();
             }
         }
@@ -304,6 +309,11 @@ fn diff(
         (None, None) => {}
         (None, Some(n)) => all_nodes(n, kind, rule, path, &mut d.added),
         (Some(o), None) => all_nodes(o, kind, rule, path, &mut d.removed),
+        (Some(Value::Object(o)), Some(Value::Object(n))) if kind.atomic_map(rule) => {
+            if o != n {
+                d.modified.insert(path.clone());
+            }
+        }
         (Some(Value::Object(o)), Some(Value::Object(n))) => {
             let keys: std::collections::BTreeSet<&String> = o.keys().chain(n.keys()).collect();
             for k in keys {
@@ -311,7 +321,7 @@ fn diff(
                     continue;
                 }
                 path.push(Pe::Field(k.clone()));
-                diff(o.get(k), n.get(k), kind, &child_path(rule, k), path, d);
+                diff(o.get(k), n.get(k), kind, &kind.child(rule, k), path, d);
                 path.pop();
             }
         }
@@ -371,13 +381,17 @@ fn diff_objects(old: &Value, new: &Value, kind: &Kind<'_>) -> Diff {
 /// Merges an applied configuration into the live object: maps recursively, map-type lists by
 /// key (new elements appended), set-type lists as a union, everything else replaced.
 fn merge_applied(live: &mut Value, applied: &Value, kind: &Kind<'_>, rule: &str) {
+    if applied.is_object() && kind.atomic_map(rule) {
+        *live = strip_nulls(applied);
+        return;
+    }
     match (live, applied) {
         (Value::Object(l), Value::Object(a)) => {
             for (k, av) in a {
                 if av.is_null() || (rule == "metadata" && k == "managedFields") {
                     continue;
                 }
-                let crule = child_path(rule, k);
+                let crule = kind.child(rule, k);
                 match l.get_mut(k) {
                     Some(lv) if !lv.is_null() => merge_applied(lv, av, kind, &crule),
                     _ => {
@@ -456,7 +470,7 @@ fn remove_path(v: &mut Value, path: &[Pe], kind: &Kind<'_>, rule: &str, depth: u
             let Some(child) = m.get_mut(f) else {
                 return false;
             };
-            let removed = remove_path(child, rest, kind, &child_path(rule, f), depth + 1);
+            let removed = remove_path(child, rest, kind, &kind.child(rule, f), depth + 1);
             let emptied = match child {
                 Value::Object(c) => c.is_empty(),
                 Value::Array(c) => c.is_empty(),
@@ -545,8 +559,8 @@ fn conflict_error(conflicts: &[(String, String)]) -> PatchError {
     }
 }
 
-/// The kind of the object being applied and, for a custom resource, the list types its
-/// schema declares: what decides how each list is owned.
+/// The kind of the object being applied and, for a custom resource, what its schema
+/// declares: what decides how each list and map is owned.
 #[derive(Clone, Copy)]
 pub(crate) struct Kind<'a> {
     name: &'a str,
@@ -555,9 +569,26 @@ pub(crate) struct Kind<'a> {
 
 impl Kind<'_> {
     fn ssa(&self, path: &str) -> SsaList {
-        self.lists
-            .and_then(|l| l.get(path))
-            .unwrap_or_else(|| list_rule(self.name, path).ssa)
+        match self.lists {
+            // a custom resource: its schema, and the metadata lists every kind shares (a
+            // custom kind named like a built-in does not take the built-in's lists)
+            Some(l) => l.get(path).unwrap_or_else(|| list_rule("", path).ssa),
+            None => list_rule(self.name, path).ssa,
+        }
+    }
+
+    /// The rule path of `field` of the object at `rule` (`*` for any key of a schema map).
+    fn child(&self, rule: &str, field: &str) -> String {
+        if self.lists.is_some_and(|l| l.is_map(rule)) {
+            child_path(rule, "*")
+        } else {
+            child_path(rule, field)
+        }
+    }
+
+    /// Whether the object at `rule` is owned as one value (`x-kubernetes-map-type: atomic`).
+    fn atomic_map(&self, rule: &str) -> bool {
+        self.lists.is_some_and(|l| l.is_atomic(rule))
     }
 }
 

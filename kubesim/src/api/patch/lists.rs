@@ -128,19 +128,44 @@ fn pod_rule(path: &str) -> ListRule {
     }
 }
 
-/// The server-side-apply list types a custom resource's schema declares
-/// (`x-kubernetes-list-type` / `x-kubernetes-list-map-keys`), by rule path (see the module
-/// doc). Lists it does not name are atomic, as for built-ins.
+/// What server-side apply needs of a custom resource's schema, by rule path (see the module
+/// doc; below a map with `additionalProperties` every key's rule path uses `*`):
+/// - list types (`x-kubernetes-list-type` / `x-kubernetes-list-map-keys`); lists it does not
+///   name are atomic, as for built-ins;
+/// - which objects are maps with arbitrary keys (`additionalProperties`);
+/// - which objects are atomic (`x-kubernetes-map-type: atomic`): owned as one value.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct CustomLists(std::collections::BTreeMap<String, SsaList>);
+pub struct CustomLists {
+    lists: std::collections::BTreeMap<String, SsaList>,
+    maps: std::collections::BTreeSet<String>,
+    atomic: std::collections::BTreeSet<String>,
+}
 
 impl CustomLists {
     pub fn insert(&mut self, path: String, list: SsaList) {
-        self.0.insert(path, list);
+        self.lists.insert(path, list);
+    }
+
+    /// Marks the object at `path` as a map whose children's rule paths are `path.*`.
+    pub fn insert_map(&mut self, path: String) {
+        self.maps.insert(path);
+    }
+
+    /// Marks the object at `path` as atomic.
+    pub fn insert_atomic(&mut self, path: String) {
+        self.atomic.insert(path);
     }
 
     pub fn get(&self, path: &str) -> Option<SsaList> {
-        self.0.get(path).copied()
+        self.lists.get(path).copied()
+    }
+
+    pub fn is_map(&self, path: &str) -> bool {
+        self.maps.contains(path)
+    }
+
+    pub fn is_atomic(&self, path: &str) -> bool {
+        self.atomic.contains(path)
     }
 }
 

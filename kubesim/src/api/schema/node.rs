@@ -46,6 +46,8 @@ pub(crate) struct Node {
     pub int_or_string: bool,
     pub list_type: Option<String>,
     pub list_map_keys: Vec<String>,
+    /// `x-kubernetes-map-type` (`granular` or `atomic`).
+    pub map_type: Option<String>,
     pub rules: Vec<Arc<Rule>>,
 }
 
@@ -197,6 +199,7 @@ pub(crate) fn parse(v: &Value, path: &SchemaPath) -> Result<Node, FieldCause> {
         int_or_string: get_bool(m, "x-kubernetes-int-or-string", path)?,
         list_type: get_str(m, "x-kubernetes-list-type", path)?,
         list_map_keys: get_str_list(m, "x-kubernetes-list-map-keys", path)?,
+        map_type: get_str(m, "x-kubernetes-map-type", path)?,
         ..Node::default()
     };
     if let Some(ty) = &node.ty
