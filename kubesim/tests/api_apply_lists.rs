@@ -444,3 +444,43 @@ async fn activation_endpoints_activators_follow_what_the_crd_declares() -> anyho
     s.shutdown().await;
     Ok(())
 }
+
+/// A CRD whose list types cannot work is refused, as the real CRD validation does.
+#[tokio::test]
+async fn crds_with_broken_list_types_are_refused() -> anyhow::Result<()> {
+    let s = ApiServer::start(ApiServerConfig::default()).await?;
+    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+        "metadata": {"name": "gadgets.example.com"},
+        "spec": {
+            "group": "example.com", "scope": "Namespaced",
+            "names": {"plural": "gadgets", "singular": "gadget", "kind": "Gadget", "listKind": "GadgetList"},
+            "versions": [{"name": "v1", "served": true, "storage": true, "schema": {"openAPIV3Schema": {
+                "type": "object",
+                "properties": {"spec": {"type": "object", "properties": {
+                    "members": {
+                        "type": "array", "x-kubernetes-list-type": "map",
+                        "x-kubernetes-list-map-keys": ["node"],
+                        "items": {"type": "object", "properties": {"node": {"type": "string"}}},
+                    },
+                }}},
+            }}}],
+        },
+    }))?;
+    let crds: Api<CustomResourceDefinition> = Api::all(s.client());
+    let e = crds.create(&PostParams::default(), &crd).await.unwrap_err();
+    let kube::Error::Api(status) = e else {
+        panic!("an API error")
+    };
+    assert_eq!((status.code, status.reason.as_str()), (422, "Invalid"));
+    let causes = status.details.expect("details").causes;
+    assert_eq!(
+        causes[0].field,
+        "spec.versions[0].schema.openAPIV3Schema.properties[spec].properties[members].items.properties[node].default"
+    );
+    assert_eq!(
+        causes[0].message,
+        "Required value: this property is in x-kubernetes-list-map-keys, so it must have a default or be a required property"
+    );
+    s.shutdown().await;
+    Ok(())
+}

@@ -118,14 +118,20 @@ pub(crate) fn validate(crd: &mut Value) -> Result<Vec<VersionSchema>, Vec<Cause>
                 field: format!("spec.versions[{i}].schema.openAPIV3Schema"),
                 message: "Required value: schemas are required".into(),
             }),
-            Some(sch) => match CompiledSchema::compile(sch) {
-                Ok(c) => out.push((vname, Some(Arc::new(c)))),
-                Err(e) => causes.push(invalid_value(
-                    format!("spec.versions[{i}].schema.openAPIV3Schema"),
-                    &json!("object"),
-                    &e,
-                )),
-            },
+            Some(sch) => {
+                match CompiledSchema::compile_at(
+                    sch,
+                    &format!("spec.versions[{i}].schema.openAPIV3Schema"),
+                ) {
+                    Ok(c) => out.push((vname, Some(Arc::new(c)))),
+                    // the cause names the schema's own field, as the real CRD validation does
+                    Err(c) => causes.push(Cause {
+                        reason: c.reason,
+                        field: c.field,
+                        message: c.message,
+                    }),
+                }
+            }
         }
     }
     if !causes.is_empty() {

@@ -307,5 +307,208 @@ pub(crate) fn parse(v: &Value, path: &SchemaPath) -> Result<Node, FieldCause> {
             ));
         }
     }
+    check_list_and_map_types(&node, path)?;
     Ok(node)
+}
+
+fn err(kind: ErrKind, path: &SchemaPath, bad: Bad, detail: impl Into<String>) -> FieldCause {
+    FieldErr::new(kind, path.0.clone(), bad, detail).into_cause()
+}
+
+/// The CRD validation of `x-kubernetes-list-type`, `x-kubernetes-list-map-keys` and
+/// `x-kubernetes-map-type` (apiextensions' `ValidateCustomResourceDefinitionOpenAPISchema` and
+/// `validateMapListKeysMapSet`, in their order; the first error only).
+fn check_list_and_map_types(node: &Node, path: &SchemaPath) -> Result<(), FieldCause> {
+    use ErrKind::{Forbidden, Invalid, NotSupported, Required};
+    let ty = node.ty.as_deref().unwrap_or("");
+    let supported = |values: &[&str]| {
+        let quoted: Vec<String> = values.iter().map(|v| go_quote(v)).collect();
+        format!("supported values: {}", quoted.join(", "))
+    };
+    let type_error = |what: &str| {
+        let detail = format!(
+            "must be {what} if x-kubernetes-{}-type is specified",
+            if what == "object" { "map" } else { "list" }
+        );
+        if ty.is_empty() {
+            err(Required, &path.child("type"), Bad::Omit, detail)
+        } else {
+            err(Invalid, &path.child("type"), Bad::str(ty), detail)
+        }
+    };
+    if let Some(mt) = node.map_type.as_deref() {
+        if ty != "object" {
+            return Err(type_error("object"));
+        }
+        if mt != "atomic" && mt != "granular" {
+            return Err(err(
+                NotSupported,
+                &path.child("x-kubernetes-map-type"),
+                Bad::str(mt),
+                supported(&["atomic", "granular"]),
+            ));
+        }
+    }
+    let items = node.items.as_deref();
+    let list_type = node.list_type.as_deref();
+    if list_type.is_some() && ty != "array" {
+        return Err(type_error("array"));
+    }
+    // Go passes the items' list type (a *string, maybe nil) as the bad value of both
+    let items_list_type = || {
+        items
+            .and_then(|i| i.list_type.clone())
+            .map_or(Bad::Json(serde_json::Value::Null), Bad::str)
+    };
+    const SET_ITEMS: &str = "must be atomic as item of a list with x-kubernetes-list-type=set";
+    if list_type == Some("set")
+        && let Some(is) = items
+    {
+        match is.ty.as_deref() {
+            Some("array") if is.list_type.as_deref().is_some_and(|t| t != "atomic") => {
+                return Err(err(
+                    Invalid,
+                    &path.child("items").child("x-kubernetes-list-type"),
+                    items_list_type(),
+                    SET_ITEMS,
+                ));
+            }
+            Some("object") if is.map_type.as_deref() != Some("atomic") => {
+                return Err(err(
+                    Invalid,
+                    &path.child("items").child("x-kubernetes-map-type"),
+                    items_list_type(),
+                    SET_ITEMS,
+                ));
+            }
+            _ => {}
+        }
+    }
+    if let Some(lt) = list_type
+        && !["atomic", "set", "map"].contains(&lt)
+    {
+        return Err(err(
+            NotSupported,
+            &path.child("x-kubernetes-list-type"),
+            Bad::str(lt),
+            supported(&["atomic", "set", "map"]),
+        ));
+    }
+    const KEYS_NEED_MAP: &str = "must be map if x-kubernetes-list-map-keys is non-empty";
+    if !node.list_map_keys.is_empty() {
+        match list_type {
+            None => {
+                return Err(err(
+                    Required,
+                    &path.child("x-kubernetes-list-type"),
+                    Bad::Omit,
+                    KEYS_NEED_MAP,
+                ));
+            }
+            Some(lt) if lt != "map" => {
+                return Err(err(
+                    Invalid,
+                    &path.child("x-kubernetes-list-type"),
+                    Bad::str(lt),
+                    KEYS_NEED_MAP,
+                ));
+            }
+            _ => {}
+        }
+    }
+    let keys_value = || {
+        let quoted: Vec<String> = node.list_map_keys.iter().map(|k| go_quote(k)).collect();
+        Bad::Raw(format!("[]string{{{}}}", quoted.join(", ")))
+    };
+    if list_type == Some("map") {
+        if node.list_map_keys.is_empty() {
+            return Err(err(
+                Required,
+                &path.child("x-kubernetes-list-map-keys"),
+                Bad::Omit,
+                "must not be empty if x-kubernetes-list-type is map",
+            ));
+        }
+        let Some(is) = items else {
+            return Err(err(
+                Required,
+                &path.child("items"),
+                Bad::Omit,
+                "must have a schema if x-kubernetes-list-type is map",
+            ));
+        };
+        let item_ty = is.ty.as_deref().unwrap_or("");
+        if item_ty != "object" {
+            return Err(err(
+                Invalid,
+                &path.child("items").child("type"),
+                Bad::str(item_ty),
+                "must be object if parent array's x-kubernetes-list-type is map",
+            ));
+        }
+        let mut seen = Vec::new();
+        for k in &node.list_map_keys {
+            match is.property(k) {
+                Some(p) if matches!(p.ty.as_deref(), Some("array" | "object")) => {
+                    return Err(err(
+                        Invalid,
+                        &path.child("items").key("properties", k).child("type"),
+                        Bad::str(item_ty),
+                        "must be a scalar type if parent array's x-kubernetes-list-type is map",
+                    ));
+                }
+                Some(_) => {}
+                None => {
+                    return Err(err(
+                        Invalid,
+                        &path.child("x-kubernetes-list-map-keys"),
+                        keys_value(),
+                        "entries must all be names of item properties",
+                    ));
+                }
+            }
+            if seen.contains(&k) {
+                return Err(err(
+                    Invalid,
+                    &path.child("x-kubernetes-list-map-keys"),
+                    keys_value(),
+                    "must not contain duplicate entries",
+                ));
+            }
+            seen.push(k);
+        }
+    }
+    if let (Some(lt @ ("set" | "map")), Some(is)) = (list_type, items) {
+        if is.nullable {
+            return Err(err(
+                Forbidden,
+                &path.child("items").child("nullable"),
+                Bad::Omit,
+                format!("cannot be nullable when x-kubernetes-list-type is {lt}"),
+            ));
+        }
+        if lt == "map" {
+            for k in &node.list_map_keys {
+                let Some(p) = is.property(k) else { continue };
+                let at = path.child("items").key("properties", k);
+                if !is.required.contains(k) && p.default.is_none() {
+                    return Err(err(
+                        Required,
+                        &at.child("default"),
+                        Bad::Omit,
+                        "this property is in x-kubernetes-list-map-keys, so it must have a default or be a required property",
+                    ));
+                }
+                if p.nullable {
+                    return Err(err(
+                        Forbidden,
+                        &at.child("nullable"),
+                        Bad::Omit,
+                        "this property is in x-kubernetes-list-map-keys, so it cannot be nullable",
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
 }

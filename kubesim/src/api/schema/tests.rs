@@ -808,3 +808,64 @@ fn check_with(schema: &CompiledSchema, mut obj: Value) -> Vec<FieldCause> {
     schema.default_and_prune(&mut obj);
     schema.validate(&obj, None)
 }
+
+#[test]
+fn list_and_map_types_are_checked_as_crd_validation_does() {
+    let list = |extra: Value, items: Value| {
+        let mut members = json!({"type": "array", "items": items});
+        for (k, v) in extra.as_object().unwrap() {
+            members[k] = v.clone();
+        }
+        json!({"type": "object", "properties": {"members": members}})
+    };
+    let item = json!({"type": "object", "required": ["node"], "properties": {
+        "node": {"type": "string"}, "w": {"type": "integer"}}});
+    let err = |schema: Value| CompiledSchema::compile(&schema).unwrap_err();
+    let keyed = json!({"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["node"]});
+    assert!(CompiledSchema::compile(&list(keyed.clone(), item.clone())).is_ok());
+    assert_eq!(
+        err(list(json!({"x-kubernetes-list-type": "map"}), item.clone())),
+        "openAPIV3Schema.properties[members].x-kubernetes-list-map-keys: Required value: must not be empty if x-kubernetes-list-type is map"
+    );
+    assert_eq!(
+        err(list(
+            json!({"x-kubernetes-list-map-keys": ["node"]}),
+            item.clone()
+        )),
+        "openAPIV3Schema.properties[members].x-kubernetes-list-type: Required value: must be map if x-kubernetes-list-map-keys is non-empty"
+    );
+    assert_eq!(
+        err(list(
+            json!({"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["nope"]}),
+            item.clone()
+        )),
+        "openAPIV3Schema.properties[members].x-kubernetes-list-map-keys: Invalid value: []string{\"nope\"}: entries must all be names of item properties"
+    );
+    assert_eq!(
+        err(list(
+            json!({"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["w"]}),
+            item.clone()
+        )),
+        "openAPIV3Schema.properties[members].items.properties[w].default: Required value: this property is in x-kubernetes-list-map-keys, so it must have a default or be a required property"
+    );
+    assert_eq!(
+        err(list(keyed, json!({"type": "string"}))),
+        "openAPIV3Schema.properties[members].items.type: Invalid value: \"string\": must be object if parent array's x-kubernetes-list-type is map"
+    );
+    assert_eq!(
+        err(list(json!({"x-kubernetes-list-type": "bag"}), item.clone())),
+        "openAPIV3Schema.properties[members].x-kubernetes-list-type: Unsupported value: \"bag\": supported values: \"atomic\", \"set\", \"map\""
+    );
+    assert_eq!(
+        err(list(json!({"x-kubernetes-list-type": "set"}), item)),
+        "openAPIV3Schema.properties[members].items.x-kubernetes-map-type: Invalid value: \"null\": must be atomic as item of a list with x-kubernetes-list-type=set"
+    );
+    assert_eq!(
+        err(json!({"type": "string", "x-kubernetes-map-type": "atomic"})),
+        "openAPIV3Schema.type: Invalid value: \"string\": must be object if x-kubernetes-map-type is specified"
+    );
+    assert_eq!(
+        err(json!({"type": "object", "x-kubernetes-map-type": "loose"})),
+        "openAPIV3Schema.x-kubernetes-map-type: Unsupported value: \"loose\": supported values: \"atomic\", \"granular\""
+    );
+}
