@@ -13,7 +13,9 @@ use crds::contract::{
     ADMIN_PORT, APP_NAME_LABEL, APP_NAME_VALUE, COMPONENT_LABEL, COMPONENT_VALUE, DATA_PORT,
 };
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Container, ContainerPort, Namespace, Pod, PodSpec};
+use k8s_openapi::api::core::v1::{
+    Container, ContainerPort, Namespace, Pod, PodSpec, ServiceAccount,
+};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Patch, PatchParams, PostParams};
@@ -437,11 +439,40 @@ pub async fn ensure_namespace(client: &Client, name: &str) -> Result<bool, Error
         },
         ..Default::default()
     };
-    match api.create(&PostParams::default(), &ns).await {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
-        Err(e) => Err(e.into()),
+    let created = match api.create(&PostParams::default(), &ns).await {
+        Ok(_) => true,
+        Err(kube::Error::Api(s)) if s.code == 409 => false,
+        Err(e) => return Err(e.into()),
+    };
+    wait_default_service_account(client, name).await?;
+    Ok(created)
+}
+
+/// On a real cluster kube-controller-manager creates a new namespace's `default`
+/// ServiceAccount a moment after the namespace, and until then ServiceAccount admission
+/// refuses every pod there (403 "error looking up service account"). Waits for it where
+/// ServiceAccounts are served (kubesim serves none, and admits pods without one).
+async fn wait_default_service_account(client: &Client, namespace: &str) -> Result<(), Error> {
+    const LIMIT: Duration = Duration::from_secs(30);
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    match sas
+        .list(&kube::api::ListParams::default().fields("metadata.name=default"))
+        .await
+    {
+        Ok(l) if !l.items.is_empty() => return Ok(()),
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+        Err(e) => return Err(e.into()),
     }
+    let exists = await_condition(sas, "default", |o: Option<&ServiceAccount>| o.is_some());
+    tokio::time::timeout(LIMIT, exists)
+        .await
+        .map_err(|_| Error::Timeout {
+            what: format!("ServiceAccount {namespace}/default"),
+            secs: LIMIT.as_secs(),
+        })?
+        .map_err(|e| Error::KubeConfig(e.to_string()))?;
+    Ok(())
 }
 
 /// The DaemonSet-style pod that represents an activator on `node`.
