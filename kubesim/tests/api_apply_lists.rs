@@ -45,6 +45,14 @@ async fn with_crd() -> anyhow::Result<(ApiServer, Client, Api<DynamicObject>)> {
                     "selector": {"type": "object", "x-kubernetes-map-type": "atomic",
                         "additionalProperties": {"type": "string"}},
                     "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                    "slots": {
+                        "type": "array", "x-kubernetes-list-type": "map",
+                        "x-kubernetes-list-map-keys": ["name", "zone"],
+                        "items": {"type": "object", "required": ["name"], "properties": {
+                            "name": {"type": "string"},
+                            "zone": {"type": "string", "default": "z1"},
+                            "size": {"type": "integer"}}},
+                    },
                 }}},
             }}}],
         },
@@ -480,6 +488,47 @@ async fn crds_with_broken_list_types_are_refused() -> anyhow::Result<()> {
     assert_eq!(
         causes[0].message,
         "Required value: this property is in x-kubernetes-list-map-keys, so it must have a default or be a required property"
+    );
+    s.shutdown().await;
+    Ok(())
+}
+
+/// A key field the element omits takes its schema default (the CRD must give one or require
+/// the field), for apply's element identity as for the stored object.
+#[tokio::test]
+async fn omitted_map_keys_take_their_schema_default() -> anyhow::Result<()> {
+    let (s, _client, api) = with_crd().await?;
+    let first = apply(&api, "alice", json!({"slots": [{"name": "a", "size": 1}]})).await?;
+    assert_eq!(
+        first.data["spec"]["slots"],
+        json!([{"name": "a", "zone": "z1", "size": 1}])
+    );
+    let fields = entry_fields(&first, "alice");
+    assert!(
+        fields.contains(r#"k:{\"name\":\"a\",\"zone\":\"z1\"}"#),
+        "{fields}"
+    );
+    // the same element, spelled with its key in full: changed in place, not added
+    let second = apply(
+        &api,
+        "alice",
+        json!({"slots": [{"name": "a", "zone": "z1", "size": 2}]}),
+    )
+    .await?;
+    assert_eq!(
+        second.data["spec"]["slots"],
+        json!([{"name": "a", "zone": "z1", "size": 2}])
+    );
+    // another manager's element in another zone is its own
+    let third = apply(
+        &api,
+        "bob",
+        json!({"slots": [{"name": "a", "zone": "z2", "size": 3}]}),
+    )
+    .await?;
+    assert_eq!(
+        third.data["spec"]["slots"].as_array().map(Vec::len),
+        Some(2)
     );
     s.shutdown().await;
     Ok(())

@@ -21,9 +21,8 @@
 //!   objects are owned as one value; `additionalProperties` maps' values follow the value
 //!   schema. Unions, the built-ins' atomic structs (e.g. `spec.selector`, `nodeAffinity`) and
 //!   defaulting are not modelled: such structs are owned field by field, and of all defaults
-//!   only a port's `protocol: TCP` is assumed when computing list keys (a custom resource's
-//!   map-list element that omits a key field with a schema default is refused, where the
-//!   real server uses the default).
+//!   only a port's `protocol: TCP` (built-ins) and the schema's defaults of key fields (custom
+//!   resources) are used, when computing list keys.
 //! - Elements added to a map-type list by apply go after the live ones (the real merge follows
 //!   the applied order).
 //! - Removing a field the manager no longer applies also drops maps and lists it leaves empty

@@ -84,10 +84,17 @@ impl CompiledSchema {
             }
             if let Some(items) = &n.items {
                 match n.list_type.as_deref() {
-                    Some("map") if !n.list_map_keys.is_empty() => out.insert(
-                        path.to_string(),
-                        SsaList::Map(crate::api::patch::intern_keys(&n.list_map_keys)),
-                    ),
+                    Some("map") if !n.list_map_keys.is_empty() => {
+                        out.insert(
+                            path.to_string(),
+                            SsaList::Map(crate::api::patch::intern_keys(&n.list_map_keys)),
+                        );
+                        for k in &n.list_map_keys {
+                            if let Some(d) = items.property(k).and_then(|p| p.default.clone()) {
+                                out.insert_key_default(path.to_string(), k.clone(), d);
+                            }
+                        }
+                    }
                     Some("set") => out.insert(path.to_string(), SsaList::Set),
                     _ => {}
                 }

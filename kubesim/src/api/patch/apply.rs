@@ -4,7 +4,7 @@ use serde_json::{Map, Value};
 
 use super::PatchError;
 use super::fieldset::{
-    FieldSet, Pe, covers, element_key, from_fields_v1, path_string, to_fields_v1,
+    FieldSet, Pe, covers, element_key, element_key_with, from_fields_v1, path_string, to_fields_v1,
 };
 use super::lists::{CustomLists, SsaList, child_path, elem_path, list_rule};
 
@@ -150,12 +150,17 @@ fn str_field<'a>(v: Option<&'a Value>, field: &str) -> Option<&'a str> {
     v.and_then(|v| v.get(field)).and_then(Value::as_str)
 }
 
-/// Elements of a map-type list by key, or None when some element has no key (then the list
-/// is treated as atomic).
-fn keyed_elements<'a>(items: &'a [Value], keys: &[&str]) -> Option<Vec<(String, &'a Value)>> {
+/// Elements of the map-type list at `rule` by key, or None when some element has no key
+/// (then the list is treated as atomic).
+fn keyed_elements<'a>(
+    items: &'a [Value],
+    keys: &[&str],
+    kind: &Kind<'_>,
+    rule: &str,
+) -> Option<Vec<(String, &'a Value)>> {
     items
         .iter()
-        .map(|i| Some((element_key(i, keys)?, i)))
+        .map(|i| Some((kind.key(rule, i, keys)?, i)))
         .collect()
 }
 
@@ -212,7 +217,7 @@ fn applied_walk(
                 SsaList::Map(keys) => {
                     let erule = elem_path(&crule);
                     for (n, i) in items.iter().enumerate() {
-                        let Some(key) = element_key(i, keys) else {
+                        let Some(key) = kind.key(&crule, i, keys) else {
                             return Err(PatchError::Invalid(format!(
                                 "{}: element {n}: associative list with keys has an element that omits key field {:?} (and doesn't have default value)",
                                 path_string(path),
@@ -272,7 +277,7 @@ fn all_nodes(v: &Value, kind: &Kind<'_>, rule: &str, path: &mut Vec<Pe>, set: &m
                 }
             }
             SsaList::Map(keys) => {
-                if let Some(elems) = keyed_elements(items, keys) {
+                if let Some(elems) = keyed_elements(items, keys, kind, rule) {
                     let erule = elem_path(rule);
                     for (key, i) in elems {
                         path.push(Pe::Key(key));
@@ -341,7 +346,10 @@ fn diff(
                     path.pop();
                 }
             }
-            SsaList::Map(keys) => match (keyed_elements(o, keys), keyed_elements(n, keys)) {
+            SsaList::Map(keys) => match (
+                keyed_elements(o, keys, kind, rule),
+                keyed_elements(n, keys, kind, rule),
+            ) {
                 (Some(oe), Some(ne)) => {
                     let erule = elem_path(rule);
                     let mut seen = std::collections::BTreeSet::new();
@@ -416,18 +424,18 @@ fn merge_applied(live: &mut Value, applied: &Value, kind: &Kind<'_>, rule: &str)
                 }
             }
             SsaList::Map(keys) => {
-                if keyed_elements(l, keys).is_none() {
+                if keyed_elements(l, keys, kind, rule).is_none() {
                     *l = a.clone();
                     return;
                 }
                 let erule = elem_path(rule);
                 for ai in a {
-                    let Some(akey) = element_key(ai, keys) else {
+                    let Some(akey) = kind.key(rule, ai, keys) else {
                         continue;
                     };
                     match l
                         .iter_mut()
-                        .find(|li| element_key(li, keys).as_deref() == Some(&akey))
+                        .find(|li| kind.key(rule, li, keys).as_deref() == Some(&akey))
                     {
                         Some(li) => merge_applied(li, ai, kind, &erule),
                         None => {
@@ -486,7 +494,7 @@ fn remove_path(v: &mut Value, path: &[Pe], kind: &Kind<'_>, rule: &str, depth: u
                 Pe::Key(k) => match kind.ssa(rule) {
                     SsaList::Map(keys) => items
                         .iter()
-                        .position(|i| element_key(i, keys).as_deref() == Some(k.as_str())),
+                        .position(|i| kind.key(rule, i, keys).as_deref() == Some(k.as_str())),
                     _ => None,
                 },
                 Pe::Value(s) => serde_json::from_str::<Value>(s)
@@ -583,6 +591,15 @@ impl Kind<'_> {
             child_path(rule, "*")
         } else {
             child_path(rule, field)
+        }
+    }
+
+    /// The `k:` identity of an element of the map list at `rule`: omitted key fields take the
+    /// schema's default for a custom resource, the built-in defaults otherwise.
+    fn key(&self, rule: &str, elem: &Value, keys: &[&str]) -> Option<String> {
+        match self.lists {
+            Some(l) => element_key_with(elem, keys, |k| l.key_default(rule, k)),
+            None => element_key(elem, keys),
         }
     }
 

@@ -31,12 +31,21 @@ pub fn covers(set: &FieldSet, path: &[Pe]) -> bool {
 /// The `k:` identity of an element of a map-type list, or None when a key field is missing
 /// and has no default.
 pub fn element_key(elem: &Value, keys: &[&str]) -> Option<String> {
+    element_key_with(elem, keys, super::lists::key_default)
+}
+
+/// [`element_key`] with the values of omitted key fields from `default`.
+pub fn element_key_with(
+    elem: &Value,
+    keys: &[&str],
+    default: impl Fn(&str) -> Option<Value>,
+) -> Option<String> {
     let obj = elem.as_object()?;
     let mut key = Map::new();
     for k in keys {
         let v = match obj.get(*k) {
             Some(v) if !v.is_null() => v.clone(),
-            _ => super::lists::key_default(k)?,
+            _ => default(k)?,
         };
         key.insert((*k).to_owned(), v);
     }

@@ -139,6 +139,8 @@ pub struct CustomLists {
     lists: std::collections::BTreeMap<String, SsaList>,
     maps: std::collections::BTreeSet<String>,
     atomic: std::collections::BTreeSet<String>,
+    /// (map list's rule path, key field) -> the key field's schema default.
+    key_defaults: std::collections::BTreeMap<(String, String), serde_json::Value>,
 }
 
 impl CustomLists {
@@ -156,8 +158,20 @@ impl CustomLists {
         self.atomic.insert(path);
     }
 
+    /// Records the schema default of key field `key` of the map list at `path`.
+    pub fn insert_key_default(&mut self, path: String, key: String, default: serde_json::Value) {
+        self.key_defaults.insert((path, key), default);
+    }
+
     pub fn get(&self, path: &str) -> Option<SsaList> {
         self.lists.get(path).copied()
+    }
+
+    /// The schema default of key field `key` of the map list at `path`.
+    pub fn key_default(&self, path: &str, key: &str) -> Option<serde_json::Value> {
+        self.key_defaults
+            .get(&(path.to_string(), key.to_string()))
+            .cloned()
     }
 
     pub fn is_map(&self, path: &str) -> bool {
