@@ -306,6 +306,12 @@ pub(crate) fn create_object(
             builtin::default_namespace(&mut obj);
         }
         "/nodes" => builtin::taint_new_node(&mut obj),
+        "/configmaps" => {
+            let causes = super::configmap::validate(&obj);
+            if !causes.is_empty() {
+                return Err(ApiError::invalid(def, &name, &causes));
+            }
+        }
         super::events::CORE_TABLE | super::events::EVENTS_TABLE => {
             let causes = super::events::validate_create(&obj, &tk, &key.0);
             if !causes.is_empty() {
@@ -506,7 +512,8 @@ fn update_object(
             }
         }
         "/configmaps" => {
-            let causes = builtin::validate_configmap_update(&new, old_obj);
+            let mut causes = builtin::validate_configmap_update(&new, old_obj);
+            causes.extend(super::configmap::validate(&new));
             if !causes.is_empty() {
                 return Err(ApiError::invalid(def, &name, &causes));
             }

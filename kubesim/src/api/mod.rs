@@ -1,6 +1,7 @@
 //! The in-memory API server.
 
 mod builtin;
+mod configmap;
 mod crd;
 mod delete;
 mod discovery;
