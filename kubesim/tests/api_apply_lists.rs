@@ -168,6 +168,29 @@ async fn map_and_set_lists_are_owned_per_element() -> anyhow::Result<()> {
     )
     .await?;
     assert_eq!(after.data["spec"]["tags"], json!(["x"]));
+    // An element both apply (same values: no conflict) stays while either still applies it
+    // (bob's apply changes only managedFields, and is written).
+    apply(
+        &api,
+        "alice",
+        json!({"tags": ["x"], "members": [{"node": "c", "weight": 3}]}),
+    )
+    .await?;
+    apply(
+        &api,
+        "bob",
+        json!({"members": [{"node": "b", "weight": 2}, {"node": "c", "weight": 3}]}),
+    )
+    .await?;
+    let after = apply(&api, "alice", json!({"tags": ["x"]})).await?;
+    assert_eq!(nodes(&after), vec!["b", "c"]);
+    let after = apply(
+        &api,
+        "bob",
+        json!({"members": [{"node": "b", "weight": 2}]}),
+    )
+    .await?;
+    assert_eq!(nodes(&after), vec!["b"]);
     s.shutdown().await;
     Ok(())
 }

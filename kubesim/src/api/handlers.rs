@@ -381,10 +381,12 @@ fn spec_changed(def: &ResourceDef, old: &Value, new: &Value) -> bool {
     strip(old) != strip(new)
 }
 
+/// An object without its resourceVersion: a write that changes nothing else (managedFields
+/// included: an apply that only takes a share of fields another manager set is written, as
+/// the real field manager's result is) is a no-op.
 fn without_volatile(v: &Value) -> Value {
     let mut v = v.clone();
     if let Some(m) = v.get_mut("metadata").and_then(Value::as_object_mut) {
-        m.remove("managedFields");
         m.remove("resourceVersion");
     }
     v
