@@ -188,9 +188,53 @@ impl SimCluster {
             .is_some()
             .then(|| NodeLifecycleController::start(client.clone(), Duration::from_secs(40)));
 
+        let mut cluster = Self {
+            api,
+            client: client.clone(),
+            fleet,
+            activators: Vec::new(),
+            lifecycle,
+            block,
+            activator_namespace,
+            owned_namespaces: std::sync::Mutex::new(owned_namespaces),
+            cleanup_timeout: opts.cleanup_timeout,
+            api_description,
+            stop_subsetter: CancellationToken::new(),
+            subsetter: tokio::spawn(async {}),
+        };
+        match cluster.start_activators(&opts).await {
+            Ok(activators) => cluster.activators = activators,
+            Err(e) => {
+                // On a shared API server a half-started cluster must not leave its nodes and
+                // namespaces behind.
+                cluster.shutdown().await;
+                return Err(e);
+            }
+        }
+        let sub = subsetter::Subsetter::new(
+            client,
+            subsetter::Config {
+                default_activators: opts.default_activators,
+                namespace: opts.revision_namespace.clone(),
+                activator_namespace: Some(cluster.activator_namespace.clone()),
+                ..subsetter::Config::default()
+            },
+            Arc::new(subsetter::Random::new()),
+        );
+        let stop = cluster.stop_subsetter.clone();
+        cluster.subsetter = tokio::spawn(async move {
+            if let Err(e) = sub.run(async move { stop.cancelled().await }).await {
+                tracing::error!(error = %e, "subsetter stopped");
+            }
+        });
+        Ok(cluster)
+    }
+
+    /// One activator per node, each represented by a Ready DaemonSet-style pod.
+    async fn start_activators(&self, opts: &ClusterOptions) -> Result<Vec<NodeActivator>, Error> {
         let mut activators = Vec::with_capacity(opts.nodes);
-        let pods: Api<Pod> = Api::namespaced(client.clone(), &activator_namespace);
-        for node in fleet.nodes() {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.activator_namespace);
+        for node in self.fleet.nodes() {
             let ip = node.ip().into();
             let mut cfg = ActivatorConfig::new(
                 node.name(),
@@ -198,15 +242,15 @@ impl SimCluster {
                 SocketAddr::new(ip, ADMIN_PORT),
             );
             let pod_name = cfg.pod_name.clone();
-            cfg.pod_namespace = activator_namespace.clone();
+            cfg.pod_namespace = self.activator_namespace.clone();
             cfg.host_routing = opts.host_routing;
-            let activator = Activator::start(cfg, client.clone())
+            let activator = Activator::start(cfg, self.client.clone())
                 .await
                 .map_err(|source| Error::Activator {
                     node: node.name().to_string(),
                     source,
                 })?;
-            let pod = activator_pod(&pod_name, &activator_namespace, node.name());
+            let pod = activator_pod(&pod_name, &self.activator_namespace, node.name());
             match pods.create(&PostParams::default(), &pod).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(s)) if s.code == 409 => {}
@@ -218,38 +262,7 @@ impl SimCluster {
             });
         }
         wait_ready_pods(&pods, opts.nodes, Duration::from_secs(60)).await?;
-
-        let stop_subsetter = CancellationToken::new();
-        let sub = subsetter::Subsetter::new(
-            client.clone(),
-            subsetter::Config {
-                default_activators: opts.default_activators,
-                namespace: opts.revision_namespace.clone(),
-                activator_namespace: Some(activator_namespace.clone()),
-                ..subsetter::Config::default()
-            },
-            Arc::new(subsetter::Random::new()),
-        );
-        let stop = stop_subsetter.clone();
-        let subsetter = tokio::spawn(async move {
-            if let Err(e) = sub.run(async move { stop.cancelled().await }).await {
-                tracing::error!(error = %e, "subsetter stopped");
-            }
-        });
-        Ok(Self {
-            api,
-            client,
-            fleet,
-            activators,
-            lifecycle,
-            block,
-            activator_namespace,
-            owned_namespaces: std::sync::Mutex::new(owned_namespaces),
-            cleanup_timeout: opts.cleanup_timeout,
-            api_description,
-            stop_subsetter,
-            subsetter,
-        })
+        Ok(activators)
     }
 
     /// A number no other live cluster on this machine has (its first node index), for
