@@ -110,68 +110,6 @@ fn normalized(v: &Value) -> Value {
     }
 }
 
-/// `validation.IsQualifiedName`'s messages for `value` (empty when valid).
-fn qualified_name_errors(value: &str) -> Vec<String> {
-    const NAME_ERR: &str = "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')";
-    let mut errs = Vec::new();
-    let parts: Vec<&str> = value.split('/').collect();
-    let name = match parts.as_slice() {
-        [name] => *name,
-        [prefix, name] => {
-            if prefix.is_empty() {
-                errs.push("prefix part must be non-empty".to_string());
-            } else {
-                errs.extend(
-                    dns1123_subdomain_errors(prefix)
-                        .into_iter()
-                        .map(|e| format!("prefix part {e}")),
-                );
-            }
-            *name
-        }
-        _ => {
-            return vec![format!(
-                "a qualified name {NAME_ERR} with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')"
-            )];
-        }
-    };
-    if name.is_empty() {
-        errs.push("name part must be non-empty".to_string());
-    } else if name.len() > 63 {
-        errs.push("name part must be no more than 63 characters".to_string());
-    }
-    let b = name.as_bytes();
-    let ok = !b.is_empty()
-        && b[0].is_ascii_alphanumeric()
-        && b[b.len() - 1].is_ascii_alphanumeric()
-        && b.iter()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'));
-    if !ok {
-        errs.push(format!("name part {NAME_ERR}"));
-    }
-    errs
-}
-
-/// `validation.IsDNS1123Subdomain`'s messages.
-fn dns1123_subdomain_errors(s: &str) -> Vec<String> {
-    let mut errs = Vec::new();
-    if s.len() > 253 {
-        errs.push("must be no more than 253 characters".to_string());
-    }
-    let ok = s.split('.').all(|label| {
-        let b = label.as_bytes();
-        !b.is_empty()
-            && (b[0].is_ascii_lowercase() || b[0].is_ascii_digit())
-            && (b[b.len() - 1].is_ascii_lowercase() || b[b.len() - 1].is_ascii_digit())
-            && b.iter()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-    });
-    if !ok {
-        errs.push("a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')".to_string());
-    }
-    errs
-}
-
 /// `legacyValidateEvent` on an Event in core shape: what every Event, created or updated
 /// through either API, must satisfy. `core_request` names the controller field
 /// `reportingComponent` (the core API's name for it), as the real server does.
@@ -208,7 +146,7 @@ fn legacy(core: &Value, namespace: &str, core_request: bool, causes: &mut Vec<Ca
     if controller.is_empty() {
         causes.push(required(controller_field));
     }
-    for msg in qualified_name_errors(controller) {
+    for msg in super::selector::qualified_name_errors(controller) {
         causes.push(invalid_value(controller_field, &json!(controller), &msg));
     }
     for (field, limit) in [("reportingInstance", 128), ("action", 128), ("reason", 128)] {

@@ -410,10 +410,11 @@ fn is_dns1123_subdomain(s: &str) -> bool {
     })
 }
 
-/// A label key: `[prefix/]name`, as `validation.IsQualifiedName`. Errors joined by "; ".
-pub fn validate_label_key(key: &str) -> Result<(), String> {
+/// `validation.IsQualifiedName`'s messages for `value` (`[prefix/]name`; empty when valid).
+/// As in Go, an empty name part fails both the length and the pattern check.
+pub(crate) fn qualified_name_errors(value: &str) -> Vec<String> {
     let mut errs: Vec<String> = Vec::new();
-    let parts: Vec<&str> = key.split('/').collect();
+    let parts: Vec<&str> = value.split('/').collect();
     let name = match parts.as_slice() {
         [name] => *name,
         [prefix, name] => {
@@ -430,9 +431,9 @@ pub fn validate_label_key(key: &str) -> Result<(), String> {
             *name
         }
         _ => {
-            return Err(format!(
+            return vec![format!(
                 "a qualified name {QUALIFIED_NAME_ERR} with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')"
-            ));
+            )];
         }
     };
     if name.is_empty() {
@@ -440,9 +441,15 @@ pub fn validate_label_key(key: &str) -> Result<(), String> {
     } else if name.len() > 63 {
         errs.push("name part must be no more than 63 characters".into());
     }
-    if !name.is_empty() && !is_qualified_name_part(name) {
+    if !is_qualified_name_part(name) {
         errs.push(format!("name part {QUALIFIED_NAME_ERR}"));
     }
+    errs
+}
+
+/// A label key: `[prefix/]name`, as `validation.IsQualifiedName`. Errors joined by "; ".
+pub fn validate_label_key(key: &str) -> Result<(), String> {
+    let errs = qualified_name_errors(key);
     if errs.is_empty() {
         Ok(())
     } else {
