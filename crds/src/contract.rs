@@ -4,6 +4,9 @@
 
 /// Prefix of the per-member label on ActivationEndpoints: `member.local-activator.dev/<h>`.
 pub const MEMBER_LABEL_PREFIX: &str = "member.local-activator.dev/";
+/// Prefix of the per-host label on ActivationEndpoints: `host.local-activator.dev/<h>`, `<h>`
+/// the [`node_hash`] of the host as [`normalize_host`] writes it (DESIGN.md §3).
+pub const HOST_LABEL_PREFIX: &str = "host.local-activator.dev/";
 /// App pod label: the revision's name.
 pub const REVISION_LABEL: &str = "local-activator.dev/revision";
 /// App pod label: the revision's uid.
@@ -53,6 +56,34 @@ pub fn member_selector(node: &str) -> String {
     member_label(node)
 }
 
+/// A Host header value as hosts compare (RFC 9110 §4.2.3): without the port, in lower case,
+/// without a trailing dot. `[v6]:port` keeps its brackets.
+pub fn normalize_host(host: &str) -> String {
+    let host = host.trim();
+    let without_port = if host.starts_with('[') {
+        host.split_once(']')
+            .map(|(h, _)| format!("{h}]"))
+            .unwrap_or_else(|| host.to_string())
+    } else {
+        match host.rsplit_once(':') {
+            Some((h, port)) if port.chars().all(|c| c.is_ascii_digit()) => h.to_string(),
+            _ => host.to_string(),
+        }
+    };
+    without_port.trim_end_matches('.').to_ascii_lowercase()
+}
+
+/// The host label key for `host` (any spelling: it is normalized first):
+/// `host.local-activator.dev/<fnv1a64 hex of the normalized host>`.
+pub fn host_label(host: &str) -> String {
+    format!("{HOST_LABEL_PREFIX}{}", node_hash(&normalize_host(host)))
+}
+
+/// The label selector that finds the ActivationEndpoints of the revisions claiming `host`.
+pub fn host_selector(host: &str) -> String {
+    host_label(host)
+}
+
 /// The deterministic name of the `ordinal`-th app pod of `revision` created by the activator on
 /// `node`. Two activators never produce the same name (the node hash differs), and a retried
 /// create produces the same one (so 409 AlreadyExists means "already done").
@@ -85,6 +116,24 @@ mod tests {
             name.chars()
                 .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
         );
+    }
+
+    #[test]
+    fn host_labels_ignore_port_case_and_trailing_dot() {
+        let l = host_label("App.Example.com");
+        for h in [
+            "app.example.com",
+            "APP.example.com:8080",
+            "app.example.com.",
+        ] {
+            assert_eq!(host_label(h), l, "{h}");
+        }
+        assert_ne!(host_label("other.example.com"), l);
+        assert_eq!(
+            l,
+            format!("{HOST_LABEL_PREFIX}{}", node_hash("app.example.com"))
+        );
+        assert_eq!(normalize_host("[::1]:80"), "[::1]");
     }
 
     #[test]
