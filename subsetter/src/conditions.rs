@@ -10,6 +10,10 @@ use k8s_openapi::jiff::Timestamp;
 
 pub const READY: &str = "Ready";
 pub const DEGRADED: &str = "Degraded";
+/// On an ActivationEndpoints whose revision claims a host that a newer revision takes. Absent
+/// when there is no conflict (not `False`): most revisions never have one, and an absent
+/// condition adds nothing to write to the 100,000 objects of a cluster.
+pub const HOST_CONFLICT: &str = "HostConflict";
 
 /// Reasons (CamelCase, as Kubernetes conditions use).
 pub mod reason {
@@ -19,6 +23,7 @@ pub mod reason {
     pub const SINGLE_ACTIVATOR: &str = "SingleActivator";
     pub const FULL_SUBSET: &str = "FullSubset";
     pub const INVALID_SPEC: &str = "InvalidSpec";
+    pub const HOST_CLAIMED_BY_NEWER_REVISION: &str = "HostClaimedByNewerRevision";
 }
 
 /// A condition without its transition time: what the reconciler decides.
@@ -99,6 +104,25 @@ pub fn subset(members: usize, wanted: usize) -> Vec<Desired> {
         }
     };
     vec![ready, degraded]
+}
+
+/// HostConflict of an ActivationEndpoints whose revision loses `conflicts` (in host order, so
+/// the message is stable and an unchanged conflict writes nothing), or None when it loses none.
+pub fn host_conflict(conflicts: &[crate::hosts::Conflict]) -> Option<Desired> {
+    if conflicts.is_empty() {
+        return None;
+    }
+    let message = conflicts
+        .iter()
+        .map(|c| format!("host {} is routed to newer revision {}", c.host, c.winner))
+        .collect::<Vec<_>>()
+        .join("; ");
+    Some(Desired {
+        type_: HOST_CONFLICT,
+        status: true,
+        reason: reason::HOST_CLAIMED_BY_NEWER_REVISION,
+        message,
+    })
 }
 
 /// Ready of a Revision: its subset's readiness, or False/InvalidSpec.
@@ -184,6 +208,32 @@ mod tests {
         );
         let c = subset(0, 3);
         assert!(c.iter().any(|d| d.type_ == READY && !d.status));
+    }
+
+    #[test]
+    fn host_conflict_names_each_host_and_winner() {
+        use crate::hosts::Conflict;
+        use crate::index::Key;
+        assert_eq!(host_conflict(&[]), None);
+        let c = host_conflict(&[
+            Conflict {
+                host: "a.test".into(),
+                winner: Key::new("apps", "v2"),
+            },
+            Conflict {
+                host: "b.test".into(),
+                winner: Key::new("other", "v9"),
+            },
+        ])
+        .unwrap();
+        assert!(c.status);
+        assert_eq!(c.type_, HOST_CONFLICT);
+        assert_eq!(c.reason, reason::HOST_CLAIMED_BY_NEWER_REVISION);
+        assert_eq!(
+            c.message,
+            "host a.test is routed to newer revision apps/v2; \
+             host b.test is routed to newer revision other/v9"
+        );
     }
 
     #[test]

@@ -8,6 +8,11 @@
 //! - Activator pods and Nodes are watched; whenever the usable activator set changes, only the
 //!   revisions that had a lost (or changed) activator are triggered, and a new activator
 //!   triggers only the revisions short of their N.
+//! - Host claims are indexed from the Revision watch's events (before the generation filter,
+//!   which would hide deletes). A revision created, deleted, or changing its hosts triggers the
+//!   older claimants of the hosts concerned; an ActivationEndpoints event triggers the older
+//!   claimants of its revision's hosts (whether it can take traffic decides their
+//!   `HostConflict`). Uncontested hosts trigger nothing.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::future::Future;
@@ -28,6 +33,7 @@ use tracing::{debug, info, warn};
 
 use crate::activators::{self, Activator};
 use crate::error::Result;
+use crate::hosts::HostIndex;
 use crate::index::{Key, MembershipIndex};
 use crate::metrics::Metrics;
 use crate::policy::SubsetPolicy;
@@ -89,6 +95,7 @@ impl Subsetter {
         let nodes: Api<Node> = Api::all(client.clone());
 
         let index = Arc::new(Mutex::new(MembershipIndex::default()));
+        let hosts = Arc::new(Mutex::new(HostIndex::default()));
         let available = Arc::new(RwLock::new(Arc::new(BTreeMap::new())));
         let (synced_tx, synced_rx) = watch::channel(false);
         let synced = Arc::new(watch::Sender::new(Synced::default()));
@@ -104,14 +111,15 @@ impl Subsetter {
             });
         }
         let (trigger_tx, trigger_rx) = unbounded::<ObjectRef<Revision>>();
+        let mut claims = HostClaims::new(Arc::clone(&hosts), trigger_tx.clone());
         let (owned_tx, owned_rx) = unbounded::<ActivationEndpoints>();
 
         let (ae_reader, ae_writer) = reflector::store();
         let ae_task = tokio::spawn(watch_endpoints(
             endpoints,
             ae_writer,
-            ae_reader.clone(),
             Arc::clone(&index),
+            claims.clone(),
             Arc::clone(&synced),
             owned_tx,
             Arc::clone(&self.metrics),
@@ -132,6 +140,7 @@ impl Subsetter {
             Arc::clone(&self.policy),
             Arc::clone(&self.metrics),
             index,
+            hosts,
             available,
             ae_reader,
             synced_rx,
@@ -141,6 +150,11 @@ impl Subsetter {
         let revision_stream = watcher::watcher(revisions, watcher::Config::default())
             .default_backoff()
             .reflect(rev_writer)
+            .inspect(move |e| {
+                if let Ok(e) = e {
+                    claims.observe(e);
+                }
+            })
             .applied_objects()
             .predicate_filter(predicates::generation, Default::default());
         info!(namespace = ?self.config.namespace, policy = self.policy.name(), "subsetter starting");
@@ -194,15 +208,92 @@ fn key_of(ae: &ActivationEndpoints) -> Key {
     Key::new(ae.namespace().unwrap_or_default(), ae.name_any())
 }
 
+fn trigger(triggers: &UnboundedSender<ObjectRef<Revision>>, keys: BTreeSet<Key>) {
+    for key in keys {
+        let _ = triggers.unbounded_send(ObjectRef::new(&key.name).within(&key.namespace));
+    }
+}
+
+/// Keeps the host index from the Revision watch's events and triggers the revisions whose
+/// `HostConflict` a change may flip. Triggers sent before the caches are synced are harmless:
+/// reconciles wait for the sync.
+#[derive(Clone)]
+struct HostClaims {
+    index: Arc<Mutex<HostIndex>>,
+    triggers: UnboundedSender<ObjectRef<Revision>>,
+    /// The revisions a relist in progress has shown so far.
+    relist: Option<HashSet<Key>>,
+}
+
+impl HostClaims {
+    fn new(index: Arc<Mutex<HostIndex>>, triggers: UnboundedSender<ObjectRef<Revision>>) -> Self {
+        Self {
+            index,
+            triggers,
+            relist: None,
+        }
+    }
+
+    fn observe(&mut self, event: &Event<Revision>) {
+        let key_of = |r: &Revision| Key::new(r.namespace().unwrap_or_default(), r.name_any());
+        let created = |r: &Revision| {
+            r.metadata
+                .creation_timestamp
+                .as_ref()
+                .map_or(0, |t| t.0.as_second())
+        };
+        let affected = {
+            let mut ix = self.index.lock().unwrap_or_else(|p| p.into_inner());
+            match event {
+                Event::Init => {
+                    self.relist = Some(HashSet::new());
+                    return;
+                }
+                Event::InitApply(r) => {
+                    let key = key_of(r);
+                    let affected = ix.upsert(&key, created(r), &r.spec.hosts);
+                    if let Some(seen) = &mut self.relist {
+                        seen.insert(key);
+                    }
+                    affected
+                }
+                Event::InitDone => match self.relist.take() {
+                    Some(seen) => ix.retain(&seen),
+                    None => return,
+                },
+                Event::Apply(r) => ix.upsert(&key_of(r), created(r), &r.spec.hosts),
+                Event::Delete(r) => ix.remove(&key_of(r)),
+            }
+        };
+        if !affected.is_empty() {
+            debug!(revisions = affected.len(), "host claims changed");
+        }
+        trigger(&self.triggers, affected);
+    }
+
+    /// The ActivationEndpoints of `key` changed: whether it can take its hosts' traffic decides
+    /// the older claimants' HostConflict (see `reconciler::host_conflicts`). Only contested
+    /// hosts have older claimants, so most events trigger nothing.
+    fn endpoints_changed(&self, key: &Key) {
+        let older = self
+            .index
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .older_claimants(key);
+        trigger(&self.triggers, older);
+    }
+}
+
 async fn watch_endpoints(
     api: Api<ActivationEndpoints>,
     writer: reflector::store::Writer<ActivationEndpoints>,
-    reader: Store<ActivationEndpoints>,
     index: Arc<Mutex<MembershipIndex>>,
+    claims: HostClaims,
     synced: Arc<watch::Sender<Synced>>,
     owned: UnboundedSender<ActivationEndpoints>,
     metrics: Arc<Metrics>,
 ) {
+    let reader = writer.as_reader();
     let mut events = std::pin::pin!(
         watcher::watcher(api, watcher::Config::default())
             .default_backoff()
@@ -216,6 +307,9 @@ async fn watch_endpoints(
                 continue;
             }
         };
+        if let Event::Apply(ae) | Event::Delete(ae) | Event::InitApply(ae) = &event {
+            claims.endpoints_changed(&key_of(ae));
+        }
         let mut ix = index.lock().unwrap_or_else(|p| p.into_inner());
         match event {
             Event::Apply(ae) => {

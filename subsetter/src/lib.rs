@@ -6,6 +6,7 @@ pub mod activators;
 pub mod admin;
 pub mod conditions;
 pub mod error;
+pub mod hosts;
 pub mod index;
 pub mod metrics;
 pub mod plan;

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use crds::contract::{MEMBER_LABEL_PREFIX, member_label};
+use crds::contract::{HOST_LABEL_PREFIX, MEMBER_LABEL_PREFIX, host_label, member_label};
 use crds::{ActivationEndpoints, ActivationEndpointsStatus, ActivatorMember, Revision};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
@@ -12,6 +12,7 @@ use serde_json::{Map, Value, json};
 
 use crate::activators::Activator;
 use crate::conditions;
+use crate::hosts::Conflict;
 use crate::policy::{Candidate, SubsetPolicy, SubsetRequest};
 use crate::shares;
 
@@ -32,7 +33,7 @@ pub struct SubsetPlan {
     pub status: ActivationEndpointsStatus,
     /// A JSON merge patch of `metadata.labels`, or None when the labels are right.
     pub label_patch: Option<Value>,
-    /// All labels the object should carry (for a create).
+    /// All labels the object should carry (for a create): one per member, one per host.
     pub labels: BTreeMap<String, String>,
     /// Whether the status differs from the current one.
     pub status_changed: bool,
@@ -53,6 +54,8 @@ pub struct SubsetInputs<'a> {
     pub load: &'a dyn Fn(&str) -> usize,
     pub policy: &'a dyn SubsetPolicy,
     pub default_n: usize,
+    /// The hosts of the revision that a newer revision takes (gives `HostConflict`).
+    pub host_conflicts: &'a [Conflict],
     pub now: Timestamp,
 }
 
@@ -97,13 +100,10 @@ pub fn subset(inp: &SubsetInputs<'_>) -> SubsetPlan {
         .map(|s| s.conditions.as_slice())
         .unwrap_or(&[]);
     let generation = inp.revision.metadata.generation;
+    let mut desired = conditions::subset(activators.len(), n);
+    desired.extend(conditions::host_conflict(inp.host_conflicts));
     let status = ActivationEndpointsStatus {
-        conditions: conditions::merge(
-            existing,
-            &conditions::subset(activators.len(), n),
-            generation,
-            inp.now,
-        ),
+        conditions: conditions::merge(existing, &desired, generation, inp.now),
         activators,
         policy: Some(inp.policy.name().to_owned()),
         observed_generation: generation,
@@ -112,9 +112,14 @@ pub fn subset(inp: &SubsetInputs<'_>) -> SubsetPlan {
     let chosen_set: HashSet<&str> = chosen.iter().map(String::as_str).collect();
     let joined = chosen_set.difference(&current_set).count();
     let left = current_set.difference(&chosen_set).count();
+    // A revision keeps the labels of the hosts it loses: readers skip it by its HostConflict
+    // condition, and the label is what lets them see that there is a conflict at all.
+    // Any string hashes to a valid label key, so an odd host cannot make the write fail.
     let labels: BTreeMap<String, String> = chosen
         .iter()
-        .map(|node| (member_label(node), String::new()))
+        .map(|node| member_label(node))
+        .chain(spec.hosts.iter().map(|h| host_label(h)))
+        .map(|k| (k, String::new()))
         .collect();
     let label_patch = inp.current.and_then(|ae| {
         label_patch(
@@ -133,8 +138,8 @@ pub fn subset(inp: &SubsetInputs<'_>) -> SubsetPlan {
     }
 }
 
-/// The merge patch that makes the member labels of `current` equal to `wanted` (null removes a
-/// label), leaving labels outside the member prefix alone; None when nothing differs.
+/// The merge patch that makes the member and host labels of `current` equal to `wanted` (null
+/// removes a label), leaving labels outside those prefixes alone; None when nothing differs.
 pub fn label_patch(
     current: &BTreeMap<String, String>,
     wanted: &BTreeMap<String, String>,
@@ -146,7 +151,8 @@ pub fn label_patch(
         }
     }
     for k in current.keys() {
-        if k.starts_with(MEMBER_LABEL_PREFIX) && !wanted.contains_key(k) {
+        let ours = k.starts_with(MEMBER_LABEL_PREFIX) || k.starts_with(HOST_LABEL_PREFIX);
+        if ours && !wanted.contains_key(k) {
             patch.insert(k.clone(), Value::Null);
         }
     }
@@ -235,6 +241,16 @@ mod tests {
         av: &BTreeMap<String, Activator>,
         now: i64,
     ) -> SubsetPlan {
+        plan_with(rev, cur, av, now, &[])
+    }
+
+    fn plan_with(
+        rev: &Revision,
+        cur: Option<&ActivationEndpoints>,
+        av: &BTreeMap<String, Activator>,
+        now: i64,
+        host_conflicts: &[Conflict],
+    ) -> SubsetPlan {
         subset(&SubsetInputs {
             key: "ns/r",
             revision: rev,
@@ -243,6 +259,7 @@ mod tests {
             load: &|_| 0,
             policy: &LeastLoaded,
             default_n: 3,
+            host_conflicts,
             now: Timestamp::from_second(now).unwrap(),
         })
     }
@@ -327,6 +344,102 @@ mod tests {
         ]);
         let wanted = BTreeMap::from([(member_label("a"), String::new())]);
         assert!(label_patch(&current, &wanted).is_none());
+    }
+
+    fn host_labels(labels: &BTreeMap<String, String>) -> Vec<String> {
+        labels
+            .keys()
+            .filter(|k| k.starts_with(HOST_LABEL_PREFIX))
+            .cloned()
+            .collect()
+    }
+
+    #[test]
+    fn one_label_per_host_whatever_its_spelling() {
+        let mut rev = revision(0, 0, None);
+        rev.spec.hosts = vec![
+            "App.Example.com:8080".into(),
+            "app.example.com".into(),
+            "not a valid host!".into(),
+        ];
+        let p = plan(&rev, None, &acts(&["a", "b", "c"]), 1);
+        let mut want = vec![
+            host_label("app.example.com"),
+            host_label("not a valid host!"),
+        ];
+        want.sort();
+        assert_eq!(host_labels(&p.labels), want);
+        assert!(p.labels.values().all(String::is_empty));
+        assert_eq!(p.labels.len(), 3 + 2, "members and hosts");
+    }
+
+    #[test]
+    fn dropped_host_label_is_removed_and_added_one_set() {
+        let mut rev = revision(0, 0, None);
+        rev.spec.hosts = vec!["x.test".into(), "y.test".into()];
+        let av = acts(&["a", "b", "c"]);
+        let first = applied(&plan(&rev, None, &av, 1));
+        rev.spec.hosts = vec!["y.test".into(), "z.test".into()];
+        let p = plan(&rev, Some(&first), &av, 2);
+        let patch = &p.label_patch.unwrap()["metadata"]["labels"];
+        assert_eq!(patch[host_label("x.test")], Value::Null);
+        assert_eq!(patch[host_label("z.test")], Value::String(String::new()));
+        assert_eq!(patch.as_object().unwrap().len(), 2, "{patch}");
+        assert!(!p.status_changed, "hosts are labels, not status");
+    }
+
+    #[test]
+    fn host_conflict_is_set_then_cleared() {
+        let mut rev = revision(0, 0, None);
+        rev.spec.hosts = vec!["x.test".into()];
+        let av = acts(&["a", "b", "c"]);
+        let conflict = [Conflict {
+            host: "x.test".into(),
+            winner: crate::index::Key::new("ns", "newer"),
+        }];
+        let first = applied(&plan(&rev, None, &av, 1));
+        assert!(
+            !first
+                .status
+                .as_ref()
+                .unwrap()
+                .conditions
+                .iter()
+                .any(|c| c.type_ == conditions::HOST_CONFLICT)
+        );
+        let lost = plan_with(&rev, Some(&first), &av, 2, &conflict);
+        assert!(lost.status_changed);
+        assert!(lost.label_patch.is_none(), "the loser keeps its host label");
+        let c = lost
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == conditions::HOST_CONFLICT)
+            .unwrap();
+        assert_eq!(c.status, "True");
+        assert_eq!(c.reason, "HostClaimedByNewerRevision");
+        assert!(c.message.contains("x.test") && c.message.contains("ns/newer"));
+        let lost = applied(&lost);
+        assert!(!plan_with(&rev, Some(&lost), &av, 3, &conflict).status_changed);
+        let cleared = plan(&rev, Some(&lost), &av, 4);
+        assert!(cleared.status_changed);
+        assert_eq!(
+            cleared.status.conditions,
+            first.status.as_ref().unwrap().conditions,
+            "no HostConflict left, the other conditions untouched"
+        );
+    }
+
+    #[test]
+    fn label_patch_removes_a_stale_host_label_only() {
+        let current = BTreeMap::from([
+            ("team".to_string(), "x".to_string()),
+            (host_label("old.test"), String::new()),
+        ]);
+        let patch = label_patch(&current, &BTreeMap::new()).unwrap();
+        let labels = patch["metadata"]["labels"].as_object().unwrap();
+        assert_eq!(labels.len(), 1, "{patch}");
+        assert_eq!(labels[&host_label("old.test")], Value::Null);
     }
 
     #[test]

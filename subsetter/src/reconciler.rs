@@ -16,6 +16,7 @@ use tracing::{debug, info, warn};
 
 use crate::activators::Activator;
 use crate::error::{Error, Result};
+use crate::hosts::{self, HostIndex};
 use crate::index::{Key, MembershipIndex};
 use crate::metrics::Metrics;
 use crate::plan::{self, SubsetInputs};
@@ -65,6 +66,7 @@ pub struct Context {
     pub policy: Arc<dyn SubsetPolicy>,
     pub metrics: Arc<Metrics>,
     pub(crate) index: Arc<Mutex<MembershipIndex>>,
+    pub(crate) hosts: Arc<Mutex<HostIndex>>,
     pub(crate) activators: Arc<RwLock<Arc<BTreeMap<String, Activator>>>>,
     pub(crate) ae_store: Store<ActivationEndpoints>,
     pub(crate) synced: watch::Receiver<bool>,
@@ -80,6 +82,7 @@ impl Context {
         policy: Arc<dyn SubsetPolicy>,
         metrics: Arc<Metrics>,
         index: Arc<Mutex<MembershipIndex>>,
+        hosts: Arc<Mutex<HostIndex>>,
         activators: Arc<RwLock<Arc<BTreeMap<String, Activator>>>>,
         ae_store: Store<ActivationEndpoints>,
         synced: watch::Receiver<bool>,
@@ -90,6 +93,7 @@ impl Context {
             policy,
             metrics,
             index,
+            hosts,
             activators,
             ae_store,
             synced,
@@ -180,6 +184,7 @@ pub async fn reconcile(rev: Arc<Revision>, ctx: Arc<Context>) -> Result<Action> 
         }
     }
 
+    let host_conflicts = host_conflicts(&ctx, &key);
     let available = Arc::clone(&*ctx.activators.read().unwrap_or_else(|p| p.into_inner()));
     let key_str = key.to_string();
     let plan = {
@@ -192,6 +197,7 @@ pub async fn reconcile(rev: Arc<Revision>, ctx: Arc<Context>) -> Result<Action> 
             load: &|n| index.load(n),
             policy: ctx.policy.as_ref(),
             default_n: ctx.config.default_activators,
+            host_conflicts: &host_conflicts,
             now,
         });
         // Reserve the members now, under the lock: reconciles of other revisions running
@@ -266,6 +272,25 @@ pub async fn reconcile(rev: Arc<Revision>, ctx: Arc<Context>) -> Result<Action> 
     .await?;
     lock(&ctx.failures).remove(&key);
     Ok(Action::await_change())
+}
+
+/// The hosts `key` loses to a newer revision. A newer claimant counts only once its
+/// ActivationEndpoints carries the host label: until then readers could not find it, and
+/// marking this revision would leave the host with no route. The AE watch triggers this
+/// revision again when the newer one's object changes.
+fn host_conflicts(ctx: &Context, key: &Key) -> Vec<hosts::Conflict> {
+    let newer = lock(&ctx.hosts).newer_claimants(key);
+    if newer.is_empty() {
+        return Vec::new();
+    }
+    let conflicts = hosts::conflicts(&newer, |winner, host| {
+        ctx.current(winner)
+            .is_some_and(|ae| ae.labels().contains_key(&hosts::label_of_normalized(host)))
+    });
+    if !conflicts.is_empty() {
+        debug!(revision = %key, ?conflicts, "hosts claimed by newer revisions");
+    }
+    conflicts
 }
 
 async fn write_revision_status(
