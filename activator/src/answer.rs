@@ -14,6 +14,9 @@ pub struct Refusal {
     pub status: StatusCode,
     pub reason: String,
     pub retry_after_secs: Option<u32>,
+    /// The request never reached its target (the connection was refused or timed out), so
+    /// another pod or member may take it, if the request can be sent again.
+    pub retry_elsewhere: bool,
 }
 
 impl Refusal {
@@ -36,9 +39,22 @@ impl Refusal {
     pub fn bad_gateway(reason: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_GATEWAY, reason)
     }
+    /// 502 for a target that did not take the connection: the request was not sent, so it
+    /// may be retried elsewhere.
+    pub fn unreachable(reason: impl Into<String>) -> Self {
+        Self {
+            retry_elsewhere: true,
+            ..Self::bad_gateway(reason)
+        }
+    }
     /// 400: the request itself is malformed.
     pub fn bad_request(reason: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, reason)
+    }
+
+    /// 408: the request body stopped arriving.
+    pub fn request_timeout(reason: impl Into<String>) -> Self {
+        Self::new(StatusCode::REQUEST_TIMEOUT, reason)
     }
 
     fn new(status: StatusCode, reason: impl Into<String>) -> Self {
@@ -46,6 +62,7 @@ impl Refusal {
             status,
             reason: reason.into(),
             retry_after_secs: None,
+            retry_elsewhere: false,
         }
     }
 

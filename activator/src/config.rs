@@ -4,6 +4,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+pub use crate::pool::PoolConfig;
+
 /// Configuration of one activator.
 #[derive(Debug, Clone)]
 pub struct ActivatorConfig {
@@ -25,13 +27,24 @@ pub struct ActivatorConfig {
     pub connect_retries: u32,
     /// How long a non-member caches a revision's ActivationEndpoints before reading it again.
     pub endpoints_ttl: Duration,
-    /// Route requests by their Host header. This needs a watch of every Revision; without it
-    /// requests must name their revision with `x-revision-namespace` + `x-revision-name` (an
-    /// ingress sets them) and the activator reads only the revisions requests name.
-    pub host_routing: bool,
+    /// How long a Host's revision, found by a label-selected LIST of ActivationEndpoints, is
+    /// used before it is looked up again (in the background; requests keep routing).
+    pub host_ttl: Duration,
+    /// How long a Host no revision claims is answered 404 without asking again.
+    pub host_miss_ttl: Duration,
+    /// Buffering, throttling and local scaling.
+    pub pool: PoolConfig,
+    /// Threads serving the data port, each with its own single-threaded runtime and listener
+    /// (SO_REUSEPORT). 0 or 1: served on the caller's runtime (tests and the load test run
+    /// many activators in one process). The binary uses one per core.
+    pub io_threads: usize,
     /// How long shutdown waits for in-flight requests before closing their connections
     /// (keep it below the pod's terminationGracePeriodSeconds).
     pub drain_timeout: Duration,
+    /// How long a request body may send nothing while it is being proxied before the request
+    /// is answered `408 Request Timeout` and both its connections are closed (a client that
+    /// declares a length and stalls would otherwise hold them, and the app's, indefinitely).
+    pub body_idle_timeout: Duration,
 }
 
 impl ActivatorConfig {
@@ -53,7 +66,11 @@ impl ActivatorConfig {
             connect_retries: 3,
             endpoints_ttl: Duration::from_secs(5),
             drain_timeout: Duration::from_secs(90),
-            host_routing: true,
+            host_ttl: Duration::from_secs(10),
+            host_miss_ttl: Duration::from_secs(1),
+            pool: PoolConfig::default(),
+            io_threads: 0,
+            body_idle_timeout: Duration::from_secs(30),
         }
     }
 }

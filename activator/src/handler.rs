@@ -1,36 +1,44 @@
-//! The request path, top to bottom:
+//! The request path, top to bottom — each stage one function below:
 //!
-//! 1. **resolve**: which revision the request names (headers, then Host) — 404 if none;
-//! 2. **route**: serve here if this node is in the revision's subset, else forward to a member
-//!    (once: a request carrying `x-activator-hop` is never forwarded again);
-//! 3. **pod**: a ready pod of the revision on this node, cold-starting one if needed — 504 when
-//!    that outlives the revision's timeout;
-//! 4. **proxy**: to the pod's IP — 502 when it is unreachable after retries.
+//! 1. **resolve**: which revision the request names (headers, or Host looked up by label) —
+//!    400 for bad names, 404 for none;
+//! 2. **route**: serve here if this node is a member with a share of the revision's pods,
+//!    else forward to a member (once: a request carrying `x-activator-hop` is never
+//!    forwarded again);
+//! 3. **admit**: a slot on a pod of the revision on this node (throttled by
+//!    containerConcurrency), waiting in the revision's buffer while none is free; the scaler
+//!    starts pods meanwhile — 503 when the buffer is full, forwarded when this node cannot
+//!    start the revision, 504 at the revision's timeoutSeconds;
+//! 4. **proxy**: to the pod's IP; a pod that refuses the connection is taken out and a
+//!    request without a body goes to the next slot — 502 when none answers;
+//! 5. **account**: one count per request by route and status.
 
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use crds::ActivatorMember;
-use crds::contract::{
-    HEADER_ACTIVATOR_HOP, HEADER_KNATIVE_NAMESPACE, HEADER_KNATIVE_REVISION, HEADER_REVISION_NAME,
-    HEADER_REVISION_NAMESPACE,
-};
+use crds::contract::{HEADER_ACTIVATOR_HOP, normalize_host};
+use crds::{ActivatorMember, Revision};
 use http::{HeaderName, HeaderValue, Request, Response};
 use http_body_util::BodyExt;
-use hyper::body::{Body as _, Incoming};
+use hyper::body::{Body as _, Frame, Incoming, SizeHint};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, Span};
 
 use crate::answer::{Body, Refusal, full};
 use crate::cache::endpoints::{EndpointsCache, Membership};
+use crate::cache::hosts::HostCache;
 use crate::cache::revisions::RevisionCache;
-use crate::metrics::{Metrics, Outcome};
-use crate::proxy::Upstream;
-use crate::routing::RevisionKey;
-use crate::scheduler::LocalScheduler;
+use crate::metrics::{Metrics, Outcome, Phase, Route};
+use crate::pool::{Lease, NoSlot, Pools, Spec};
+use crate::proxy::{Upstream, UpstreamProtocol};
+use crate::routing::{Named, RevisionKey, Unnamed, named};
+use crate::telemetry;
 
 /// Response header naming the activator that served (or forwarded) the request.
 pub const HEADER_SERVED_BY: &str = "x-activator-node";
-/// Response header set when the request waited for a pod to start.
+/// Response header set when the request waited for a slot (a pod starting, or all busy).
 pub const HEADER_COLD_START: &str = "x-activator-cold-start";
 
 /// How long a request waits for a new revision's subset to be published before a 503.
@@ -43,30 +51,49 @@ const MAX_TIMEOUT_SECONDS: i64 = 3600;
 /// What the request path needs; shared by all connections.
 pub struct Handler {
     pub node: String,
+    pub node_header: HeaderValue,
     pub revisions: RevisionCache,
+    pub hosts: HostCache,
     pub endpoints: EndpointsCache,
-    pub scheduler: LocalScheduler,
+    pub pools: Pools,
     pub upstream: Upstream,
     pub metrics: Arc<Metrics>,
     /// Cancelled when the activator starts draining.
     pub draining: CancellationToken,
 }
 
+/// Where stage 2 sends the request.
+enum RouteTo {
+    /// This node serves it, as this member; `peers` take it if this node cannot.
+    Here {
+        spec: Spec,
+        peers: Vec<ActivatorMember>,
+    },
+    /// Other members serve it.
+    Elsewhere(Vec<ActivatorMember>),
+}
+
 impl Handler {
     pub async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
-        let (route, result) = self.serve(req.map(BodyExt::boxed)).await;
-        let mut resp = match result {
-            Ok(resp) => resp,
+        let arrived = Instant::now();
+        let span = if telemetry::request_spans() {
+            let s = tracing::info_span!("request", method = %req.method(), path = req.uri().path());
+            telemetry::set_parent_from_headers(&s, req.headers());
+            s
+        } else {
+            Span::none()
+        };
+        let served = self
+            .serve(req.map(BodyExt::boxed), arrived)
+            .instrument(span);
+        let (route, mut resp) = match served.await {
+            Ok(served) => served,
             Err(refusal) => {
                 tracing::debug!(status = %refusal.status, reason = %refusal.reason, "refused");
-                refusal.into_response()
+                (Route::Refused, refusal.into_response())
             }
         };
-        let route = if resp.status().is_success() || route != "refused" {
-            route
-        } else {
-            "refused"
-        };
+        // 5. account
         self.metrics
             .requests
             .get_or_create(&Outcome {
@@ -74,245 +101,316 @@ impl Handler {
                 code: resp.status().as_u16(),
             })
             .inc();
-        if let Ok(v) = HeaderValue::from_str(&self.node) {
-            resp.headers_mut().entry(HEADER_SERVED_BY).or_insert(v);
-        }
+        resp.headers_mut()
+            .entry(HEADER_SERVED_BY)
+            .or_insert_with(|| self.node_header.clone());
         resp
     }
 
-    async fn serve(&self, req: Request<Body>) -> (&'static str, Result<Response<Body>, Refusal>) {
-        let arrived = tokio::time::Instant::now();
+    async fn serve(
+        &self,
+        req: Request<Body>,
+        arrived: Instant,
+    ) -> Result<(Route, Response<Body>), Refusal> {
         // 1. resolve
-        let key = match self.resolve(&req) {
-            Ok(k) => k,
-            Err(r) => return ("refused", Err(r)),
-        };
-        let rev =
-            match tokio::time::timeout(API_READ_LIMIT, self.revisions.get_or_fetch(&key)).await {
-                Ok(Ok(Some(rev))) => rev,
-                Ok(Ok(None)) => return ("refused", Err(Refusal::unknown_revision(&key))),
-                Ok(Err(e)) => {
-                    return (
-                        "refused",
-                        Err(Refusal::unavailable(format!("reading revision {key}: {e}"))),
-                    );
-                }
-                Err(_) => {
-                    return (
-                        "refused",
-                        Err(Refusal::unavailable(format!(
-                            "reading revision {key}: the API server did not answer"
-                        ))),
-                    );
-                }
-            };
-        // Clamped as the schema does, in case the Revision got past it.
-        let timeout = Duration::from_secs(
-            rev.spec
-                .timeout_seconds
-                .clamp(1, MAX_TIMEOUT_SECONDS)
-                .unsigned_abs(),
-        );
+        let (key, rev) = self.resolve(&req).instrument(stage("resolve")).await?;
+        let timeout = request_timeout(&rev);
         let deadline = arrived + timeout;
+        let hopped = req.headers().contains_key(HEADER_ACTIVATOR_HOP);
+        let late = || {
+            Refusal::timeout(format!(
+                "revision {key}: no answer within its timeout of {}s",
+                timeout.as_secs()
+            ))
+        };
+        // 2. route
+        let routed = self.route(&key, &rev, hopped, deadline);
+        let (spec, peers) = match routed.instrument(stage("route")).await? {
+            RouteTo::Here { spec, peers } => (spec, peers),
+            RouteTo::Elsewhere(members) => {
+                let forward =
+                    Box::pin(self.forward(&key, &rev, req, members)).instrument(stage("forward"));
+                let sent = tokio::time::timeout_at(deadline, forward);
+                return Ok((Route::Forwarded, sent.await.map_err(|_| late())??));
+            }
+        };
+        // 3. admit and 4. proxy, within the revision's timeout.
+        let here = self.serve_here(&key, req, &spec, &peers, arrived, hopped);
+        tokio::time::timeout_at(deadline, here)
+            .await
+            .map_err(|_| late())?
+    }
+
+    /// Stage 1: the revision a request names, and the Revision itself.
+    async fn resolve(&self, req: &Request<Body>) -> Result<(RevisionKey, Arc<Revision>), Refusal> {
+        let authority = req.uri().authority().map(|a| a.as_str());
+        let (key, host) = match named(req.headers(), authority) {
+            Ok(Named::Revision(key)) => (key, None),
+            Ok(Named::Host(host)) => match bounded(self.hosts.resolve(&host)).await {
+                Ok(Ok(Some(key))) => (key, Some(host)),
+                Ok(Ok(None)) => {
+                    return Err(Refusal::unknown_revision(format!(
+                        "no revision serves host {host}"
+                    )));
+                }
+                Ok(Err(e)) => {
+                    return Err(Refusal::unavailable(format!("looking up host {host}: {e}")));
+                }
+                Err(()) => {
+                    return Err(Refusal::unavailable(format!(
+                        "looking up host {host}: the API server did not answer"
+                    )));
+                }
+            },
+            Err(Unnamed::BadName(why)) => return Err(Refusal::bad_request(why)),
+            Err(Unnamed::Nothing) => {
+                return Err(Refusal::unknown_revision(
+                    "the request names no revision and no host",
+                ));
+            }
+        };
+        let rev = match bounded(self.revisions.get_or_fetch(&key)).await {
+            Ok(Ok(Some(rev))) => rev,
+            Ok(Ok(None)) => {
+                if let Some(h) = &host {
+                    self.hosts.forget(h);
+                }
+                return Err(Refusal::unknown_revision(&key));
+            }
+            Ok(Err(e)) => {
+                return Err(Refusal::unavailable(format!("reading revision {key}: {e}")));
+            }
+            Err(()) => {
+                return Err(Refusal::unavailable(format!(
+                    "reading revision {key}: the API server did not answer"
+                )));
+            }
+        };
+        // A cached host whose revision no longer claims it (hosts moved): look again next time.
+        if let Some(h) = &host {
+            let h = normalize_host(h);
+            if !rev.spec.hosts.iter().any(|c| normalize_host(c) == h) {
+                self.hosts.forget(&h);
+                return Err(Refusal::unknown_revision(format!(
+                    "no revision serves host {h}"
+                )));
+            }
+        }
+        Ok((key, rev))
+    }
+
+    /// Stage 2: serve here, or which members to forward to.
+    async fn route(
+        &self,
+        key: &RevisionKey,
+        rev: &Arc<Revision>,
+        hopped: bool,
+        deadline: Instant,
+    ) -> Result<RouteTo, Refusal> {
         // Members that may create pods: with maxScale set, only those with a share of it.
         let can_start = |m: &ActivatorMember| rev.spec.max_scale == 0 || m.max_pods > 0;
-
-        // 2. route
-        let hopped = req.headers().contains_key(HEADER_ACTIVATOR_HOP);
-        let read_by = deadline.min(tokio::time::Instant::now() + API_READ_LIMIT);
-        let membership = match tokio::time::timeout_at(
-            read_by,
-            self.endpoints.membership(&key, hopped),
-        )
-        .await
-        {
-            // The subsetter gives an invalid revision no subset: say why instead of waiting.
-            Ok(Ok(Membership::Unassigned)) if !rev.problems().is_empty() => {
-                return (
-                    "refused",
-                    Err(Refusal::bad_gateway(format!(
+        let read_by = deadline.min(Instant::now() + API_READ_LIMIT);
+        let membership =
+            match tokio::time::timeout_at(read_by, self.endpoints.membership(key, hopped)).await {
+                // The subsetter gives an invalid revision no subset: say why instead of waiting.
+                Ok(Ok(Membership::Unassigned)) if !rev.problems().is_empty() => {
+                    return Err(Refusal::bad_gateway(format!(
                         "revision {key} is invalid: {}",
                         rev.problems().join("; ")
-                    ))),
-                );
-            }
-            // A revision created a moment ago: its subset is being written.
-            Ok(Ok(Membership::Unassigned)) => {
-                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-                self.endpoints
-                    .await_assigned(&key, left.min(SUBSET_WAIT))
-                    .await
-            }
-            Ok(Ok(m)) => m,
-            Ok(Err(e)) => {
-                return (
-                    "refused",
-                    Err(Refusal::unavailable(format!(
-                        "reading the activators of revision {key}: {e}"
-                    ))),
-                );
-            }
-            Err(_) => {
-                return (
-                    "refused",
-                    Err(Refusal::unavailable(format!(
-                        "reading the activators of revision {key}: the API server did not answer"
-                    ))),
-                );
-            }
-        };
-        let (quota, peers) = match membership {
-            // A member without a share of maxScale may not create pods: the members with
-            // one serve the cold start (DESIGN §3: shares sum to at most maxScale).
-            Membership::Member { me, peers } if !can_start(&me) && !hopped => {
-                let with_quota: Vec<ActivatorMember> =
-                    peers.into_iter().filter(can_start).collect();
-                if with_quota.is_empty() {
-                    return (
-                        "refused",
-                        Err(Refusal::unavailable(format!(
-                            "no member of revision {key} has a share of its maxScale"
-                        ))),
-                    );
+                    )));
                 }
-                return self
-                    .forward_within(&key, req, with_quota, deadline, timeout)
-                    .await;
-            }
+                // A revision created a moment ago: its subset is being written.
+                Ok(Ok(Membership::Unassigned)) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    self.endpoints
+                        .await_assigned(key, left.min(SUBSET_WAIT))
+                        .await
+                }
+                Ok(Ok(m)) => m,
+                Ok(Err(e)) => {
+                    return Err(Refusal::unavailable(format!(
+                        "reading the activators of revision {key}: {e}"
+                    )));
+                }
+                Err(_) => {
+                    return Err(Refusal::unavailable(format!(
+                        "reading the activators of revision {key}: the API server did not answer"
+                    )));
+                }
+            };
+        let no_share = || {
+            Refusal::unavailable(format!(
+                "no member of revision {key} has a share of its maxScale"
+            ))
+        };
+        match membership {
+            Membership::Member { me, peers } if can_start(&me) => Ok(RouteTo::Here {
+                spec: Spec {
+                    rev: rev.clone(),
+                    me,
+                },
+                peers: peers.into_iter().filter(can_start).collect(),
+            }),
+            // A member without a share of maxScale may not create pods: the members with
+            // one serve (DESIGN §3: shares sum to at most maxScale). A forwarded request
+            // that lands here anyway is served if a pod is running (none can be).
             Membership::Member { me, peers } => {
-                (me, peers.into_iter().filter(can_start).collect::<Vec<_>>())
+                let with_share: Vec<ActivatorMember> =
+                    peers.into_iter().filter(can_start).collect();
+                if hopped || with_share.is_empty() {
+                    if hopped {
+                        return Ok(RouteTo::Here {
+                            spec: Spec {
+                                rev: rev.clone(),
+                                me,
+                            },
+                            peers: Vec::new(),
+                        });
+                    }
+                    return Err(no_share());
+                }
+                Ok(RouteTo::Elsewhere(with_share))
             }
-            Membership::Unassigned => {
-                return (
-                    "refused",
-                    Err(Refusal::unavailable(format!(
-                        "revision {key} has no activators assigned yet"
-                    ))),
-                );
-            }
-            Membership::Others(_) if hopped => {
-                return (
-                    "refused",
-                    Err(Refusal::unavailable(format!(
-                        "forwarded request for revision {key} reached node {}, which is not a member",
-                        self.node
-                    ))),
-                );
-            }
+            Membership::Unassigned => Err(Refusal::unavailable(format!(
+                "revision {key} has no activators assigned yet"
+            ))),
+            Membership::Others(_) if hopped => Err(Refusal::unavailable(format!(
+                "forwarded request for revision {key} reached node {}, which is not a member",
+                self.node
+            ))),
             Membership::Others(members) => {
                 let members: Vec<ActivatorMember> = members.into_iter().filter(can_start).collect();
                 if members.is_empty() {
-                    return (
-                        "refused",
-                        Err(Refusal::unavailable(format!(
-                            "no member of revision {key} has a share of its maxScale"
-                        ))),
-                    );
+                    return Err(no_share());
                 }
-                return self
-                    .forward_within(&key, req, members, deadline, timeout)
-                    .await;
+                Ok(RouteTo::Elsewhere(members))
             }
-        };
-
-        // 3. pod, 4. proxy — both within the revision's timeout.
-        let serve_here = async {
-            let target = tokio::select! {
-                t = self.scheduler.ready_pod(&key, &rev, &quota) => t?,
-                // Draining (SIGTERM) while the request waits for a pod: a peer member serves
-                // it instead. A request forwarded here already is not forwarded again.
-                _ = self.draining.cancelled(), if !hopped && !peers.is_empty() => {
-                    self.metrics.drained_to_peers.inc();
-                    return self.forward(&key, req, peers).await;
-                }
-            };
-            let mut resp = self
-                .upstream
-                .send(
-                    req,
-                    target.addr,
-                    &[],
-                    &format!("pod of revision {key}"),
-                    self.upstream.retries(),
-                )
-                .await?;
-            if target.cold {
-                resp.headers_mut()
-                    .insert(HEADER_COLD_START, HeaderValue::from_static("true"));
-            }
-            Ok(resp)
-        };
-        match tokio::time::timeout_at(deadline, serve_here).await {
-            Ok(r) => ("proxied", r),
-            Err(_) => (
-                "proxied",
-                Err(Refusal::timeout(format!(
-                    "revision {key}: no ready pod and answer within {}s",
-                    timeout.as_secs()
-                ))),
-            ),
         }
     }
 
-    /// Stage 1: the revision a request names.
-    fn resolve(&self, req: &Request<Body>) -> Result<RevisionKey, Refusal> {
-        let headers = req.headers();
-        let header = |n: &str| headers.get(n).and_then(|v| v.to_str().ok());
-        let named = header(HEADER_REVISION_NAMESPACE)
-            .zip(header(HEADER_REVISION_NAME))
-            .or_else(|| header(HEADER_KNATIVE_NAMESPACE).zip(header(HEADER_KNATIVE_REVISION)));
-        if let Some((ns, name)) = named {
-            if !is_dns_label(ns) || !is_dns_subdomain(name) {
-                return Err(Refusal::bad_request(format!(
-                    "invalid revision namespace/name in headers: {ns:?}/{name:?}"
-                )));
-            }
-            return Ok(RevisionKey::new(ns, name));
-        }
-        // HTTP/2 carries the host in :authority, HTTP/1.1 in Host.
-        let host = header(http::header::HOST.as_str())
-            .or_else(|| req.uri().authority().map(|a| a.as_str()))
-            .ok_or_else(|| Refusal::unknown_revision("the request names no host"))?;
-        if !self.revisions.routes_hosts() {
-            return Err(Refusal::unknown_revision(format!(
-                "host routing is off on this activator; name the revision of {host} with \
-                 {HEADER_REVISION_NAMESPACE} and {HEADER_REVISION_NAME}"
-            )));
-        }
-        self.revisions
-            .resolve_host(host)
-            .ok_or_else(|| Refusal::unknown_revision(format!("no revision serves host {host}")))
-    }
-
-    /// Stage 2b, bounded by the request's deadline.
-    async fn forward_within(
+    /// Stages 3 and 4: a slot on a pod here, then the pod. A request that cannot be served
+    /// here (node full, draining) goes to a peer while it still may.
+    async fn serve_here(
         &self,
         key: &RevisionKey,
-        req: Request<Body>,
-        members: Vec<ActivatorMember>,
-        deadline: tokio::time::Instant,
-        timeout: Duration,
-    ) -> (&'static str, Result<Response<Body>, Refusal>) {
-        match tokio::time::timeout_at(deadline, self.forward(key, req, members)).await {
-            Ok(r) => ("forwarded", r),
-            Err(_) => (
-                "forwarded",
-                Err(Refusal::timeout(format!(
-                    "revision {key}: no answer from its activators within {}s",
-                    timeout.as_secs()
-                ))),
-            ),
+        mut req: Request<Body>,
+        spec: &Spec,
+        peers: &[ActivatorMember],
+        arrived: Instant,
+        hopped: bool,
+    ) -> Result<(Route, Response<Body>), Refusal> {
+        let can_forward = !hopped && !peers.is_empty();
+        let mut retries_left = self.upstream.retries();
+        loop {
+            // 3. admit
+            let admitted = tokio::select! {
+                l = self.admit(key, spec, arrived, can_forward).instrument(stage("admit")) => l,
+                // Draining (SIGTERM) while the request waits: a peer member serves it.
+                _ = self.draining.cancelled(), if can_forward => {
+                    self.metrics.drained_to_peers.inc();
+                    let forward = Box::pin(self.forward(key, &spec.rev, req, peers.to_vec()));
+                    return Ok((Route::Forwarded, forward.await?));
+                }
+            };
+            let lease = match admitted {
+                Ok(lease) => lease,
+                Err(NoSlot::Elsewhere(why)) if can_forward => {
+                    tracing::debug!(revision = %key, reason = %why, "forwarding: cannot serve here");
+                    return Ok((
+                        Route::Forwarded,
+                        Box::pin(self.forward(key, &spec.rev, req, peers.to_vec())).await?,
+                    ));
+                }
+                Err(NoSlot::Elsewhere(why) | NoSlot::Full(why)) => {
+                    return Err(Refusal::unavailable(why));
+                }
+                Err(NoSlot::Retired) => {
+                    return Err(Refusal::unavailable(format!(
+                        "revision {key}: no pool on this node took the request"
+                    )));
+                }
+                Err(NoSlot::Failed(why)) => return Err(Refusal::bad_gateway(why)),
+            };
+            // 4. proxy
+            let replay = (retries_left > 0 && req.body().is_end_stream()).then(|| replay_of(&req));
+            // Named in errors only; the revision is added to the reason then, not formatted
+            // for every request.
+            let what = "pod";
+            let proxy = stage("proxy");
+            proxy.in_scope(|| telemetry::inject_traceparent(req.headers_mut()));
+            let protocol = upstream_protocol(&spec.rev);
+            // Boxed: the client's send future is the largest part of the request's state,
+            // and a request waiting in the buffer (10,000 of them) should not carry its room.
+            let sent = Box::pin(
+                self.upstream
+                    .send_as(protocol, req, lease.addr(), &[], what, 0),
+            );
+            match sent.instrument(proxy).await {
+                Ok(mut resp) => {
+                    let route = if lease.cold {
+                        self.metrics
+                            .observe_phase(Phase::FirstByte, arrived.elapsed());
+                        resp.headers_mut()
+                            .insert(HEADER_COLD_START, HeaderValue::from_static("true"));
+                        Route::Cold
+                    } else {
+                        Route::Warm
+                    };
+                    // The slot is held until the response body has been sent.
+                    return Ok((route, resp.map(|b| Held::new(b, lease).boxed())));
+                }
+                Err(refusal) if refusal.retry_elsewhere => {
+                    // The pod did not take the connection: out with it, and the request goes
+                    // to the next slot when it can be sent again.
+                    lease.unreachable();
+                    match replay {
+                        Some(again) => {
+                            self.metrics.retries.inc();
+                            retries_left -= 1;
+                            req = again;
+                        }
+                        None => return Err(of_revision(key, refusal)),
+                    }
+                }
+                Err(refusal) => return Err(of_revision(key, refusal)),
+            }
         }
+    }
+
+    /// Stage 3: a slot, from the revision's pool (a fresh one if it retired meanwhile).
+    async fn admit(
+        &self,
+        key: &RevisionKey,
+        spec: &Spec,
+        arrived: Instant,
+        can_forward: bool,
+    ) -> Result<Lease, NoSlot> {
+        for _ in 0..3 {
+            let pool = self.pools.get(key, &spec.rev, &spec.me);
+            match pool.acquire(spec, arrived, can_forward).await {
+                Err(NoSlot::Retired) => {}
+                r => return r,
+            }
+        }
+        Err(NoSlot::Retired)
     }
 
     /// Stage 2b: forward to a member, trying the next one when a member is unreachable or,
-    /// for a request that can be replayed, answers 503 (e.g. it is no longer a member).
+    /// for a request that can be replayed, answers 503 (e.g. it is no longer a member, or
+    /// its node is full).
     async fn forward(
         &self,
         key: &RevisionKey,
+        rev: &Revision,
         req: Request<Body>,
         members: Vec<ActivatorMember>,
     ) -> Result<Response<Body>, Refusal> {
+        if members.is_empty() {
+            return Err(Refusal::unavailable(format!(
+                "revision {key} has no other member to take the request"
+            )));
+        }
+        self.metrics.forwards.inc();
         // Requests for one revision entering at one node stick to one member (its pod stays
         // warm); different revisions and entry nodes spread over the members.
         let start = crds::contract::node_hash(&format!("{}/{key}", self.node))
@@ -335,28 +433,81 @@ impl Handler {
             // Only a body-less request can be replayed to the next member.
             let replay = r.body().is_end_stream().then(|| replay_of(&r));
             let what = format!("activator on node {}", m.node);
+            let mut r = r;
+            telemetry::inject_traceparent(r.headers_mut());
             // No retries against one peer: the next member is the retry.
-            match self.upstream.send(r, addr, &hop, &what, 0).await {
+            let protocol = upstream_protocol(rev);
+            match self
+                .upstream
+                .send_as(protocol, r, addr, &hop, &what, 0)
+                .await
+            {
                 Ok(resp)
                     if resp.status() == http::StatusCode::SERVICE_UNAVAILABLE
                         && replay.is_some()
                         && i + 1 < members.len() =>
                 {
                     self.endpoints.invalidate(key);
+                    self.metrics.retries.inc();
                     last = Refusal::unavailable(format!("{what} answered 503"));
                     req = replay;
                 }
                 Ok(resp) => return Ok(resp),
                 Err(e) => {
                     self.endpoints.invalidate(key);
-                    // A peer that cannot be reached is "no member can take it": 503.
-                    last = Refusal::unavailable(e.reason);
+                    if replay.is_some() && i + 1 < members.len() {
+                        self.metrics.retries.inc();
+                    }
+                    // A peer that cannot be reached is "no member can take it": 503; one that
+                    // failed after the body was sent is a 502 (the body cannot be replayed).
+                    last = if e.retry_elsewhere {
+                        Refusal::unavailable(e.reason)
+                    } else {
+                        e
+                    };
                     req = replay;
                 }
             }
         }
         Err(last)
     }
+}
+
+/// A span for one stage of the request path (none while spans are not exported).
+fn stage(name: &'static str) -> Span {
+    if !telemetry::request_spans() {
+        return Span::none();
+    }
+    match name {
+        "resolve" => tracing::info_span!("resolve"),
+        "route" => tracing::info_span!("route"),
+        "admit" => tracing::info_span!("admit"),
+        "proxy" => tracing::info_span!("proxy"),
+        _ => tracing::info_span!("forward"),
+    }
+}
+
+/// The revision's request timeout, clamped as the schema does in case it got past it.
+fn request_timeout(rev: &Revision) -> Duration {
+    Duration::from_secs(
+        rev.spec
+            .timeout_seconds
+            .clamp(1, MAX_TIMEOUT_SECONDS)
+            .unsigned_abs(),
+    )
+}
+
+/// An API read on the request path, bounded (the client has no read timeout of its own).
+async fn bounded<T>(f: impl Future<Output = T>) -> Result<T, ()> {
+    tokio::time::timeout(API_READ_LIMIT, f)
+        .await
+        .map_err(|_| ())
+}
+
+/// Names the revision in a refusal about its pod.
+fn of_revision(key: &RevisionKey, mut r: Refusal) -> Refusal {
+    r.reason = format!("revision {key}: {}", r.reason);
+    r
 }
 
 /// A copy of a body-less request, for sending it again.
@@ -366,22 +517,58 @@ fn replay_of(r: &Request<Body>) -> Request<Body> {
     *copy.uri_mut() = r.uri().clone();
     *copy.version_mut() = r.version();
     *copy.headers_mut() = r.headers().clone();
+    // The client's address (x-forwarded-for) and an upgrade's handle travel as extensions.
+    *copy.extensions_mut() = r.extensions().clone();
     copy
 }
 
-/// RFC 1123 label, as Kubernetes requires of namespace names.
-fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
+/// HTTP/2 to the app (and between activators, so trailers survive the hop) when the
+/// revision's first container port is named `h2c`, as Knative decides. Read from the
+/// template's JSON directly: parsing the whole PodTemplateSpec per request would cost more
+/// than the proxying.
+fn upstream_protocol(rev: &Revision) -> UpstreamProtocol {
+    let name = rev.spec.template.0["spec"]["containers"][0]["ports"][0]["name"].as_str();
+    UpstreamProtocol::for_port_name(name)
 }
 
-/// RFC 1123 subdomain, as Kubernetes requires of most object names.
-fn is_dns_subdomain(s: &str) -> bool {
-    s.len() <= 253 && s.split('.').all(is_dns_label)
+/// A response body that holds its request's slot until it has been sent (or dropped): a
+/// pod is busy until its answer is complete, not when its headers arrive.
+struct Held {
+    inner: Body,
+    lease: Option<Lease>,
+}
+
+impl Held {
+    fn new(inner: Body, lease: Lease) -> Self {
+        Self {
+            inner,
+            lease: Some(lease),
+        }
+    }
+}
+
+impl hyper::body::Body for Held {
+    type Data = bytes::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let r = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(r, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
+            self.lease = None;
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 #[cfg(test)]
@@ -389,14 +576,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn header_names_must_be_kubernetes_names() {
-        assert!(is_dns_label("default"));
-        assert!(is_dns_subdomain("rev-1.v2"));
-        for bad in ["", "-a", "a-", "A", "a/b", "..", "a..b", &"x".repeat(64)] {
-            assert!(!is_dns_label(bad), "{bad:?}");
-            assert!(!is_dns_subdomain(bad), "{bad:?}");
-        }
-        assert!(!is_dns_label("a.b"));
-        assert!(!is_dns_subdomain("../etc"));
+    fn a_port_named_h2c_selects_http2_upstream() {
+        let rev = |port: &str| -> Revision {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "local-activator.dev/v1alpha1",
+                "kind": "Revision",
+                "metadata": {"name": "r", "namespace": "n"},
+                "spec": {"template": {"spec": {"containers": [{
+                    "name": "app", "ports": [{"containerPort": 8080, "name": port}],
+                }]}}},
+            }))
+            .unwrap()
+        };
+        assert_eq!(upstream_protocol(&rev("h2c")), UpstreamProtocol::H2c);
+        assert_eq!(upstream_protocol(&rev("http")), UpstreamProtocol::Http1);
     }
 }

@@ -6,16 +6,27 @@
 
 pub mod admin;
 pub mod answer;
+pub mod body_timeout;
 pub mod cache;
 pub mod config;
 pub mod error;
+pub mod events;
+pub mod forwarded;
+pub mod h2c;
 pub mod handler;
 pub mod metrics;
+pub mod parse_errors;
 pub mod pod_spec;
+pub mod pool;
 pub mod proxy;
 pub mod routing;
+pub mod scale;
+pub mod scaler;
 pub mod scheduler;
 pub mod server;
+pub mod telemetry;
+pub mod throttle;
+pub mod upgrade;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -31,11 +42,12 @@ pub use metrics::Metrics;
 
 use crate::admin::Admin;
 use crate::cache::endpoints::EndpointsCache;
+use crate::cache::hosts::HostCache;
 use crate::cache::pods::PodCache;
 use crate::cache::revisions::RevisionCache;
 use crate::handler::Handler;
+use crate::pool::{Pools, Shared};
 use crate::proxy::Upstream;
-use crate::scheduler::LocalScheduler;
 
 /// A running activator.
 pub struct Activator {
@@ -54,7 +66,7 @@ impl Activator {
     /// Binds the data and admin ports, starts the caches and serves. Ready (`/readyz`) once
     /// the caches have their first full lists.
     pub async fn start(cfg: ActivatorConfig, client: kube::Client) -> Result<Self, Error> {
-        let data = bind("data port", cfg.data_addr).await?;
+        let data = bind_shared("data port", cfg.data_addr, cfg.io_threads > 1)?;
         let admin_l = bind("admin port", cfg.admin_addr).await?;
         let data_addr = data.local_addr().map_err(|source| Error::Bind {
             what: "data port",
@@ -70,25 +82,80 @@ impl Activator {
         let stop = CancellationToken::new();
         let stop_caches = CancellationToken::new();
         let metrics = Arc::new(Metrics::default());
-        let revisions =
-            RevisionCache::start(client.clone(), cfg.host_routing, stop_caches.child_token());
+        let revisions = RevisionCache::new(client.clone());
+        let hosts = HostCache::new(client.clone(), cfg.host_ttl, cfg.host_miss_ttl);
+        let (keep_warm_tx, mut keep_warm) = tokio::sync::mpsc::unbounded_channel();
         let endpoints = EndpointsCache::start(
             client.clone(),
             &cfg.node_name,
             cfg.endpoints_ttl,
             stop_caches.child_token(),
+            keep_warm_tx,
         );
         let pods = PodCache::start(client.clone(), &cfg.node_name, stop_caches.child_token());
-        let scheduler = LocalScheduler::new(client, &cfg.node_name, pods.clone(), metrics.clone());
-        let handler = Arc::new(Handler {
+        let events = crate::events::EventSink::new(
+            client.clone(),
+            cfg.pod_name.clone(),
+            crate::events::EventConfig::default(),
+        );
+        let pools = Pools::new(Shared {
+            client,
+            events,
             node: cfg.node_name.clone(),
-            revisions: revisions.clone(),
-            endpoints: endpoints.clone(),
-            scheduler,
-            upstream: Upstream::new(&cfg),
+            pods: pods.clone(),
             metrics: metrics.clone(),
-            draining: stop.child_token(),
+            cfg: cfg.pool.clone(),
+            queued_total: Default::default(),
+            stop: stop_caches.child_token(),
+            epoch: tokio::time::Instant::now(),
+            full: Default::default(),
         });
+        // Revisions with a share of minScale here get a pool (and so their pods) without
+        // waiting for a request; the pool keeps them while the share lasts.
+        let (warm_pools, warm_revisions, warm_stop) =
+            (pools.clone(), revisions.clone(), stop_caches.child_token());
+        tokio::spawn(async move {
+            loop {
+                let (key, me) = tokio::select! {
+                    _ = warm_stop.cancelled() => return,
+                    m = keep_warm.recv() => match m { Some(m) => m, None => return },
+                };
+                match warm_revisions.get_or_fetch(&key).await {
+                    Ok(Some(rev)) => {
+                        let spec = pool::Spec {
+                            rev: rev.clone(),
+                            me: me.clone(),
+                        };
+                        warm_pools.get(&key, &rev, &me).set_spec(&spec);
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::warn!(revision = %key, error = %e, "reading a revision to keep its minScale share")
+                    }
+                }
+            }
+        });
+        let node_header = http::HeaderValue::from_str(&cfg.node_name).map_err(|_| {
+            Error::Config(format!(
+                "node name {:?} is not a header value",
+                cfg.node_name
+            ))
+        })?;
+        // One handler per serving thread: each has its own connection pool to pods and
+        // peers, so a request and its upstream connection stay on one thread.
+        let make_handler = || {
+            Arc::new(Handler {
+                node: cfg.node_name.clone(),
+                node_header: node_header.clone(),
+                revisions: revisions.clone(),
+                hosts: hosts.clone(),
+                endpoints: endpoints.clone(),
+                pools: pools.clone(),
+                upstream: Upstream::new(&cfg),
+                metrics: metrics.clone(),
+                draining: stop.child_token(),
+            })
+        };
         let admin = Arc::new(Admin {
             ready: Default::default(),
             registry: metrics.registry(),
@@ -105,19 +172,72 @@ impl Activator {
                 async move { a.handle(req) }
             },
         )));
-        let h = handler.clone();
-        tasks.push(tokio::spawn(server::serve(
-            data,
-            stop.child_token(),
-            cfg.drain_timeout,
-            move |req| h.clone().handle(req),
-        )));
+        if cfg.io_threads <= 1 {
+            let h = make_handler();
+            tasks.push(tokio::spawn(server::serve(
+                data,
+                stop.child_token(),
+                cfg.drain_timeout,
+                move |req| h.clone().handle(req),
+            )));
+        } else {
+            // Thread per core, as nginx runs a worker per core: each thread runs its own
+            // single-threaded runtime with its own listener on the port (SO_REUSEPORT, so the
+            // kernel spreads connections), and a connection, its request and the upstream
+            // connection never change threads. The caches and the kube client stay on the
+            // caller's runtime.
+            let mut listeners = vec![data.into_std().map_err(|source| Error::Bind {
+                what: "data port",
+                addr: data_addr,
+                source,
+            })?];
+            for _ in 1..cfg.io_threads {
+                let l = bind_shared("data port", data_addr, true)?;
+                listeners.push(l.into_std().map_err(|source| Error::Bind {
+                    what: "data port",
+                    addr: data_addr,
+                    source,
+                })?);
+            }
+            for (i, listener) in listeners.into_iter().enumerate() {
+                let (h, stop, drain) = (make_handler(), stop.child_token(), cfg.drain_timeout);
+                let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+                std::thread::Builder::new()
+                    .name(format!("activator-io-{i}"))
+                    .spawn(move || {
+                        let rt = match tokio::runtime::Builder::new_current_thread()
+                            .enable_all()
+                            .build()
+                        {
+                            Ok(rt) => rt,
+                            Err(e) => {
+                                tracing::error!(error = %e, "starting a serving thread");
+                                return;
+                            }
+                        };
+                        rt.block_on(async move {
+                            match TcpListener::from_std(listener) {
+                                Ok(l) => {
+                                    server::serve(l, stop, drain, move |req| h.clone().handle(req))
+                                        .await
+                                }
+                                Err(e) => tracing::error!(error = %e, "serving thread listener"),
+                            }
+                        });
+                        drop(done_tx);
+                    })
+                    .map_err(|e| Error::Config(format!("starting serving thread {i}: {e}")))?;
+                tasks.push(tokio::spawn(async move {
+                    let _ = done_rx.await;
+                }));
+            }
+        }
         let a = admin.clone();
         let ready_stop = stop.child_token();
         tasks.push(tokio::spawn(async move {
             tokio::select! {
                 _ = ready_stop.cancelled() => {}
-                _ = async { tokio::join!(revisions.synced(), endpoints.synced(), pods.synced()) } => {
+                _ = async { tokio::join!(endpoints.synced(), pods.synced()) } => {
                     a.ready.store(true, Ordering::Release);
                     tracing::info!("caches synced; ready");
                 }
@@ -170,6 +290,24 @@ impl Drop for Activator {
         self.stop.cancel();
         self.stop_caches.cancel();
     }
+}
+
+/// Binds `addr`; with `shared`, with SO_REUSEPORT so several serving threads can each have
+/// a listener on the same port.
+fn bind_shared(what: &'static str, addr: SocketAddr, shared: bool) -> Result<TcpListener, Error> {
+    let err = |source| Error::Bind { what, addr, source };
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()
+    } else {
+        tokio::net::TcpSocket::new_v6()
+    }
+    .map_err(err)?;
+    socket.set_reuseaddr(true).map_err(err)?;
+    if shared {
+        socket.set_reuseport(true).map_err(err)?;
+    }
+    socket.bind(addr).map_err(err)?;
+    socket.listen(4096).map_err(err)
 }
 
 async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, Error> {

@@ -1,9 +1,14 @@
 //! The activator binary: configuration from flags and the downward-API environment.
 
 use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
 
+use activator::telemetry::{self, Identity};
 use activator::{Activator, ActivatorConfig};
 use clap::Parser;
+
+/// Longest wait for the trace exporter's last flush on exit.
+const TELEMETRY_FLUSH: Duration = Duration::from_secs(5);
 
 #[derive(Parser, Debug)]
 #[command(about = "local-activator: the node-local scale-to-zero data plane")]
@@ -22,20 +27,35 @@ struct Args {
     data_port: u16,
     #[arg(long, env = "ADMIN_PORT", default_value_t = crds::contract::ADMIN_PORT)]
     admin_port: u16,
-    /// Route by Host header (watches every Revision). `false`: requests name their revision
-    /// with x-revision-namespace/x-revision-name, and only those revisions are read.
-    #[arg(long, env = "HOST_ROUTING", default_value_t = true, action = clap::ArgAction::Set)]
-    host_routing: bool,
+    /// Threads serving the data port (0: one per core). Each runs its own event loop, as
+    /// nginx runs a worker per core.
+    #[arg(long, env = "IO_THREADS", default_value_t = 0)]
+    io_threads: usize,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
+fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // The data port has its own threads; this runtime runs the watches, the kube client,
+    // the scalers and the admin port, which need little.
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?
+        .block_on(run_with_telemetry(args))
+}
+
+async fn run_with_telemetry(args: Args) -> anyhow::Result<()> {
+    let telemetry = telemetry::init(&Identity {
+        node_name: Some(args.node_name.clone()),
+        pod_name: Some(args.pod_name.clone()),
+        pod_namespace: Some(args.pod_namespace.clone()),
+    })?;
+    let result = run(args).await;
+    telemetry.shutdown(TELEMETRY_FLUSH).await;
+    result
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
     let mut cfg = ActivatorConfig::new(
         args.node_name,
         SocketAddr::new(args.pod_ip, args.data_port),
@@ -43,7 +63,10 @@ async fn main() -> anyhow::Result<()> {
     );
     cfg.pod_name = args.pod_name;
     cfg.pod_namespace = args.pod_namespace;
-    cfg.host_routing = args.host_routing;
+    cfg.io_threads = match args.io_threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
     let client = kube::Client::try_default().await?;
     let activator = Activator::start(cfg, client).await?;
     shutdown_signal().await;

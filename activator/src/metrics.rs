@@ -1,53 +1,243 @@
-//! The activator's Prometheus metrics (served on the admin port at `/metrics`).
+//! The activator's Prometheus metrics (served on the admin port at `/metrics`). No label per
+//! revision: a node may see thousands of them, and 100,000 revisions × label sets would be
+//! the biggest thing in the process.
 
-use prometheus_client::encoding::EncodeLabelSet;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+
+/// Label values in snake case (the derive would write the variant names as they are).
+macro_rules! label_value {
+    ($t:ident { $($v:ident => $s:literal),* $(,)? }) => {
+        impl EncodeLabelValue for $t {
+            fn encode(&self, e: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+                e.write_str(match self { $(Self::$v => $s),* })
+            }
+        }
+    };
+}
+
+/// How a request ended.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Route {
+    /// Proxied to a pod that had a free slot.
+    Warm,
+    /// Proxied after waiting for a slot (a pod starting, or all pods busy).
+    Cold,
+    /// Sent to another member.
+    Forwarded,
+    /// Answered by the activator itself (404, 503, 504...).
+    Refused,
+}
+
+label_value!(Route {
+    Warm => "warm",
+    Cold => "cold",
+    Forwarded => "forwarded",
+    Refused => "refused",
+});
 
 /// The outcome label of a finished request.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Outcome {
-    /// `proxied`, `forwarded` or `refused`.
-    pub route: &'static str,
+    pub route: Route,
     pub code: u16,
 }
 
-/// Counters of one activator. Cheap to update from the request path (atomics).
-#[derive(Default)]
+/// Cold-start phases, each measured from the arrival of the first request that found no pod.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Phase {
+    /// The pod create was sent to the API server.
+    PodPostSent,
+    /// The API server answered the create (the pod exists, bound to this node).
+    PodBoundSeen,
+    /// The pod became usable (watch Ready or our own probe).
+    PodReadySeen,
+    /// The app's response headers arrived (for each request that waited).
+    FirstByte,
+}
+
+label_value!(Phase {
+    PodPostSent => "pod_post_sent",
+    PodBoundSeen => "pod_bound_seen",
+    PodReadySeen => "pod_ready_seen",
+    FirstByte => "first_byte",
+});
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabel {
+    pub phase: Phase,
+}
+
+/// Why a pod was created or deleted.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum PodReason {
+    /// The first pod for waiting requests.
+    Cold,
+    /// Demand above the target utilisation.
+    ScaleOut,
+    /// Demand fit in fewer pods for the stable window.
+    ScaleIn,
+    /// No request for idleTimeoutSeconds.
+    Idle,
+    /// The pod failed (e.g. the kubelet rejected it: OutOfpods).
+    Failed,
+    /// The pod was not ready within the start timeout.
+    NotReady,
+}
+
+label_value!(PodReason {
+    Cold => "cold",
+    ScaleOut => "scale_out",
+    ScaleIn => "scale_in",
+    Idle => "idle",
+    Failed => "failed",
+    NotReady => "not_ready",
+});
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: PodReason,
+}
+
+fn phase_histogram() -> Histogram {
+    // 0.25 ms .. ~65 s.
+    Histogram::new(exponential_buckets(0.000_25, 2.0, 19))
+}
+
+/// The activator's metrics. Cheap to update from the request path (atomics).
 pub struct Metrics {
     pub requests: Family<Outcome, Counter>,
-    /// Requests that had to wait for a pod to start on this node.
-    pub cold_start_waits: Counter,
-    /// Pods this activator created.
-    pub pods_created: Counter,
+    pub cold_start_phase: Family<PhaseLabel, Histogram, fn() -> Histogram>,
+    /// Requests waiting for a slot now.
+    pub queued: Gauge,
+    /// Requests holding a slot on a pod now.
+    pub in_flight: Gauge,
+    pub pods_created: Family<ReasonLabel, Counter>,
+    pub pods_deleted: Family<ReasonLabel, Counter>,
+    /// Requests sent again to another pod or member after a connect failure.
+    pub retries: Counter,
+    /// Requests sent to another member (not a member, no share, node full, draining).
+    pub forwards: Counter,
     /// Requests waiting for a pod that were sent to a peer because this activator was draining.
     pub drained_to_peers: Counter,
+    /// Times this node found itself unable to start a revision's pod.
+    pub node_full: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            requests: Family::default(),
+            cold_start_phase: Family::new_with_constructor(phase_histogram),
+            queued: Gauge::default(),
+            in_flight: Gauge::default(),
+            pods_created: Family::default(),
+            pods_deleted: Family::default(),
+            retries: Counter::default(),
+            forwards: Counter::default(),
+            drained_to_peers: Counter::default(),
+            node_full: Counter::default(),
+        }
+    }
 }
 
 impl Metrics {
+    pub fn observe_phase(&self, phase: Phase, d: Duration) {
+        self.cold_start_phase
+            .get_or_create(&PhaseLabel { phase })
+            .observe(d.as_secs_f64());
+    }
+
+    pub fn pod_created(&self, reason: PodReason) {
+        self.pods_created
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
+    }
+
+    pub fn pod_deleted(&self, reason: PodReason) {
+        self.pods_deleted
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
+    }
+
+    /// Pods created so far, all reasons.
+    pub fn pods_created_total(&self) -> u64 {
+        [
+            PodReason::Cold,
+            PodReason::ScaleOut,
+            PodReason::ScaleIn,
+            PodReason::Idle,
+            PodReason::Failed,
+            PodReason::NotReady,
+        ]
+        .iter()
+        .map(|reason| {
+            self.pods_created
+                .get_or_create(&ReasonLabel { reason: *reason })
+                .get()
+        })
+        .sum()
+    }
+
     /// A registry exposing these metrics under the `activator_` prefix.
     pub fn registry(self: &std::sync::Arc<Self>) -> Registry {
         let mut r = Registry::with_prefix("activator");
         r.register(
             "requests",
-            "Requests answered, by route and status code",
+            "Requests answered, by route (warm, cold, forwarded, refused) and status code",
             self.requests.clone(),
         );
         r.register(
-            "cold_start_waits",
-            "Requests that waited for a pod to start on this node",
-            self.cold_start_waits.clone(),
+            "cold_start_phase_seconds",
+            "Cold-start phases, from the arrival of the first request that found no pod",
+            self.cold_start_phase.clone(),
+        );
+        r.register(
+            "queued_requests",
+            "Requests waiting for a slot on a pod",
+            self.queued.clone(),
+        );
+        r.register(
+            "in_flight_requests",
+            "Requests holding a slot on a pod",
+            self.in_flight.clone(),
         );
         r.register(
             "pods_created",
-            "App pods created by this activator",
+            "App pods created by this activator, by reason",
             self.pods_created.clone(),
+        );
+        r.register(
+            "pods_deleted",
+            "App pods deleted by this activator, by reason",
+            self.pods_deleted.clone(),
+        );
+        r.register(
+            "retries",
+            "Requests sent again to another pod or member after a connection failure",
+            self.retries.clone(),
+        );
+        r.register(
+            "forwards",
+            "Requests sent to another member of the revision's subset",
+            self.forwards.clone(),
         );
         r.register(
             "drained_to_peers",
             "Requests waiting for a pod sent to a peer while draining",
             self.drained_to_peers.clone(),
+        );
+        r.register(
+            "node_full",
+            "Times this node could not start a revision's pod and sent its requests elsewhere",
+            self.node_full.clone(),
         );
         r
     }

@@ -1,10 +1,15 @@
-//! Host routing: which revision a Host header names. Pure logic, no IO.
+//! Which revision a request names (stage 1 of the request path). Pure logic, no IO: the
+//! handler looks the answer up (a Host through [`crate::cache::hosts`]).
 //!
-//! Several revisions may claim one host (a new revision of an app claims the old one's hosts
-//! before the old one is deleted). The newest claim wins: latest creationTimestamp, then the
-//! greatest name, so every activator picks the same winner without coordination.
+//! A request names its revision with `x-revision-namespace` + `x-revision-name` (an ingress
+//! sets them), Knative's `knative-serving-namespace` + `knative-serving-revision`, or by its
+//! Host (`:authority` in HTTP/2).
 
-use std::collections::{BTreeSet, HashMap};
+use crds::contract::{
+    HEADER_KNATIVE_NAMESPACE, HEADER_KNATIVE_REVISION, HEADER_REVISION_NAME,
+    HEADER_REVISION_NAMESPACE,
+};
+use http::HeaderMap;
 
 /// A revision, as `namespace/name`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -28,139 +33,161 @@ impl std::fmt::Display for RevisionKey {
     }
 }
 
-/// One revision's claim on a host. Ordered so that the greatest claim is the winner.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-struct Claim {
-    /// creationTimestamp as seconds since the epoch (finer precision is not stored by the API).
-    created: i64,
-    name: String,
-    namespace: String,
+/// What a request names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Named {
+    /// A revision, by headers.
+    Revision(RevisionKey),
+    /// A host, to be looked up.
+    Host(String),
 }
 
-/// Host -> winning revision, maintained incrementally from revision adds and deletes.
-#[derive(Debug, Default, Clone)]
-pub struct HostTable {
-    claims: HashMap<String, BTreeSet<Claim>>,
-    /// What each revision claimed last, so an update that drops a host removes its claim.
-    claimed: HashMap<RevisionKey, (i64, Vec<String>)>,
+/// Why a request names nothing usable (400 for bad names, 404 for no name).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unnamed {
+    /// Revision headers that cannot be Kubernetes names.
+    BadName(String),
+    /// Neither revision headers nor a host.
+    Nothing,
 }
 
-impl HostTable {
-    /// Records (or replaces) the hosts `rev` claims.
-    pub fn upsert(&mut self, rev: &RevisionKey, created: i64, hosts: &[String]) {
-        self.remove(rev);
-        let hosts: Vec<String> = hosts.iter().map(|h| normalize_host(h)).collect();
-        for host in &hosts {
-            self.claims.entry(host.clone()).or_default().insert(Claim {
-                created,
-                name: rev.name.clone(),
-                namespace: rev.namespace.clone(),
-            });
+/// The revision (or host) a request names. The revision headers win over the host; a pair
+/// is used only when both of its headers are present.
+pub fn named(headers: &HeaderMap, authority: Option<&str>) -> Result<Named, Unnamed> {
+    let header = |n: &str| headers.get(n).and_then(|v| v.to_str().ok());
+    let pair = header(HEADER_REVISION_NAMESPACE)
+        .zip(header(HEADER_REVISION_NAME))
+        .or_else(|| header(HEADER_KNATIVE_NAMESPACE).zip(header(HEADER_KNATIVE_REVISION)));
+    if let Some((ns, name)) = pair {
+        if !is_dns_label(ns) || !is_dns_subdomain(name) {
+            return Err(Unnamed::BadName(format!(
+                "invalid revision namespace/name in headers: {ns:?}/{name:?}"
+            )));
         }
-        self.claimed.insert(rev.clone(), (created, hosts));
+        return Ok(Named::Revision(RevisionKey::new(ns, name)));
     }
-
-    /// Forgets every claim of `rev`.
-    pub fn remove(&mut self, rev: &RevisionKey) {
-        let Some((created, hosts)) = self.claimed.remove(rev) else {
-            return;
-        };
-        let claim = Claim {
-            created,
-            name: rev.name.clone(),
-            namespace: rev.namespace.clone(),
-        };
-        for host in hosts {
-            if let Some(set) = self.claims.get_mut(&host) {
-                set.remove(&claim);
-                if set.is_empty() {
-                    self.claims.remove(&host);
-                }
-            }
-        }
-    }
-
-    /// The revision a Host header value routes to.
-    pub fn resolve(&self, host: &str) -> Option<RevisionKey> {
-        let c = self.claims.get(&normalize_host(host))?.last()?;
-        Some(RevisionKey::new(c.namespace.clone(), c.name.clone()))
-    }
-
-    pub fn len(&self) -> usize {
-        self.claims.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.claims.is_empty()
-    }
+    // HTTP/2 carries the host in :authority, HTTP/1.1 in Host.
+    let host = header(http::header::HOST.as_str())
+        .or(authority)
+        .map(str::trim)
+        .filter(|h| !h.is_empty())
+        .ok_or(Unnamed::Nothing)?;
+    Ok(Named::Host(host.to_string()))
 }
 
-/// Host header values compare without the port and case-insensitively (RFC 9110 §4.2.3).
-pub fn normalize_host(host: &str) -> String {
-    let host = host.trim();
-    let without_port = if host.starts_with('[') {
-        // [v6]:port
-        host.split_once(']')
-            .map(|(h, _)| format!("{h}]"))
-            .unwrap_or_else(|| host.to_string())
-    } else {
-        match host.rsplit_once(':') {
-            Some((h, port)) if port.chars().all(|c| c.is_ascii_digit()) => h.to_string(),
-            _ => host.to_string(),
-        }
-    };
-    without_port.trim_end_matches('.').to_ascii_lowercase()
+/// RFC 1123 label, as Kubernetes requires of namespace names.
+pub fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// RFC 1123 subdomain, as Kubernetes requires of most object names.
+pub fn is_dns_subdomain(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(is_dns_label)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderValue;
+    use proptest::prelude::*;
 
-    fn key(n: &str) -> RevisionKey {
-        RevisionKey::new("ns", n)
-    }
-
-    #[test]
-    fn newest_claim_wins_then_name() {
-        let mut t = HostTable::default();
-        t.upsert(&key("a"), 10, &["app.example.com".into()]);
-        t.upsert(&key("b"), 20, &["app.example.com".into()]);
-        assert_eq!(t.resolve("app.example.com"), Some(key("b")));
-        t.upsert(&key("c"), 20, &["app.example.com".into()]);
-        assert_eq!(
-            t.resolve("app.example.com"),
-            Some(key("c")),
-            "same time: greater name wins"
-        );
-        t.remove(&key("c"));
-        t.remove(&key("b"));
-        assert_eq!(t.resolve("app.example.com"), Some(key("a")));
-        t.remove(&key("a"));
-        assert_eq!(t.resolve("app.example.com"), None);
-        assert!(t.is_empty());
-    }
-
-    #[test]
-    fn update_that_drops_a_host_removes_the_claim() {
-        let mut t = HostTable::default();
-        t.upsert(&key("a"), 1, &["x.test".into(), "y.test".into()]);
-        t.upsert(&key("a"), 1, &["y.test".into()]);
-        assert_eq!(t.resolve("x.test"), None);
-        assert_eq!(t.resolve("y.test"), Some(key("a")));
-        assert_eq!(t.len(), 1);
-    }
-
-    #[test]
-    fn host_matching_ignores_port_case_and_trailing_dot() {
-        let mut t = HostTable::default();
-        t.upsert(&key("a"), 1, &["App.Example.com".into()]);
-        for h in [
-            "app.example.com",
-            "APP.example.com:8080",
-            "app.example.com.",
-        ] {
-            assert_eq!(t.resolve(h), Some(key("a")), "{h}");
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
         }
-        assert_eq!(normalize_host("[::1]:80"), "[::1]");
+        h
+    }
+
+    #[test]
+    fn header_names_must_be_kubernetes_names() {
+        assert!(is_dns_label("default"));
+        assert!(is_dns_subdomain("rev-1.v2"));
+        for bad in ["", "-a", "a-", "A", "a/b", "..", "a..b", &"x".repeat(64)] {
+            assert!(!is_dns_label(bad), "{bad:?}");
+            assert!(!is_dns_subdomain(bad), "{bad:?}");
+        }
+        assert!(!is_dns_label("a.b"));
+        assert!(!is_dns_subdomain("../etc"));
+    }
+
+    #[test]
+    fn revision_headers_win_over_the_host_and_knative_headers_count() {
+        let h = headers(&[
+            ("host", "app.test"),
+            ("x-revision-namespace", "ns"),
+            ("x-revision-name", "r1"),
+        ]);
+        assert_eq!(
+            named(&h, None),
+            Ok(Named::Revision(RevisionKey::new("ns", "r1")))
+        );
+        let k = headers(&[
+            ("knative-serving-namespace", "ns"),
+            ("knative-serving-revision", "r2"),
+        ]);
+        assert_eq!(
+            named(&k, None),
+            Ok(Named::Revision(RevisionKey::new("ns", "r2")))
+        );
+        // Half a pair is no name: the host decides.
+        let half = headers(&[("host", "app.test"), ("x-revision-name", "r1")]);
+        assert_eq!(named(&half, None), Ok(Named::Host("app.test".into())));
+        assert_eq!(
+            named(&HeaderMap::new(), Some("h2.test:443")),
+            Ok(Named::Host("h2.test:443".into()))
+        );
+        assert_eq!(named(&HeaderMap::new(), None), Err(Unnamed::Nothing));
+        let bad = headers(&[("x-revision-namespace", "NS"), ("x-revision-name", "r")]);
+        assert!(matches!(named(&bad, None), Err(Unnamed::BadName(_))));
+    }
+
+    proptest! {
+        /// Whatever the headers hold, resolution never panics, and a revision it names is
+        /// always a pair of valid Kubernetes names taken verbatim from one header pair.
+        #[test]
+        fn any_headers_resolve_to_valid_names_or_a_clear_refusal(
+            ns in "[ -~]{0,70}",
+            name in "[ -~]{0,70}",
+            host in "[ -~]{0,40}",
+            knative in any::<bool>(),
+            with_host in any::<bool>(),
+        ) {
+            let (nh, rh) = if knative {
+                ("knative-serving-namespace", "knative-serving-revision")
+            } else {
+                ("x-revision-namespace", "x-revision-name")
+            };
+            let mut h = HeaderMap::new();
+            if let (Ok(n), Ok(r)) = (HeaderValue::from_str(&ns), HeaderValue::from_str(&name)) {
+                h.insert(nh, n);
+                h.insert(rh, r);
+            }
+            if with_host && let Ok(v) = HeaderValue::from_str(&host) {
+                h.insert("host", v);
+            }
+            match named(&h, None) {
+                Ok(Named::Revision(k)) => {
+                    prop_assert!(is_dns_label(&k.namespace));
+                    prop_assert!(is_dns_subdomain(&k.name));
+                    prop_assert_eq!(k.namespace, ns);
+                    prop_assert_eq!(k.name, name);
+                }
+                Ok(Named::Host(hv)) => {
+                    prop_assert!(!hv.is_empty());
+                    prop_assert!(!h.contains_key(nh), "a full header pair names a revision or is refused");
+                }
+                Err(Unnamed::BadName(_)) => prop_assert!(h.contains_key(nh)),
+                Err(Unnamed::Nothing) => prop_assert!(!h.contains_key(nh)),
+            }
+        }
     }
 }

@@ -1,25 +1,41 @@
-//! Accepting connections (HTTP/1.1 and h2c) until told to stop, then letting in-flight
-//! requests finish.
+//! Accepting connections (HTTP/1.1 and h2c, with upgrades) until told to stop, then letting
+//! in-flight requests finish. Each request carries its client's address ([`ClientAddr`]) for
+//! the forwarding headers, and requests hyper cannot parse are answered with a short body
+//! ([`crate::parse_errors`]).
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{Request, Response};
-use hyper::body::Incoming;
+use http::{Request, Response, StatusCode};
+use hyper::body::{Frame, Incoming, SizeHint};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulConnection, GracefulShutdown};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::answer::Body;
+use crate::forwarded::ClientAddr;
+use crate::parse_errors::{ActiveGuard, ConnState, ErrorBodies};
 
 /// How long a client may take to send a request's head before its connection is closed
 /// (hyper's default, which needs a timer to be enforced).
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn builder() -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    builder.http2().timer(TokioTimer::new());
+    builder
+}
 
 /// Serves `handle` on `listener` until `stop` is cancelled, then waits for open connections
 /// to finish their in-flight requests — at most `drain` — and closes what is left.
@@ -29,19 +45,14 @@ where
     F: Future<Output = Response<Body>> + Send + 'static,
 {
     let handle = Arc::new(handle);
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT);
-    builder.http2().timer(TokioTimer::new());
+    let builder = builder();
     let graceful = GracefulShutdown::new();
     loop {
         let accepted = tokio::select! {
             _ = stop.cancelled() => break,
             a = listener.accept() => a,
         };
-        let (stream, _peer) = match accepted {
+        let (stream, peer) = match accepted {
             Ok(a) => a,
             Err(e) => {
                 // e.g. EMFILE: keep serving the connections we have, and give them a moment to
@@ -52,14 +63,7 @@ where
             }
         };
         let _ = stream.set_nodelay(true);
-        let h = handle.clone();
-        let svc = service_fn(move |req| {
-            let h = h.clone();
-            async move { Ok::<_, Infallible>(h(req).await) }
-        });
-        let conn = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), svc)
-            .into_owned();
+        let conn = connection(&builder, stream, peer, handle.clone());
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             if let Err(e) = conn.await {
@@ -76,5 +80,156 @@ where
             ?drain,
             "connections still open after the drain period; closing them"
         );
+    }
+}
+
+/// One connection: `handle` behind the client's address, upgrades and the bodies for hyper's
+/// own error answers.
+fn connection<I, H, F>(
+    builder: &auto::Builder<TokioExecutor>,
+    io: I,
+    peer: SocketAddr,
+    handle: Arc<H>,
+) -> impl GracefulConnection<Error = Box<dyn std::error::Error + Send + Sync>> + Send + 'static
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
+    F: Future<Output = Response<Body>> + Send + 'static,
+{
+    let state = Arc::new(ConnState::default());
+    let io = TokioIo::new(ErrorBodies::new(io, state.clone()));
+    let svc = service_fn(move |mut req: Request<Incoming>| {
+        let h = handle.clone();
+        // Counted from here until the response body is done, so that the socket wrapper never
+        // mistakes this request's answer for one of hyper's own.
+        let active = state.enter();
+        let state = state.clone();
+        req.extensions_mut().insert(ClientAddr(peer));
+        async move {
+            let resp = h(req).await;
+            if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+                state.set_passthrough();
+            }
+            state.head_coming();
+            Ok::<_, Infallible>(resp.map(|body| Tracked {
+                body,
+                _active: active,
+            }))
+        }
+    });
+    builder.serve_connection_with_upgrades(io, svc).into_owned()
+}
+
+/// A response body that keeps its request counted as active until it is written out.
+struct Tracked {
+    body: Body,
+    _active: ActiveGuard,
+}
+
+impl hyper::body::Body for Tracked {
+    type Data = bytes::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<bytes::Bytes>, hyper::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::answer::{Refusal, full};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// What a client writing `request` on one connection reads back until it is closed.
+    async fn exchange(request: &[u8]) -> String {
+        let (server, mut client) = tokio::io::duplex(1 << 16);
+        let handle = Arc::new(|req: Request<Incoming>| async move {
+            match req.uri().path() {
+                // An app's bare 400, proxied: not one of hyper's own, however it looks.
+                "/bare-400" => {
+                    let mut r = Response::new(full(""));
+                    *r.status_mut() = StatusCode::BAD_REQUEST;
+                    r
+                }
+                // The same, closing the connection: byte for byte what hyper writes itself.
+                "/bare-400-close" => {
+                    let mut r = Response::new(full(""));
+                    *r.status_mut() = StatusCode::BAD_REQUEST;
+                    r.headers_mut().insert(
+                        http::header::CONNECTION,
+                        http::HeaderValue::from_static("close"),
+                    );
+                    r
+                }
+                "/refused" => Refusal::bad_request("the handler's reason").into_response(),
+                _ => Response::new(full("fine\n")),
+            }
+        });
+        let peer = SocketAddr::from(([127, 0, 0, 9], 4000));
+        tokio::spawn(connection(&builder(), server, peer, handle));
+        client.write_all(request).await.unwrap();
+        let mut out = Vec::new();
+        client.read_to_end(&mut out).await.unwrap();
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    #[tokio::test]
+    async fn garbage_is_answered_400_with_a_body() {
+        let out = exchange(b"this is not http\r\n\r\n").await;
+        assert!(out.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{out}");
+        assert!(out.ends_with("could not be parsed\n"), "{out}");
+    }
+
+    #[tokio::test]
+    async fn a_handler_answer_shaped_like_hypers_own_is_left_alone() {
+        let out = exchange(b"GET /bare-400-close HTTP/1.1\r\nhost: a\r\n\r\n").await;
+        assert!(out.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{out}");
+        assert!(out.ends_with("\r\n\r\n"), "no body added: {out}");
+    }
+
+    #[tokio::test]
+    async fn too_many_headers_are_answered_431_with_a_body() {
+        let mut req = String::from("GET / HTTP/1.1\r\nhost: a\r\n");
+        for i in 0..150 {
+            req.push_str(&format!("x-{i}: {i}\r\n"));
+        }
+        req.push_str("\r\n");
+        let out = exchange(req.as_bytes()).await;
+        assert!(out.starts_with("HTTP/1.1 431 "), "{out}");
+        assert!(out.ends_with("too large or too many\n"), "{out}");
+    }
+
+    #[tokio::test]
+    async fn the_handlers_answers_are_never_rewritten_and_garbage_after_them_is() {
+        let out = exchange(
+            b"GET /bare-400 HTTP/1.1\r\nhost: a\r\n\r\n\
+              GET /refused HTTP/1.1\r\nhost: a\r\n\r\n\
+              GET /ok HTTP/1.1\r\nhost: a\r\n\r\n\
+              nonsense\r\n\r\n",
+        )
+        .await;
+        let answers: Vec<&str> = out.split("HTTP/1.1 ").skip(1).collect();
+        assert_eq!(answers.len(), 4, "{out}");
+        assert!(answers[0].starts_with("400 "), "{out}");
+        assert!(
+            answers[0].contains("content-length: 0\r\n"),
+            "left bare: {out}"
+        );
+        assert!(answers[1].ends_with("the handler's reason\n"), "{out}");
+        assert!(answers[2].ends_with("fine\n"), "{out}");
+        assert!(answers[3].starts_with("400 "), "{out}");
+        assert!(answers[3].ends_with("could not be parsed\n"), "{out}");
     }
 }

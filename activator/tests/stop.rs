@@ -20,7 +20,6 @@ fn config() -> ActivatorConfig {
     let any = SocketAddr::from(([127, 0, 0, 1], 0));
     let mut cfg = ActivatorConfig::new("node-stop", any, any);
     cfg.drain_timeout = Duration::from_millis(300);
-    cfg.host_routing = false;
     cfg
 }
 

@@ -12,6 +12,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::wait::await_condition;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::routing::RevisionKey;
@@ -53,16 +54,35 @@ pub struct EndpointsCache {
 }
 
 impl EndpointsCache {
-    /// Starts the label-selected watch of the subsets listing `node`.
-    pub fn start(client: Client, node: &str, ttl: Duration, stop: CancellationToken) -> Self {
+    /// Starts the label-selected watch of the subsets listing `node`. Each subset in which
+    /// this node has a share of minScale (`minPods` > 0) is sent to `keep_warm`, so its pods
+    /// are started without waiting for a request.
+    pub fn start(
+        client: Client,
+        node: &str,
+        ttl: Duration,
+        stop: CancellationToken,
+        keep_warm: mpsc::UnboundedSender<(RevisionKey, ActivatorMember)>,
+    ) -> Self {
         let (mine, writer) = reflector::store();
         let api: Api<ActivationEndpoints> = Api::all(client.clone());
         let cfg = watcher::Config::default()
             .labels(&crds::contract::member_selector(node))
             .any_semantic();
         let events = watcher(api, cfg).default_backoff().reflect(writer);
-        // The reflector keeps the store; nothing else to do per event.
-        super::spawn_watch("endpoints", events, stop, |_| {});
+        let me = node.to_string();
+        super::spawn_watch("endpoints", events, stop, move |ev| {
+            let (watcher::Event::Apply(aep) | watcher::Event::InitApply(aep)) = ev else {
+                return;
+            };
+            if let Some(m) = aep.status.as_ref().and_then(|s| s.member(&me))
+                && m.min_pods > 0
+                && let Some(ns) = aep.metadata.namespace.clone()
+            {
+                let key = RevisionKey::new(ns, aep.metadata.name.clone().unwrap_or_default());
+                let _ = keep_warm.send((key, m.clone()));
+            }
+        });
         Self {
             node: node.to_string(),
             client,

@@ -1,11 +1,13 @@
 //! What the activator keeps in memory: only what its own node needs (DESIGN.md §4).
 //!
-//! - [`revisions`]: Revisions and the host routing table built from them.
+//! - [`revisions`]: the Revisions requests name, read on demand and kept briefly.
+//! - [`hosts`]: Host → revision, looked up by host label on ActivationEndpoints and cached.
 //! - [`endpoints`]: the ActivationEndpoints that list this node (a label-selected watch), plus
 //!   short-lived lookups of other revisions' subsets, for forwarding.
 //! - [`pods`]: app pods on this node (a `spec.nodeName` field-selected watch).
 
 pub mod endpoints;
+pub mod hosts;
 pub mod pods;
 pub mod revisions;
 

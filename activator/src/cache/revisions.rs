@@ -1,21 +1,19 @@
-//! Revisions: either every Revision, watched (needed to route by Host header), or only those
-//! requests name, read on demand (when an ingress names revisions with the `x-revision-*`
-//! headers). The second keeps an activator's memory and watch traffic to what its node serves
-//! (DESIGN §4): with 5,000 activators, a watch of every Revision costs each change 5,000
-//! events and every activator a copy of every Revision.
+//! Revisions, read on demand: only those requests name (by header, or by a Host resolved
+//! through [`super::hosts`]). No activator watches every Revision: with 5,000 activators a
+//! cluster-wide watch costs each change 5,000 events and every activator a copy of every
+//! Revision (DESIGN §4).
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use crds::Revision;
 use dashmap::DashMap;
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, ResourceExt};
-use tokio_util::sync::CancellationToken;
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
+use kube::{Api, Client};
 
-use crate::routing::{HostTable, RevisionKey};
+use crate::routing::RevisionKey;
 
 /// How long a revision found missing is not looked up again.
 const MISS_TTL: Duration = Duration::from_secs(1);
@@ -33,37 +31,27 @@ struct Fetched {
     refreshing: Arc<AtomicBool>,
 }
 
-/// Revisions known to this activator and, with host routing, the hosts they claim.
+/// Revisions read from the API server, kept briefly.
 #[derive(Clone)]
 pub struct RevisionCache {
     client: Client,
-    /// Host routing: every Revision, watched, and the host table built from them.
-    watched: Option<(Store<Revision>, Arc<RwLock<HostTable>>)>,
-    /// Revisions read from the API server (not watched, or not delivered by the watch yet).
     fetched: Arc<DashMap<RevisionKey, Fetched>>,
+    pending: Arc<DashMap<RevisionKey, Read>>,
 }
 
+/// A read in progress, shared by the requests waiting for it.
+type Read = Shared<BoxFuture<'static, Result<Option<Arc<Revision>>, Arc<kube::Error>>>>;
+
 impl RevisionCache {
-    /// With `host_routing`, starts the watch of every Revision (until `stop`); without, reads
-    /// revisions on demand only.
-    pub fn start(client: Client, host_routing: bool, stop: CancellationToken) -> Self {
-        let watched = host_routing.then(|| watch_all(client.clone(), stop));
+    pub fn new(client: Client) -> Self {
         Self {
             client,
-            watched,
             fetched: Arc::new(DashMap::new()),
+            pending: Arc::new(DashMap::new()),
         }
     }
 
-    /// Waits until the first full list has been received (at once without host routing).
-    pub async fn synced(&self) {
-        if let Some((store, _)) = &self.watched {
-            // The writer lives as long as the watch, so this only fails on shutdown.
-            let _ = store.wait_until_ready().await;
-        }
-    }
-
-    /// The revision from the watch, or from an on-demand read. Reads are remembered:
+    /// The revision, from an earlier read or a new one. Reads are remembered:
     /// a revision for [`FETCHED_TTL`] (then refreshed in the background), a missing one for
     /// [`MISS_TTL`], so requests naming an unknown revision cost the API server one read per
     /// second, not one per request.
@@ -71,11 +59,6 @@ impl RevisionCache {
         &self,
         key: &RevisionKey,
     ) -> Result<Option<Arc<Revision>>, kube::Error> {
-        if let Some((store, _)) = &self.watched
-            && let Some(rev) = store.get(&ObjectRef::new(&key.name).within(&key.namespace))
-        {
-            return Ok(Some(rev));
-        }
         if let Some(hit) = self.fetched.get(key).map(|e| e.clone()) {
             match &hit.revision {
                 Some(rev) if hit.at.elapsed() >= FETCHED_TTL => {
@@ -87,18 +70,33 @@ impl RevisionCache {
                 None => {}
             }
         }
-        self.fetch(key).await
+        self.fetch_shared(key).await.map_err(|e| match &*e {
+            // kube::Error is not Clone: keep the API status where there is one.
+            kube::Error::Api(s) => kube::Error::Api(s.clone()),
+            other => kube::Error::Service(other.to_string().into()),
+        })
     }
 
-    /// The revision a Host header routes to (None without host routing).
-    pub fn resolve_host(&self, host: &str) -> Option<RevisionKey> {
-        let (_, hosts) = self.watched.as_ref()?;
-        hosts.read().expect("host table lock").resolve(host)
-    }
-
-    /// Whether Host headers are routed.
-    pub fn routes_hosts(&self) -> bool {
-        self.watched.is_some()
+    /// One read per revision at a time: a burst of first requests for a revision shares it.
+    async fn fetch_shared(
+        &self,
+        key: &RevisionKey,
+    ) -> Result<Option<Arc<Revision>>, Arc<kube::Error>> {
+        let shared = self
+            .pending
+            .entry(key.clone())
+            .or_insert_with(|| {
+                let (this, key) = (self.clone(), key.clone());
+                async move {
+                    let r = this.fetch(&key).await.map_err(Arc::new);
+                    this.pending.remove(&key);
+                    r
+                }
+                .boxed()
+                .shared()
+            })
+            .clone();
+        shared.await
     }
 
     async fn fetch(&self, key: &RevisionKey) -> Result<Option<Arc<Revision>>, kube::Error> {
@@ -137,51 +135,4 @@ impl RevisionCache {
             }
         });
     }
-}
-
-/// The watch of every Revision, maintaining the host table.
-fn watch_all(client: Client, stop: CancellationToken) -> (Store<Revision>, Arc<RwLock<HostTable>>) {
-    let (store, writer) = reflector::store();
-    let hosts = Arc::new(RwLock::new(HostTable::default()));
-    let table = hosts.clone();
-    let api: Api<Revision> = Api::all(client);
-    let events = watcher(api, watcher::Config::default().any_semantic())
-        .default_backoff()
-        .reflect(writer);
-    // A relist builds a fresh table, swapped in when complete, so revisions deleted
-    // while the watch was down disappear and requests keep routing meanwhile.
-    let mut rebuilding: Option<HostTable> = None;
-    super::spawn_watch("revision", events, stop, move |ev| match ev {
-        watcher::Event::Init => rebuilding = Some(HostTable::default()),
-        watcher::Event::InitApply(rev) => {
-            if let Some(t) = rebuilding.as_mut() {
-                claim(t, &rev);
-            }
-        }
-        watcher::Event::InitDone => {
-            if let Some(t) = rebuilding.take() {
-                *table.write().expect("host table lock") = t;
-            }
-        }
-        watcher::Event::Apply(rev) => claim(&mut table.write().expect("host table lock"), &rev),
-        watcher::Event::Delete(rev) => table
-            .write()
-            .expect("host table lock")
-            .remove(&key_of(&rev)),
-    });
-    (store, hosts)
-}
-
-fn key_of(rev: &Revision) -> RevisionKey {
-    RevisionKey::new(rev.namespace().unwrap_or_default(), rev.name_any())
-}
-
-fn claim(table: &mut HostTable, rev: &Revision) {
-    let created = rev
-        .metadata
-        .creation_timestamp
-        .as_ref()
-        .map(|t| t.0.as_second())
-        .unwrap_or(0);
-    table.upsert(&key_of(rev), created, &rev.spec.hosts);
 }

@@ -1,0 +1,558 @@
+//! One revision's pods on this node as the request path sees them: the [`Throttle`] that
+//! hands out slots, the buffer of requests waiting for one, and the scaler task
+//! ([`crate::scaler`]) that creates and deletes pods to match. A pool exists while the
+//! revision has pods or requests here; an idle one at zero pods retires, and the next
+//! request makes a new one (a cold start).
+//!
+//! Locking: one short `std::sync::Mutex` per pool, never held across an await. Grants to
+//! waiters are sent after the lock is released, because a grant whose waiter has gone is
+//! dropped, and dropping a [`Lease`] takes the lock again to free its slot.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use crds::{ActivatorMember, Revision};
+use dashmap::DashMap;
+use kube::Client;
+use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::cache::pods::PodCache;
+use crate::metrics::{Metrics, Phase};
+use crate::routing::RevisionKey;
+use crate::throttle::{Admit, PodRef, Slot, Throttle, Ticket};
+
+/// Tuning of buffering and local scaling (part of [`crate::ActivatorConfig`]).
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    /// Requests one revision may have waiting on this node.
+    pub queue_limit: usize,
+    /// Requests all revisions together may have waiting on this node.
+    pub queue_limit_total: usize,
+    /// Fraction of containerConcurrency a pod should run at before another is added.
+    pub target_utilisation: f64,
+    /// How long demand must fit in fewer pods before one is removed.
+    pub scale_in_window: Duration,
+    /// Pods of one revision this node runs at most, whatever maxScale says.
+    pub max_pods_per_revision: u32,
+    /// A pod not usable this long after it appeared is deleted and the node counts as full
+    /// for the revision (a kubelet that never starts it, an image that never pulls).
+    pub pod_start_timeout: Duration,
+    /// How long a node that could not start a revision's pod sends its requests elsewhere.
+    pub full_backoff: Duration,
+    /// Upper bound on the interval between readiness probes of a starting pod.
+    pub probe_interval_max: Duration,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        Self {
+            queue_limit: 10_000,
+            queue_limit_total: 50_000,
+            target_utilisation: 0.7,
+            scale_in_window: Duration::from_secs(30),
+            max_pods_per_revision: 20,
+            pod_start_timeout: Duration::from_secs(120),
+            full_backoff: Duration::from_secs(30),
+            probe_interval_max: Duration::from_millis(250),
+        }
+    }
+}
+
+/// What every pool shares.
+pub struct Shared {
+    pub client: Client,
+    pub node: String,
+    pub pods: PodCache,
+    pub metrics: Arc<Metrics>,
+    pub cfg: PoolConfig,
+    /// Requests waiting in all pools.
+    pub queued_total: AtomicUsize,
+    /// Stops every scaler (the activator is shutting down).
+    pub stop: CancellationToken,
+    /// When the activator started (timestamps are stored as milliseconds since).
+    pub epoch: Instant,
+    /// Kubernetes Events about Revisions (failed cold starts, a full node).
+    pub events: crate::events::EventSink,
+    /// Revisions this node could not start a pod for, until when and why. Outlives the
+    /// pools (an empty pool retires; the mark must not).
+    pub full: DashMap<RevisionKey, (Instant, String)>,
+}
+
+/// Full marks kept before expired ones are swept.
+const FULL_MARKS_KEPT: usize = 10_000;
+
+impl Shared {
+    /// Marks this node full for `key` for the configured back-off.
+    pub fn mark_full(&self, key: &RevisionKey, why: String) {
+        let now = Instant::now();
+        if self.full.len() >= FULL_MARKS_KEPT {
+            self.full.retain(|_, (until, _)| *until > now);
+        }
+        self.full
+            .insert(key.clone(), (now + self.cfg.full_backoff, why));
+    }
+
+    /// Why this node cannot start `key` now, if it cannot.
+    pub fn full_reason(&self, key: &RevisionKey) -> Option<String> {
+        let e = self.full.get(key)?;
+        (e.0 > Instant::now()).then(|| e.1.clone())
+    }
+}
+
+/// The pools of this node's revisions.
+#[derive(Clone)]
+pub struct Pools {
+    map: Arc<DashMap<RevisionKey, Arc<Pool>>>,
+    shared: Arc<Shared>,
+}
+
+impl Pools {
+    pub fn new(shared: Shared) -> Self {
+        Self {
+            map: Arc::new(DashMap::new()),
+            shared: Arc::new(shared),
+        }
+    }
+
+    /// The revision's pool, made (and its scaler started) if it has none.
+    pub fn get(&self, key: &RevisionKey, rev: &Arc<Revision>, me: &ActivatorMember) -> Arc<Pool> {
+        if let Some(p) = self.map.get(key) {
+            return p.clone();
+        }
+        self.map
+            .entry(key.clone())
+            .or_insert_with(|| {
+                let pool = Pool::new(key.clone(), rev.clone(), me.clone(), self.shared.clone());
+                crate::scaler::spawn(pool.clone(), self.map.clone());
+                pool
+            })
+            .clone()
+    }
+
+    /// Pools alive now (revisions with pods or requests on this node).
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+}
+
+/// The revision and this member's share of it, as the latest request saw them.
+#[derive(Clone)]
+pub struct Spec {
+    pub rev: Arc<Revision>,
+    pub me: ActivatorMember,
+}
+
+/// What a waiter is eventually told.
+pub(crate) enum Grant {
+    Slot(Lease),
+    /// This node cannot start the revision now: send the request to another member.
+    Elsewhere(String),
+    /// No pod can be made for the revision (its template is refused).
+    Fail(String),
+}
+
+/// Why no slot was given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NoSlot {
+    /// The buffer is full: 503.
+    Full(String),
+    /// This node cannot run the revision now (full node, failed pod): another member may.
+    Elsewhere(String),
+    /// No pod can be made for the revision (its template is refused): 502.
+    Failed(String),
+    /// The pool retired between lookup and use: take a fresh one.
+    Retired,
+}
+
+pub(crate) struct State {
+    pub throttle: Throttle,
+    waiters: HashMap<Ticket, oneshot::Sender<Grant>>,
+    next_ticket: Ticket,
+    pub spec: Spec,
+    pub retired: bool,
+    /// Arrival of the first request that found no pod (cold-start phases are measured
+    /// from it); cleared when a pod becomes usable.
+    pub cold_since: Option<Instant>,
+    /// Which pod each throttle entry is (for pods reported unreachable).
+    pub names: HashMap<PodRef, String>,
+}
+
+/// One revision on this node.
+pub struct Pool {
+    pub key: RevisionKey,
+    pub shared: Arc<Shared>,
+    state: Mutex<State>,
+    /// Wakes the scaler: demand changed.
+    pub wake: Notify,
+    /// Pods found unreachable by a request (the scaler takes them out and probes them).
+    pub unreachable_tx: mpsc::UnboundedSender<String>,
+    pub(crate) unreachable_rx: Mutex<Option<mpsc::UnboundedReceiver<String>>>,
+    /// Last request arrival or completion, in ms since `shared.epoch`.
+    last_activity: AtomicU64,
+}
+
+impl Pool {
+    fn new(
+        key: RevisionKey,
+        rev: Arc<Revision>,
+        me: ActivatorMember,
+        shared: Arc<Shared>,
+    ) -> Arc<Self> {
+        let cc = container_concurrency(&rev);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let pool = Arc::new(Self {
+            key,
+            state: Mutex::new(State {
+                throttle: Throttle::new(cc, shared.cfg.queue_limit),
+                waiters: HashMap::new(),
+                next_ticket: 0,
+                spec: Spec { rev, me },
+                retired: false,
+                cold_since: None,
+                names: HashMap::new(),
+            }),
+            wake: Notify::new(),
+            unreachable_tx: tx,
+            unreachable_rx: Mutex::new(Some(rx)),
+            last_activity: AtomicU64::new(0),
+            shared,
+        });
+        pool.touch();
+        pool
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves plain counters behind, still consistent
+        // enough to serve; poisoning would take the revision down on this node for good.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Marks activity now (idle time counts from the last arrival or completion).
+    pub fn touch(&self) {
+        let ms = self.shared.epoch.elapsed().as_millis() as u64;
+        self.last_activity.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    pub fn idle_for(&self) -> Duration {
+        let last = Duration::from_millis(self.last_activity.load(Ordering::Relaxed));
+        self.shared.epoch.elapsed().saturating_sub(last)
+    }
+
+    /// A slot on a pod of this revision, waiting in the buffer while none is free. Cancel
+    /// safe: a request that goes away leaves the queue. `may_go_elsewhere`: the request can
+    /// still be forwarded, so a full node hands it back instead of failing it.
+    pub async fn acquire(
+        self: &Arc<Self>,
+        spec: &Spec,
+        arrived: Instant,
+        may_go_elsewhere: bool,
+    ) -> Result<Lease, NoSlot> {
+        self.touch();
+        let changed;
+        let queued = {
+            let mut s = self.lock();
+            if s.retired {
+                return Err(NoSlot::Retired);
+            }
+            changed = self.update_spec(&mut s, spec);
+            // A node that cannot start the revision sends what it cannot serve at once to
+            // another member rather than queueing it.
+            if may_go_elsewhere
+                && s.throttle.would_wait()
+                && let Some(why) = self.shared.full_reason(&self.key)
+            {
+                return Err(NoSlot::Elsewhere(why));
+            }
+            let ticket = s.next_ticket;
+            s.next_ticket += 1;
+            let total = &self.shared.queued_total;
+            if s.throttle.would_wait()
+                && total.load(Ordering::Relaxed) >= self.shared.cfg.queue_limit_total
+            {
+                Err(NoSlot::Full(format!(
+                    "this activator has {} requests waiting, its limit",
+                    self.shared.cfg.queue_limit_total
+                )))
+            } else {
+                match s.throttle.admit(ticket) {
+                    Admit::Go(slot) => Ok(Ok(slot)),
+                    Admit::Full => Err(NoSlot::Full(format!(
+                        "revision {} has {} requests waiting on this node, its limit",
+                        self.key,
+                        s.throttle.queued()
+                    ))),
+                    Admit::Queued => {
+                        if s.throttle.pods() == 0 && s.cold_since.is_none() {
+                            s.cold_since = Some(arrived);
+                        }
+                        let (tx, rx) = oneshot::channel();
+                        s.waiters.insert(ticket, tx);
+                        total.fetch_add(1, Ordering::Relaxed);
+                        self.shared.metrics.queued.inc();
+                        Ok(Err((ticket, rx)))
+                    }
+                }
+            }
+        };
+        deliver(changed);
+        let (ticket, rx) = match queued? {
+            Ok(slot) => return Ok(self.lease(slot, false)),
+            Err(waiting) => waiting,
+        };
+        self.wake.notify_one();
+        let mut waiting = Waiting {
+            pool: self,
+            ticket,
+            rx: Some(rx),
+        };
+        let rx = waiting.rx.as_mut().expect("set above");
+        match rx.await {
+            Ok(Grant::Slot(lease)) => {
+                waiting.rx = None;
+                Ok(lease)
+            }
+            Ok(Grant::Elsewhere(why)) => {
+                waiting.rx = None;
+                Err(NoSlot::Elsewhere(why))
+            }
+            Ok(Grant::Fail(why)) => {
+                waiting.rx = None;
+                Err(NoSlot::Failed(why))
+            }
+            // The pool let go of its waiters without an answer: it retired.
+            Err(_) => {
+                waiting.rx = None;
+                Err(NoSlot::Retired)
+            }
+        }
+    }
+
+    /// Takes a new Revision or share outside a request (the member watch changed it).
+    pub fn set_spec(self: &Arc<Self>, spec: &Spec) {
+        let grants = {
+            let mut s = self.lock();
+            self.update_spec(&mut s, spec)
+        };
+        deliver(grants);
+        self.wake.notify_one();
+    }
+
+    /// Takes the latest Revision and share; a changed containerConcurrency may free slots,
+    /// whose grants the caller delivers after unlocking.
+    fn update_spec(
+        self: &Arc<Self>,
+        s: &mut State,
+        spec: &Spec,
+    ) -> Vec<(oneshot::Sender<Grant>, Grant)> {
+        if Arc::ptr_eq(&s.spec.rev, &spec.rev) && s.spec.me == spec.me {
+            return Vec::new();
+        }
+        let cc = container_concurrency(&spec.rev);
+        s.spec = spec.clone();
+        if s.throttle.per_pod() == (cc > 0).then_some(cc) {
+            return Vec::new();
+        }
+        let woken = s.throttle.set_concurrency(cc);
+        self.take_waiters(s, woken)
+    }
+
+    fn lease(self: &Arc<Self>, slot: Slot, cold: bool) -> Lease {
+        self.shared.metrics.in_flight.inc();
+        Lease {
+            pool: self.clone(),
+            slot,
+            cold,
+        }
+    }
+
+    /// Removes the woken tickets' senders (under the lock) and pairs them with leases, to be
+    /// delivered once the lock is released.
+    pub(crate) fn take_waiters(
+        self: &Arc<Self>,
+        s: &mut State,
+        woken: Vec<(Ticket, Slot)>,
+    ) -> Vec<(oneshot::Sender<Grant>, Grant)> {
+        let mut out = Vec::with_capacity(woken.len());
+        for (ticket, slot) in woken {
+            if let Some(tx) = s.waiters.remove(&ticket) {
+                self.dequeued();
+                out.push((tx, Grant::Slot(self.lease(slot, true))));
+            }
+        }
+        out
+    }
+
+    /// Hands every waiting request back to the request path to send to another member.
+    pub(crate) fn redirect_waiters(
+        &self,
+        s: &mut State,
+        why: &str,
+    ) -> Vec<(oneshot::Sender<Grant>, Grant)> {
+        self.answer_waiters(s, || Grant::Elsewhere(why.to_string()))
+    }
+
+    /// Fails every waiting request (no pod can be made).
+    pub(crate) fn fail_waiters(
+        &self,
+        s: &mut State,
+        why: &str,
+    ) -> Vec<(oneshot::Sender<Grant>, Grant)> {
+        self.answer_waiters(s, || Grant::Fail(why.to_string()))
+    }
+
+    /// Empties the queue, pairing each waiter with `answer`, to deliver after unlocking.
+    fn answer_waiters(
+        &self,
+        s: &mut State,
+        answer: impl Fn() -> Grant,
+    ) -> Vec<(oneshot::Sender<Grant>, Grant)> {
+        let mut out = Vec::new();
+        for ticket in s.throttle.take_queue() {
+            if let Some(tx) = s.waiters.remove(&ticket) {
+                self.dequeued();
+                out.push((tx, answer()));
+            }
+        }
+        out
+    }
+
+    /// Retires the pool if nothing is left in it; waiters (there should be none) are told
+    /// to take a fresh pool.
+    pub(crate) fn retire_if_empty(&self, s: &mut State) -> bool {
+        if s.throttle.queued() > 0 || s.throttle.in_flight() > 0 {
+            return false;
+        }
+        s.retired = true;
+        true
+    }
+
+    fn dequeued(&self) {
+        self.shared.queued_total.fetch_sub(1, Ordering::Relaxed);
+        self.shared.metrics.queued.dec();
+    }
+
+    /// Adds a usable pod; returns the grants to deliver after unlocking.
+    pub(crate) fn add_pod(
+        self: &Arc<Self>,
+        s: &mut State,
+        name: &str,
+        addr: SocketAddr,
+    ) -> (PodRef, Vec<(oneshot::Sender<Grant>, Grant)>) {
+        let (id, woken) = s.throttle.add_pod(addr);
+        s.names.insert(id, name.to_string());
+        if let Some(since) = s.cold_since.take() {
+            self.shared
+                .metrics
+                .observe_phase(Phase::PodReadySeen, since.elapsed());
+        }
+        (id, self.take_waiters(s, woken))
+    }
+
+    pub(crate) fn remove_pod(&self, s: &mut State, id: PodRef) {
+        s.throttle.remove_pod(id);
+        s.names.remove(&id);
+    }
+
+    fn release(self: &Arc<Self>, pod: PodRef) {
+        self.touch();
+        let grants = {
+            let mut s = self.lock();
+            let woken = s.throttle.release(pod);
+            self.take_waiters(&mut s, woken)
+        };
+        self.shared.metrics.in_flight.dec();
+        deliver(grants);
+    }
+}
+
+/// Sends grants; a grant whose waiter has gone is dropped, which frees its slot.
+pub(crate) fn deliver(grants: Vec<(oneshot::Sender<Grant>, Grant)>) {
+    for (tx, grant) in grants {
+        drop(tx.send(grant));
+    }
+}
+
+/// containerConcurrency as the throttle takes it (negative values, refused by the schema,
+/// count as unlimited).
+pub fn container_concurrency(rev: &Revision) -> u32 {
+    u32::try_from(rev.spec.container_concurrency).unwrap_or(0)
+}
+
+/// A request's place in the queue; leaving it (the client went away, the deadline passed)
+/// takes the request out.
+struct Waiting<'a> {
+    pool: &'a Arc<Pool>,
+    ticket: Ticket,
+    rx: Option<oneshot::Receiver<Grant>>,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if self.rx.is_none() {
+            return;
+        }
+        {
+            let mut s = self.pool.lock();
+            if s.throttle.cancel(self.ticket) {
+                s.waiters.remove(&self.ticket);
+                self.pool.dequeued();
+            }
+        }
+        // A grant already sent is dropped with the receiver here, outside the lock: its
+        // lease frees the slot.
+        self.rx = None;
+        self.pool.wake.notify_one();
+    }
+}
+
+/// A slot on a pod, held while the request (and its response body) is in flight.
+pub struct Lease {
+    pool: Arc<Pool>,
+    slot: Slot,
+    /// The request waited for its slot (a pod starting, or all busy).
+    pub cold: bool,
+}
+
+impl Lease {
+    pub fn addr(&self) -> SocketAddr {
+        self.slot.addr
+    }
+
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    /// The pod did not accept a connection: take it out at once (the scaler probes it and
+    /// puts it back when it answers), and free this slot.
+    pub fn unreachable(self) {
+        let name = {
+            let mut s = self.pool.lock();
+            let name = s.names.get(&self.slot.pod).cloned();
+            self.pool.remove_pod(&mut s, self.slot.pod);
+            name
+        };
+        if let Some(name) = name {
+            let _ = self.pool.unreachable_tx.send(name);
+        }
+        self.pool.wake.notify_one();
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.pool.release(self.slot.pod);
+    }
+}

@@ -1,0 +1,517 @@
+//! The scaler: one task per [`Pool`], the only writer of its revision's pods on this node.
+//! It turns the pod watch (and its own readiness probes) into usable slots in the throttle,
+//! asks [`crate::scale::decide`] how many pods the demand needs, and creates or deletes pods
+//! to match — within the member's share of maxScale. A pod the node cannot run marks the
+//! node full for the revision, and waiting requests go to another member. An idle pool at
+//! zero pods retires.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dashmap::DashMap;
+use futures::future::join_all;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::cache::pods::{LocalPod, RevisionPods};
+use crate::metrics::{Phase, PodReason};
+use crate::pool::{Pool, deliver};
+use crate::routing::RevisionKey;
+use crate::scale::{self, Decision, Observed, Policy};
+use crate::scheduler::{CreateError, LocalScheduler};
+use crate::throttle::PodRef;
+
+/// An empty pool lingers this long before retiring, so a request that just looked it up
+/// does not race its retirement on every cold start.
+const RETIRE_AFTER: Duration = Duration::from_secs(1);
+/// Back-off after the API server refused a create, doubling up to `CREATE_BACKOFF_MAX`.
+const CREATE_BACKOFF: Duration = Duration::from_millis(200);
+const CREATE_BACKOFF_MAX: Duration = Duration::from_secs(10);
+/// The scaler looks again at least this often (idle and stable-window clocks).
+const TICK: Duration = Duration::from_secs(1);
+
+pub(crate) fn spawn(pool: Arc<Pool>, map: Arc<DashMap<RevisionKey, Arc<Pool>>>) {
+    tokio::spawn(async move {
+        let mut s = Scaler::new(pool.clone());
+        s.run().await;
+        s.stop_probes();
+        // Retired or stopped: make sure a fresh pool is used from now on.
+        map.remove_if(&pool.key, |_, p| Arc::ptr_eq(p, &pool));
+    });
+}
+
+/// What the scaler knows of one pod beyond the watch.
+struct Tracked {
+    first_seen: Instant,
+    slot: Option<PodRef>,
+    probe: Option<JoinHandle<()>>,
+    /// A probe got an answer before the watch said Ready.
+    probed: bool,
+    /// The watch has said Ready at least once (after that, its word counts).
+    was_ready: bool,
+    /// A request could not connect: out until a probe answers.
+    suspect: bool,
+    /// Deleted (or being deleted) by this scaler.
+    removing: bool,
+    ever_usable: bool,
+}
+
+struct Scaler {
+    pool: Arc<Pool>,
+    scheduler: LocalScheduler,
+    tracked: HashMap<String, Tracked>,
+    below_since: Option<Instant>,
+    create_backoff: Duration,
+    next_create: Option<Instant>,
+    probe_tx: mpsc::UnboundedSender<String>,
+    probe_rx: mpsc::UnboundedReceiver<String>,
+    /// The Revision (as read) whose pods the API server refused, and why: its requests fail
+    /// at once until the Revision changes.
+    invalid: Option<(Arc<crds::Revision>, String)>,
+}
+
+impl Scaler {
+    fn new(pool: Arc<Pool>) -> Self {
+        let sh = &pool.shared;
+        let scheduler = LocalScheduler::new(sh.client.clone(), &sh.node, sh.pods.clone());
+        let (probe_tx, probe_rx) = mpsc::unbounded_channel();
+        Self {
+            pool,
+            scheduler,
+            tracked: HashMap::new(),
+            below_since: None,
+            create_backoff: CREATE_BACKOFF,
+            next_create: None,
+            probe_tx,
+            probe_rx,
+            invalid: None,
+        }
+    }
+
+    async fn run(&mut self) {
+        let pool = self.pool.clone();
+        let sh = pool.shared.clone();
+        let mut pods_rx = sh.pods.subscribe(&pool.key);
+        let Some(mut unreachable) = pool
+            .unreachable_rx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        else {
+            return;
+        };
+        loop {
+            let pods = pods_rx.borrow_and_update().clone();
+            self.sync(&pods);
+            if self.act(&pods).await {
+                return;
+            }
+            let next = self.next_deadline();
+            tokio::select! {
+                _ = sh.stop.cancelled() => return,
+                r = pods_rx.changed() => if r.is_err() { return },
+                _ = pool.wake.notified() => {}
+                Some(name) = self.probe_rx.recv() => {
+                    if let Some(t) = self.tracked.get_mut(&name) {
+                        t.probed = true;
+                        t.suspect = false;
+                        t.probe = None;
+                    }
+                }
+                Some(name) = unreachable.recv() => {
+                    if let Some(t) = self.tracked.get_mut(&name) {
+                        // The request path took it out of the throttle already.
+                        t.slot = None;
+                        t.suspect = true;
+                        t.probed = false;
+                    }
+                }
+                _ = tokio::time::sleep_until(next) => {}
+            }
+        }
+    }
+
+    fn stop_probes(&mut self) {
+        for t in self.tracked.values_mut() {
+            if let Some(p) = t.probe.take() {
+                p.abort();
+            }
+        }
+    }
+
+    /// Brings the throttle in line with the pods: usable ones in, the rest out; probes
+    /// started for pods that have an address but no Ready yet, or that stopped answering.
+    fn sync(&mut self, pods: &RevisionPods) {
+        let now = Instant::now();
+        let pool = self.pool.clone();
+        let sh = &pool.shared;
+        let port = u16::try_from(pool.lock().spec.rev.spec.port).unwrap_or(0);
+        let mut grants = Vec::new();
+        let mut to_delete: Vec<(String, PodReason)> = Vec::new();
+        let mut full: Option<String> = None;
+        {
+            let mut s = pool.lock();
+            self.tracked.retain(|name, t| {
+                if pods.contains_key(name) {
+                    return true;
+                }
+                if let Some(id) = t.slot.take() {
+                    pool.remove_pod(&mut s, id);
+                }
+                if let Some(p) = t.probe.take() {
+                    p.abort();
+                }
+                false
+            });
+            for (name, p) in pods {
+                let t = self.tracked.entry(name.clone()).or_insert_with(|| Tracked {
+                    first_seen: now,
+                    slot: None,
+                    probe: None,
+                    probed: false,
+                    was_ready: false,
+                    suspect: false,
+                    removing: false,
+                    ever_usable: false,
+                });
+                t.was_ready |= p.ready;
+                let addr = p.ip.map(|ip| SocketAddr::new(ip, port));
+                if let Some(reason) = &p.failed
+                    && !t.removing
+                    && !p.terminating
+                {
+                    t.removing = true;
+                    // A pod the kubelet refused at admission (OutOfpods, OutOfcpu...) never
+                    // got an address: this node is full for the revision. One that ran and
+                    // ended (a crash, a completed deletion) is only replaced.
+                    if !t.ever_usable && p.ip.is_none() {
+                        full = Some(format!(
+                            "node {}: pod {name} of revision {} failed: {reason}",
+                            sh.node, pool.key
+                        ));
+                    }
+                    to_delete.push((name.clone(), PodReason::Failed));
+                }
+                if !t.removing
+                    && p.live()
+                    && !t.ever_usable
+                    && now.duration_since(t.first_seen) >= sh.cfg.pod_start_timeout
+                {
+                    t.removing = true;
+                    full = Some(format!(
+                        "node {}: pod {name} of revision {} was not ready within {}s",
+                        sh.node,
+                        pool.key,
+                        sh.cfg.pod_start_timeout.as_secs()
+                    ));
+                    to_delete.push((name.clone(), PodReason::NotReady));
+                }
+                let usable = p.live()
+                    && !t.removing
+                    && !t.suspect
+                    && addr.is_some()
+                    && port != 0
+                    && (p.ready || (t.probed && !t.was_ready));
+                match (usable, t.slot) {
+                    (true, None) => {
+                        let (id, g) =
+                            pool.add_pod(&mut s, name, addr.expect("usable has an address"));
+                        t.slot = Some(id);
+                        t.ever_usable = true;
+                        grants.extend(g);
+                    }
+                    (false, Some(id)) => {
+                        pool.remove_pod(&mut s, id);
+                        t.slot = None;
+                    }
+                    _ => {}
+                }
+                let wants_probe = p.live()
+                    && !t.removing
+                    && !usable
+                    && (t.suspect || (!p.ready && !t.probed && !t.was_ready));
+                match (wants_probe, addr) {
+                    (true, Some(addr)) if t.probe.is_none() && port != 0 => {
+                        t.probe = Some(tokio::spawn(probe(
+                            addr,
+                            sh.cfg.probe_interval_max,
+                            name.clone(),
+                            self.probe_tx.clone(),
+                        )));
+                    }
+                    (false, _) => {
+                        if let Some(p) = t.probe.take() {
+                            p.abort();
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            if let Some(why) = &full {
+                sh.mark_full(&pool.key, why.clone());
+                if s.throttle.pods() == 0 {
+                    grants.extend(pool.redirect_waiters(&mut s, why));
+                }
+            }
+        }
+        deliver(grants);
+        if let Some(why) = full {
+            tracing::warn!(revision = %pool.key, reason = %why, "node full for revision");
+            sh.metrics.node_full.inc();
+            let rev = pool.lock().spec.rev.clone();
+            sh.events.node_full(&rev, &sh.node, &why);
+        }
+        for (name, reason) in to_delete {
+            sh.metrics.pod_deleted(reason);
+            let (sched, key) = (self.scheduler.clone(), pool.key.clone());
+            tokio::spawn(async move { sched.delete(&key, &name).await });
+        }
+    }
+
+    /// Decides and acts. True when the pool retired.
+    async fn act(&mut self, pods: &RevisionPods) -> bool {
+        let pool = self.pool.clone();
+        let sh = &pool.shared;
+        let now = Instant::now();
+        let live = |t: &Tracked, p: &LocalPod| p.live() && !t.removing;
+        let live_count = pods
+            .iter()
+            .filter(|(n, p)| self.tracked.get(*n).is_some_and(|t| live(t, p)))
+            .count() as u32;
+        let (in_flight, queued, spec) = {
+            let s = pool.lock();
+            (
+                s.throttle.in_flight(),
+                s.throttle.queued() as u32,
+                s.spec.clone(),
+            )
+        };
+        let rev = &spec.rev.spec;
+        let observed = Observed {
+            pods: live_count,
+            in_flight,
+            queued,
+            container_concurrency: u32::try_from(rev.container_concurrency).unwrap_or(0),
+            max_pods: (rev.max_scale > 0).then(|| u32::try_from(spec.me.max_pods).unwrap_or(0)),
+            min_pods: u32::try_from(spec.me.min_pods).unwrap_or(0),
+            idle_for: pool.idle_for(),
+            below_for: self.below_since.map(|b| now.duration_since(b)),
+        };
+        let policy = Policy {
+            target_utilisation: sh.cfg.target_utilisation,
+            idle_timeout: Duration::from_secs(rev.idle_timeout_seconds.max(1).unsigned_abs()),
+            stable_window: sh.cfg.scale_in_window,
+            node_cap: sh.cfg.max_pods_per_revision,
+        };
+        if scale::below(&observed, &policy) {
+            self.below_since.get_or_insert(now);
+        } else {
+            self.below_since = None;
+        }
+        match scale::decide(&observed, &policy) {
+            Decision::Hold => {}
+            Decision::Add(n) => self.add(pods, n, live_count == 0).await,
+            Decision::RemoveOne => {
+                self.remove(pods, 1, PodReason::ScaleIn);
+                self.below_since = None;
+            }
+            Decision::SleepTo(k) => {
+                self.remove(pods, live_count.saturating_sub(k), PodReason::Idle);
+            }
+        }
+        // Retire: nothing here, nothing waiting, nothing to keep.
+        if live_count == 0
+            && observed.min_pods == 0
+            && in_flight == 0
+            && queued == 0
+            && observed.idle_for >= RETIRE_AFTER
+        {
+            let mut s = pool.lock();
+            if pool.retire_if_empty(&mut s) {
+                tracing::debug!(revision = %pool.key, "pool retired");
+                return true;
+            }
+        }
+        false
+    }
+
+    async fn add(&mut self, pods: &RevisionPods, n: u32, cold: bool) {
+        let pool = self.pool.clone();
+        let sh = &pool.shared;
+        if let Some(why) = sh.full_reason(&pool.key) {
+            let grants = {
+                let mut s = pool.lock();
+                if s.throttle.pods() == 0 {
+                    pool.redirect_waiters(&mut s, &why)
+                } else {
+                    Vec::new()
+                }
+            };
+            deliver(grants);
+            return;
+        }
+        let (rev, cold_since) = {
+            let s = pool.lock();
+            (s.spec.rev.clone(), s.cold_since)
+        };
+        if let Some((bad, why)) = &self.invalid {
+            if Arc::ptr_eq(bad, &rev) {
+                let grants = {
+                    let mut s = pool.lock();
+                    pool.fail_waiters(&mut s, why)
+                };
+                deliver(grants);
+                return;
+            }
+            self.invalid = None;
+            self.next_create = None;
+        }
+        if self.next_create.is_some_and(|t| t > Instant::now()) {
+            return;
+        }
+        let mut ordinals = Vec::new();
+        for _ in 0..n {
+            let o = self.scheduler.free_ordinal(&pool.key, pods, &ordinals);
+            ordinals.push(o);
+        }
+        if let Some(since) = cold_since {
+            sh.metrics
+                .observe_phase(Phase::PodPostSent, since.elapsed());
+        }
+        let results = join_all(
+            ordinals
+                .iter()
+                .map(|o| self.scheduler.create(&pool.key, &rev, *o)),
+        )
+        .await;
+        let reason = if cold {
+            PodReason::Cold
+        } else {
+            PodReason::ScaleOut
+        };
+        let mut failed = None;
+        for r in results {
+            match r {
+                Ok(_) => {
+                    sh.metrics.pod_created(reason);
+                    if let Some(since) = cold_since {
+                        sh.metrics
+                            .observe_phase(Phase::PodBoundSeen, since.elapsed());
+                    }
+                }
+                Err(e) => failed = Some(e),
+            }
+        }
+        match failed {
+            None => {
+                self.create_backoff = CREATE_BACKOFF;
+                self.next_create = None;
+            }
+            Some(CreateError::Invalid(why)) => {
+                tracing::warn!(revision = %pool.key, error = %why, "cannot create pod");
+                sh.events.cold_start_failed(&rev, "PodRefused", why.clone());
+                let grants = {
+                    let mut s = pool.lock();
+                    if s.throttle.pods() == 0 {
+                        pool.fail_waiters(&mut s, &why)
+                    } else {
+                        Vec::new()
+                    }
+                };
+                deliver(grants);
+                self.invalid = Some((rev.clone(), why));
+            }
+            Some(CreateError::Api(why)) => {
+                sh.events
+                    .cold_start_failed(&rev, "PodCreateFailed", why.clone());
+                tracing::warn!(revision = %pool.key, error = %why, backoff = ?self.create_backoff, "creating pod");
+                self.next_create = Some(Instant::now() + self.create_backoff);
+                self.create_backoff = (self.create_backoff * 2).min(CREATE_BACKOFF_MAX);
+            }
+        }
+    }
+
+    /// Removes `n` pods: starting ones first (newest first), then the least busy.
+    fn remove(&mut self, pods: &RevisionPods, n: u32, reason: PodReason) {
+        if n == 0 {
+            return;
+        }
+        let pool = self.pool.clone();
+        let mut candidates: Vec<(bool, u32, Instant, String)> = {
+            let s = pool.lock();
+            pods.iter()
+                .filter_map(|(name, p)| {
+                    let t = self.tracked.get(name)?;
+                    (p.live() && !t.removing).then(|| {
+                        let busy = t.slot.and_then(|id| s.throttle.in_flight_on(id));
+                        (
+                            busy.is_some(),
+                            busy.unwrap_or(0),
+                            t.first_seen,
+                            name.clone(),
+                        )
+                    })
+                })
+                .collect()
+        };
+        // Not serving first, then fewest in flight, then newest.
+        candidates.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)).then(b.2.cmp(&a.2)));
+        for (_, _, _, name) in candidates.into_iter().take(n as usize) {
+            if let Some(t) = self.tracked.get_mut(&name) {
+                t.removing = true;
+                if let Some(id) = t.slot.take() {
+                    let mut s = pool.lock();
+                    pool.remove_pod(&mut s, id);
+                }
+                if let Some(p) = t.probe.take() {
+                    p.abort();
+                }
+            }
+            pool.shared.metrics.pod_deleted(reason);
+            let (sched, key) = (self.scheduler.clone(), pool.key.clone());
+            tokio::spawn(async move { sched.delete(&key, &name).await });
+        }
+    }
+
+    /// When to look again without an event: the idle and stable-window clocks, a starting
+    /// pod's deadline, a create back-off.
+    fn next_deadline(&self) -> Instant {
+        let now = Instant::now();
+        let mut next = now + TICK;
+        if let Some(t) = self.next_create {
+            next = next.min(t.max(now));
+        }
+        let start_timeout = self.pool.shared.cfg.pod_start_timeout;
+        for t in self.tracked.values() {
+            if !t.ever_usable && !t.removing {
+                next = next.min((t.first_seen + start_timeout).max(now));
+            }
+        }
+        next
+    }
+}
+
+/// Polls `addr` with TCP connects (backing off to `max_interval`) until one succeeds, then
+/// reports `name`. Kubelets report readiness late (a status write after their own probe
+/// period); connecting ourselves lets the first request in as soon as the app listens.
+async fn probe(
+    addr: SocketAddr,
+    max_interval: Duration,
+    name: String,
+    tx: mpsc::UnboundedSender<String>,
+) {
+    let mut wait = Duration::from_millis(2);
+    loop {
+        if let Ok(Ok(_)) =
+            tokio::time::timeout(Duration::from_secs(1), tokio::net::TcpStream::connect(addr)).await
+        {
+            let _ = tx.send(name);
+            return;
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(max_interval);
+    }
+}
