@@ -44,6 +44,9 @@ const EXTERNAL_ANNOTATION: &str = "kubesim.local-activator.dev/external";
 /// log-normal tail. See docs/load-testing.md.
 pub const CALIBRATED_WRITE_LATENCY: &str = "lognormal:6ms,0.5";
 
+/// A change to each activator's configuration.
+pub type ConfigureActivator = Arc<dyn Fn(&mut ActivatorConfig) + Send + Sync>;
+
 /// How to build the cluster.
 #[derive(Clone)]
 pub struct ClusterOptions {
@@ -74,9 +77,8 @@ pub struct ClusterOptions {
     /// Only Revisions of this namespace get subsets (None = all). Set it when several
     /// clusters share one API server.
     pub revision_namespace: Option<String>,
-    /// Activators route by Host header (each watches every Revision); false: requests name
-    /// their revision with headers and activators read only those.
-    pub host_routing: bool,
+    /// Adjusts each activator's configuration (tests shorten its clocks and limits).
+    pub configure_activator: Option<ConfigureActivator>,
 }
 
 impl Default for ClusterOptions {
@@ -94,7 +96,7 @@ impl Default for ClusterOptions {
             shared_kubelet_watch: false,
             max_pods: 110,
             revision_namespace: None,
-            host_routing: true,
+            configure_activator: None,
         }
     }
 }
@@ -243,7 +245,9 @@ impl SimCluster {
             );
             let pod_name = cfg.pod_name.clone();
             cfg.pod_namespace = self.activator_namespace.clone();
-            cfg.host_routing = opts.host_routing;
+            if let Some(f) = &opts.configure_activator {
+                f(&mut cfg);
+            }
             let activator = Activator::start(cfg, self.client.clone())
                 .await
                 .map_err(|source| Error::Activator {

@@ -87,6 +87,25 @@ impl Driver {
         self.send(entry, revision, req).await
     }
 
+    /// As [`Driver::get_named`], with extra request headers (e.g. the sim app's
+    /// `x-sim-delay-ms`).
+    pub async fn get_named_with(
+        &self,
+        entry: (&str, SocketAddr),
+        namespace: &str,
+        revision: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> Sample {
+        let mut req = Request::get(format!("http://{}{path}", entry.1))
+            .header(crds::contract::HEADER_REVISION_NAMESPACE, namespace)
+            .header(crds::contract::HEADER_REVISION_NAME, revision);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        self.send(entry, revision, req).await
+    }
+
     async fn send(
         &self,
         entry: (&str, SocketAddr),

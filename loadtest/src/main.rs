@@ -79,7 +79,6 @@ async fn main() -> anyhow::Result<()> {
                 nodes,
                 start_delay: Delay::fixed_ms(start_delay_ms),
                 default_activators: activators,
-                host_routing: by_host,
                 api_write_latency,
                 // On a shared API server the subsetter must leave other Revisions alone.
                 revision_namespace: Some(DemoOptions::default().namespace),

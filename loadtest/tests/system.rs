@@ -334,11 +334,10 @@ async fn a_malformed_revision_fails_alone() {
         assert!(s.ok(), "via {n}: {s:?}");
     }
     assert!(!members.is_empty());
-    // The broken one is refused with its reason, wherever it enters.
+    // The broken one is refused with its reason, wherever it enters. Named by headers: an
+    // invalid revision gets no ActivationEndpoints, so no host label, and by Host it is a 404.
     let (n, addr) = c.entries()[0].clone();
-    let s = driver
-        .get((&n, addr), "broken", &host_of("broken", &ns), "/")
-        .await;
+    let s = driver.get_named((&n, addr), &ns, "broken", "/").await;
     assert_eq!(s.status, 502, "{s:?}");
     assert!(
         s.error.as_deref().unwrap_or("").contains("spec.template"),
@@ -393,19 +392,8 @@ async fn a_pod_deleted_while_requests_wait_is_replaced() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_host_routing_revisions_are_read_on_demand() {
-    let ns = format!("system-test-{:08x}", rand::random::<u32>());
-    let c = SimCluster::start(ClusterOptions {
-        nodes: 4,
-        start_delay: Delay::fixed_ms(100),
-        default_activators: 2,
-        revision_namespace: Some(ns.clone()),
-        host_routing: false,
-        ..ClusterOptions::default()
-    })
-    .await
-    .unwrap();
-    c.ensure_own_namespace(&ns).await.unwrap();
+async fn revisions_named_by_headers_are_served_from_every_entry() {
+    let (c, ns) = cluster().await;
     let members = revision(&c, &ns, "named").await;
     let driver = Driver::new();
     // Every entry, member or not, serves the revision named by the headers.
@@ -419,18 +407,13 @@ async fn without_host_routing_revisions_are_read_on_demand() {
         "{}",
         pods.len()
     );
-    // Host routing is off: a Host-only request is a 404 that says how to name the revision.
+    // Unknown revisions are a 404, and so is a Host no revision claims.
     let (n, addr) = c.entries()[0].clone();
-    let s = driver
-        .get((&n, addr), "named", &host_of("named", &ns), "/")
-        .await;
-    assert_eq!(s.status, 404, "{s:?}");
-    assert!(
-        s.error.as_deref().unwrap_or("").contains("x-revision-name"),
-        "{s:?}"
-    );
-    // Unknown revisions are still a 404.
     let s = driver.get_named((&n, addr), &ns, "nope", "/").await;
+    assert_eq!(s.status, 404, "{s:?}");
+    let s = driver
+        .get((&n, addr), "nope", "nobody.example.test", "/")
+        .await;
     assert_eq!(s.status, 404, "{s:?}");
     c.shutdown().await;
 }

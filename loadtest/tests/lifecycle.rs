@@ -1,0 +1,445 @@
+//! The scale-to-zero lifecycle on the node, end to end on kubesim (or a real API server with
+//! `KUBECONFIG`): buffering a burst, throttling by containerConcurrency, scaling out within
+//! maxScale shares, going back to zero, a full node, draining under load, Host lookups.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use crds::contract::REVISION_LABEL;
+use futures::StreamExt;
+use futures::future::join_all;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{ListParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, ResourceExt};
+use kubesim::node::Delay;
+use loadtest::demo::{echo_revision, host_of, wait_subsets};
+use loadtest::driver::{Driver, Sample};
+use loadtest::{ClusterOptions, SimCluster};
+
+/// Upper bound on any wait for the cluster to reach a state (a hang detector, not a timing).
+const LIMIT: Duration = Duration::from_secs(60);
+
+async fn cluster_with(opts: ClusterOptions) -> (SimCluster, String) {
+    let ns = format!("lifecycle-{:08x}", rand::random::<u32>());
+    let c = SimCluster::start(ClusterOptions {
+        revision_namespace: Some(ns.clone()),
+        ..opts
+    })
+    .await
+    .expect("cluster starts");
+    c.ensure_own_namespace(&ns).await.unwrap();
+    (c, ns)
+}
+
+fn options() -> ClusterOptions {
+    ClusterOptions {
+        nodes: 5,
+        start_delay: Delay::fixed_ms(150),
+        default_activators: 2,
+        configure_activator: Some(Arc::new(|cfg| {
+            cfg.pool.scale_in_window = Duration::from_millis(500);
+            cfg.host_ttl = Duration::from_millis(200);
+        })),
+        ..ClusterOptions::default()
+    }
+}
+
+/// Creates a revision shaped by `f` and returns its subset's member nodes.
+async fn revision(
+    c: &SimCluster,
+    ns: &str,
+    name: &str,
+    f: impl FnOnce(&mut crds::Revision),
+) -> Vec<String> {
+    let mut rev = echo_revision(name, ns, vec![host_of(name, ns)]);
+    f(&mut rev);
+    let api: Api<crds::Revision> = Api::namespaced(c.client.clone(), ns);
+    api.create(&PostParams::default(), &rev).await.unwrap();
+    wait_subsets(&c.client, ns, &[name.to_string()], LIMIT)
+        .await
+        .unwrap();
+    let aep: Api<crds::ActivationEndpoints> = Api::namespaced(c.client.clone(), ns);
+    aep.get(name)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .activators
+        .into_iter()
+        .map(|m| m.node)
+        .collect()
+}
+
+/// Sets the sim app's env (`SIM_CONCURRENCY`, `SIM_DELAY_MS`) in the revision's template.
+fn app_env(rev: &mut crds::Revision, env: &[(&str, &str)]) {
+    let env: Vec<serde_json::Value> = env
+        .iter()
+        .map(|(k, v)| serde_json::json!({"name": k, "value": v}))
+        .collect();
+    rev.spec.template.0["spec"]["containers"][0]["env"] = serde_json::Value::Array(env);
+}
+
+fn entry(c: &SimCluster, node: &str) -> (String, std::net::SocketAddr) {
+    c.entries()
+        .into_iter()
+        .find(|(n, _)| n == node)
+        .expect("an activator on every node")
+}
+
+/// Live (not terminating, not failed) pods of the revision, by name → node.
+fn live(pods: &[Pod]) -> BTreeMap<String, String> {
+    pods.iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| {
+            !matches!(
+                p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                Some("Failed" | "Succeeded")
+            )
+        })
+        .map(|p| {
+            (
+                p.name_any(),
+                p.spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.clone())
+                    .unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+async fn pods_of(c: &SimCluster, ns: &str, rev: &str) -> Vec<Pod> {
+    let api: Api<Pod> = Api::namespaced(c.client.clone(), ns);
+    api.list(&ListParams::default().labels(&format!("{REVISION_LABEL}={rev}")))
+        .await
+        .unwrap()
+        .items
+}
+
+/// Watches the revision's pods and records the most that were ever live at once.
+fn track_max_live(
+    c: &SimCluster,
+    ns: &str,
+    rev: &str,
+) -> (Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
+    let api: Api<Pod> = Api::namespaced(c.client.clone(), ns);
+    let cfg = watcher::Config::default().labels(&format!("{REVISION_LABEL}={rev}"));
+    let max = Arc::new(AtomicUsize::new(0));
+    let m = max.clone();
+    let (reader, writer) = kube::runtime::reflector::store::<Pod>();
+    let task = tokio::spawn(async move {
+        let mut events = std::pin::pin!(watcher(api, cfg).reflect(writer).applied_objects());
+        while let Some(ev) = events.next().await {
+            if ev.is_ok() {
+                let pods: Vec<Pod> = reader.state().iter().map(|p| (**p).clone()).collect();
+                m.fetch_max(live(&pods).len(), Ordering::SeqCst);
+            }
+        }
+    });
+    (max, task)
+}
+
+/// Waits (on the pod watch) until the revision's live pods satisfy `pred`.
+async fn wait_live(c: &SimCluster, ns: &str, rev: &str, pred: impl Fn(usize) -> bool) {
+    wait_pods(c, ns, rev, |pods| pred(live(pods).len())).await
+}
+
+fn ready(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Waits (on the pod watch) until the revision's pods satisfy `pred`.
+async fn wait_pods(c: &SimCluster, ns: &str, rev: &str, pred: impl Fn(&[Pod]) -> bool) {
+    let api: Api<Pod> = Api::namespaced(c.client.clone(), ns);
+    let cfg = watcher::Config::default().labels(&format!("{REVISION_LABEL}={rev}"));
+    let (reader, writer) = kube::runtime::reflector::store::<Pod>();
+    let mut events = std::pin::pin!(watcher(api, cfg).reflect(writer));
+    let wait = async {
+        while let Some(ev) = events.next().await {
+            if matches!(
+                ev,
+                Ok(watcher::Event::InitDone | watcher::Event::Apply(_) | watcher::Event::Delete(_))
+            ) {
+                let pods: Vec<Pod> = reader.state().iter().map(|p| (**p).clone()).collect();
+                if pred(&pods) {
+                    return;
+                }
+            }
+        }
+    };
+    tokio::time::timeout(LIMIT, wait)
+        .await
+        .expect("the revision's pods reach the expected count");
+}
+
+fn all_ok(samples: &[Sample]) {
+    let bad: Vec<&Sample> = samples.iter().filter(|s| !s.ok()).collect();
+    assert!(
+        bad.is_empty(),
+        "{} of {} failed, e.g. {:?}",
+        bad.len(),
+        samples.len(),
+        bad.first()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_concurrent_first_requests_start_one_pod_per_member() {
+    let (c, ns) = cluster_with(options()).await;
+    let members = revision(&c, &ns, "burst", |_| {}).await;
+    let driver = Driver::new();
+    let entries = c.entries();
+    let samples = join_all((0..1000).map(|i| {
+        let (driver, ns) = (driver.clone(), ns.clone());
+        let (n, addr) = entries[i % entries.len()].clone();
+        async move { driver.get_named((&n, addr), &ns, "burst", "/").await }
+    }))
+    .await;
+    all_ok(&samples);
+    let pods = live(&pods_of(&c, &ns, "burst").await);
+    let nodes: BTreeSet<&String> = pods.values().collect();
+    assert!(
+        !pods.is_empty() && pods.len() <= members.len() && nodes.len() == pods.len(),
+        "one pod per member at most: {pods:?} for members {members:?}"
+    );
+    assert!(nodes.iter().all(|n| members.contains(n)), "{pods:?}");
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn container_concurrency_one_never_gives_a_pod_two_requests() {
+    let (c, ns) = cluster_with(options()).await;
+    let members = revision(&c, &ns, "single", |r| {
+        r.spec.container_concurrency = 1;
+        r.spec.max_scale = 2;
+        // The app answers 503 to a second concurrent request instead of queueing it.
+        app_env(r, &[("SIM_CONCURRENCY", "1"), ("SIM_DELAY_MS", "20")]);
+    })
+    .await;
+    let driver = Driver::new();
+    let entries = c.entries();
+    let samples = join_all((0..40).map(|i| {
+        let (driver, ns) = (driver.clone(), ns.clone());
+        let (n, addr) = entries[i % entries.len()].clone();
+        async move { driver.get_named((&n, addr), &ns, "single", "/").await }
+    }))
+    .await;
+    all_ok(&samples);
+    let pods = live(&pods_of(&c, &ns, "single").await);
+    assert!(pods.len() <= 2, "maxScale 2: {pods:?}");
+    for pod in pods.keys() {
+        if let Some(stats) = c.fleet.app_stats(&ns, pod) {
+            assert_eq!(stats.rejected(), 0, "pod {pod} saw two requests at once");
+        }
+    }
+    assert_eq!(members.len(), 2);
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_scale_five_with_three_members_never_exceeds_five_pods() {
+    let (c, ns) = cluster_with(options()).await;
+    let members = revision(&c, &ns, "capped", |r| {
+        r.spec.container_concurrency = 1;
+        r.spec.max_scale = 5;
+        r.spec.activators = Some(3);
+        app_env(r, &[("SIM_CONCURRENCY", "1"), ("SIM_DELAY_MS", "100")]);
+    })
+    .await;
+    assert_eq!(members.len(), 3);
+    let (max_live, watch) = track_max_live(&c, &ns, "capped");
+    let driver = Driver::new();
+    let samples = join_all((0..90).map(|i| {
+        let (driver, ns) = (driver.clone(), ns.clone());
+        let (n, addr) = entry(&c, &members[i % members.len()]);
+        async move { driver.get_named((&n, addr), &ns, "capped", "/").await }
+    }))
+    .await;
+    all_ok(&samples);
+    let most = max_live.load(Ordering::SeqCst);
+    watch.abort();
+    assert!(most <= 5, "{most} pods at once under maxScale 5");
+    assert!(
+        most > members.len(),
+        "members scaled out past one pod each: {most}"
+    );
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_revision_goes_to_zero_and_its_next_request_is_cold_again() {
+    let (c, ns) = cluster_with(options()).await;
+    let members = revision(&c, &ns, "sleepy", |r| {
+        r.spec.idle_timeout_seconds = 1;
+        r.spec.activators = Some(1);
+    })
+    .await;
+    let driver = Driver::new();
+    let (m, addr) = entry(&c, &members[0]);
+    let first = driver.get_named((&m, addr), &ns, "sleepy", "/").await;
+    assert!(first.ok() && first.cold, "{first:?}");
+    let warm = driver.get_named((&m, addr), &ns, "sleepy", "/").await;
+    assert!(warm.ok() && !warm.cold, "{warm:?}");
+    // No request for idleTimeoutSeconds: the member deletes its pod.
+    wait_live(&c, &ns, "sleepy", |n| n == 0).await;
+    let again = driver.get_named((&m, addr), &ns, "sleepy", "/").await;
+    assert!(again.ok() && again.cold, "asleep, so cold again: {again:?}");
+    assert_ne!(again.pod, first.pod, "a new pod served");
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_scale_starts_pods_without_a_request_and_keeps_them_when_idle() {
+    let (c, ns) = cluster_with(options()).await;
+    let members = revision(&c, &ns, "eager", |r| {
+        r.spec.min_scale = 2;
+        r.spec.idle_timeout_seconds = 1;
+    })
+    .await;
+    assert_eq!(members.len(), 2);
+    // One pod per member (each has a minPods share of 1), Ready with no request sent.
+    wait_pods(&c, &ns, "eager", |pods| {
+        pods.iter().filter(|p| ready(p)).count() == 2
+    })
+    .await;
+    let pods = live(&pods_of(&c, &ns, "eager").await);
+    let nodes: BTreeSet<&String> = pods.values().collect();
+    assert_eq!(nodes.len(), 2, "{pods:?}");
+    // Served warm, and still there after the idle timeout.
+    let driver = Driver::new();
+    let (m, addr) = entry(&c, &members[0]);
+    let s = driver.get_named((&m, addr), &ns, "eager", "/").await;
+    assert!(s.ok() && !s.cold, "{s:?}");
+    tokio::time::sleep(Duration::from_millis(2500)).await; // past idleTimeoutSeconds: 1
+    assert_eq!(
+        live(&pods_of(&c, &ns, "eager").await).len(),
+        2,
+        "minScale holds"
+    );
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_nodes_requests_are_served_by_another_member() {
+    let (c, ns) = cluster_with(ClusterOptions {
+        max_pods: 3,
+        ..options()
+    })
+    .await;
+    let members = revision(&c, &ns, "roomy", |_| {}).await;
+    assert_eq!(members.len(), 2);
+    let full = &members[0];
+    // Fill the first member's node: its activator pod and two fillers take its three slots.
+    let api: Api<Pod> = Api::namespaced(c.client.clone(), &ns);
+    for i in 0..2 {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("filler-{i}")},
+            "spec": {"nodeName": full, "containers": [{"name": "x", "image": "filler"}]},
+        }))
+        .unwrap();
+        api.create(&PostParams::default(), &pod).await.unwrap();
+    }
+    let driver = Driver::new();
+    let (m, addr) = entry(&c, full);
+    let s = driver.get_named((&m, addr), &ns, "roomy", "/").await;
+    assert!(s.ok(), "{s:?}");
+    let pods = live(&pods_of(&c, &ns, "roomy").await);
+    let served_on = s.pod.as_ref().and_then(|p| pods.get(p));
+    assert_eq!(
+        served_on,
+        Some(&members[1]),
+        "the other member's pod served: {s:?} {pods:?}"
+    );
+    // Later requests entering at the full node go straight to the other member.
+    let s = driver.get_named((&m, addr), &ns, "roomy", "/").await;
+    assert!(s.ok(), "{s:?}");
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn draining_under_load_loses_nothing() {
+    let (mut c, ns) = cluster_with(options()).await;
+    let members = revision(&c, &ns, "busy", |r| {
+        r.spec.container_concurrency = 2;
+        r.spec.max_scale = 2;
+    })
+    .await;
+    let driver = Driver::new();
+    let (m, addr) = entry(&c, &members[0]);
+    assert!(driver.get_named((&m, addr), &ns, "busy", "/").await.ok());
+    // 30 slow requests on a member with 2 slots: some in flight, the rest waiting.
+    let load = tokio::spawn({
+        let (driver, ns, m) = (driver.clone(), ns.clone(), m.clone());
+        async move {
+            join_all((0..30).map(|_| {
+                let (driver, ns, m) = (driver.clone(), ns.clone(), m.clone());
+                async move {
+                    driver
+                        .get_named_with((&m, addr), &ns, "busy", "/", &[("x-sim-delay-ms", "200")])
+                        .await
+                }
+            }))
+            .await
+        }
+    });
+    let a = &c
+        .activators
+        .iter()
+        .find(|a| a.node == members[0])
+        .unwrap()
+        .activator;
+    // All 30 have arrived (2 in flight on the member's one pod, 28 waiting) before the stop:
+    // a request still connecting when the listener closes would be refused, not drained.
+    let queued = tokio::time::timeout(LIMIT, async {
+        while a.metrics().queued.get() < 28 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+    queued.await.expect("requests queue on the member");
+    assert!(c.stop_activator(&members[0]).await);
+    let samples = load.await.unwrap();
+    all_ok(&samples);
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_is_resolved_by_label_and_follows_a_newer_revision() {
+    let (c, ns) = cluster_with(options()).await;
+    let host = host_of("site", &ns);
+    let members = revision(&c, &ns, "site-v1", |r| r.spec.hosts = vec![host.clone()]).await;
+    let driver = Driver::new();
+    // Through a node that is not a member: it looks the host up and forwards.
+    let outsider = c
+        .entries()
+        .into_iter()
+        .find(|(n, _)| !members.contains(n))
+        .unwrap();
+    let e = (outsider.0.as_str(), outsider.1);
+    let s = driver
+        .get(e, "site", &format!("{}:8080", host.to_uppercase()), "/")
+        .await;
+    assert!(s.ok(), "{s:?}");
+    assert!(
+        s.pod.as_deref().unwrap_or("").starts_with("site-v1-"),
+        "{s:?}"
+    );
+    // A newer revision claims the host: once the cached answer expires, it serves.
+    revision(&c, &ns, "site-v2", |r| r.spec.hosts = vec![host.clone()]).await;
+    let moved = tokio::time::timeout(LIMIT, async {
+        loop {
+            let s = driver.get(e, "site", &host, "/").await;
+            if s.ok() && s.pod.as_deref().unwrap_or("").starts_with("site-v2-") {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    moved.await.expect("the newer revision takes the host");
+    c.shutdown().await;
+}
