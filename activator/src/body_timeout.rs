@@ -30,6 +30,8 @@ pub struct IdleTimeout<B> {
     /// Told when the timeout fires: the upstream client may report the aborted request in a
     /// way that no longer carries [`BodyIdle`] (HTTP/2 resets the stream), or not at all.
     fired: Option<oneshot::Sender<BodyIdle>>,
+    /// Never times out (a body with nothing to send).
+    untimed: bool,
     done: bool,
 }
 
@@ -42,9 +44,23 @@ impl<B> IdleTimeout<B> {
             timeout,
             sleep: None,
             fired: Some(tx),
+            untimed: false,
             done: false,
         };
         (body, rx)
+    }
+
+    /// The same type without a timer: for a body that is already complete (no timer, no
+    /// channel on the warm path of a body-less request).
+    pub fn untimed(inner: B) -> Self {
+        Self {
+            inner,
+            timeout: Duration::ZERO,
+            sleep: None,
+            fired: None,
+            untimed: true,
+            done: false,
+        }
     }
 }
 
@@ -72,6 +88,7 @@ where
                 }
                 Poll::Ready(frame.map(|f| f.map_err(Into::into)))
             }
+            Poll::Pending if this.untimed => Poll::Pending,
             Poll::Pending => {
                 let timeout = this.timeout;
                 let sleep = this.sleep.get_or_insert_with(|| {

@@ -301,6 +301,7 @@ impl Handler {
     ) -> Result<(Route, Response<Body>), Refusal> {
         let can_forward = !hopped && !peers.is_empty();
         let mut retries_left = self.upstream.retries();
+        let protocol = upstream_protocol(&spec.rev);
         loop {
             // 3. admit
             let admitted = tokio::select! {
@@ -331,21 +332,31 @@ impl Handler {
                 }
                 Err(NoSlot::Failed(why)) => return Err(Refusal::bad_gateway(why)),
             };
-            // 4. proxy
-            let replay = (retries_left > 0 && req.body().is_end_stream()).then(|| replay_of(&req));
-            // Named in errors only; the revision is added to the reason then, not formatted
-            // for every request.
-            let what = "pod";
+            // 4. proxy: the connection first. A pod that refuses it never saw the request,
+            // which goes to the next slot as it is, body and all.
             let proxy = stage("proxy");
+            let connected = self
+                .upstream
+                .connect(protocol, &req, lease.addr(), "pod")
+                .instrument(proxy.clone())
+                .await;
+            let to = match connected {
+                Ok(to) => to,
+                Err(refusal) => {
+                    lease.unreachable();
+                    if retries_left == 0 {
+                        return Err(of_revision(key, refusal));
+                    }
+                    self.metrics.retries.inc();
+                    retries_left -= 1;
+                    continue;
+                }
+            };
             proxy.in_scope(|| telemetry::inject_traceparent(req.headers_mut()));
-            let protocol = upstream_protocol(&spec.rev);
-            // Boxed: the client's send future is the largest part of the request's state,
-            // and a request waiting in the buffer (10,000 of them) should not carry its room.
-            let sent = Box::pin(
-                self.upstream
-                    .send_as(protocol, req, lease.addr(), &[], what, 0),
-            );
-            match sent.instrument(proxy).await {
+            // Boxed: the send future is the largest part of the request's state, and a
+            // request waiting in the buffer (10,000 of them) should not carry its room.
+            let sent = Box::pin(self.upstream.send(to, req, &[], "pod"));
+            return match sent.instrument(proxy).await {
                 Ok(mut resp) => {
                     let route = if lease.cold {
                         self.metrics
@@ -357,23 +368,10 @@ impl Handler {
                         Route::Warm
                     };
                     // The slot is held until the response body has been sent.
-                    return Ok((route, resp.map(|b| Held::new(b, lease).boxed())));
+                    Ok((route, resp.map(|b| Held::new(b, lease).boxed())))
                 }
-                Err(refusal) if refusal.retry_elsewhere => {
-                    // The pod did not take the connection: out with it, and the request goes
-                    // to the next slot when it can be sent again.
-                    lease.unreachable();
-                    match replay {
-                        Some(again) => {
-                            self.metrics.retries.inc();
-                            retries_left -= 1;
-                            req = again;
-                        }
-                        None => return Err(of_revision(key, refusal)),
-                    }
-                }
-                Err(refusal) => return Err(of_revision(key, refusal)),
-            }
+                Err(refusal) => Err(of_revision(key, refusal)),
+            };
         }
     }
 
@@ -423,29 +421,39 @@ impl Handler {
         )];
         let mut req = Some(req);
         let mut last = Refusal::unavailable(format!("revision {key} has no reachable activator"));
+        let protocol = upstream_protocol(rev);
         for i in 0..members.len() {
             let m = &members[(start + i) % members.len()];
             let Ok(addr) = m.address.parse() else {
                 tracing::warn!(revision = %key, address = %m.address, "member has a bad address");
                 continue;
             };
-            let Some(r) = req.take() else { break };
-            // Only a body-less request can be replayed to the next member.
-            let replay = r.body().is_end_stream().then(|| replay_of(&r));
+            let Some(mut r) = req.take() else { break };
+            let more = i + 1 < members.len();
             let what = format!("activator on node {}", m.node);
-            let mut r = r;
+            // A member that refuses the connection never saw the request: the next one
+            // gets it as it is.
+            let to = match self.upstream.connect(protocol, &r, addr, &what).await {
+                Ok(to) => to,
+                Err(e) => {
+                    self.endpoints.invalidate(key);
+                    if more {
+                        self.metrics.retries.inc();
+                    }
+                    last = Refusal::unavailable(e.reason);
+                    req = Some(r);
+                    continue;
+                }
+            };
+            // Only a body-less request can be sent again after the member answered 503 or
+            // failed once it had the request.
+            let replay = (more && r.body().is_end_stream()).then(|| replay_of(&r));
             telemetry::inject_traceparent(r.headers_mut());
             // No retries against one peer: the next member is the retry.
-            let protocol = upstream_protocol(rev);
-            match self
-                .upstream
-                .send_as(protocol, r, addr, &hop, &what, 0)
-                .await
-            {
+            match self.upstream.send(to, r, &hop, &what).await {
                 Ok(resp)
                     if resp.status() == http::StatusCode::SERVICE_UNAVAILABLE
-                        && replay.is_some()
-                        && i + 1 < members.len() =>
+                        && replay.is_some() =>
                 {
                     self.endpoints.invalidate(key);
                     self.metrics.retries.inc();
@@ -455,16 +463,10 @@ impl Handler {
                 Ok(resp) => return Ok(resp),
                 Err(e) => {
                     self.endpoints.invalidate(key);
-                    if replay.is_some() && i + 1 < members.len() {
+                    if replay.is_some() {
                         self.metrics.retries.inc();
                     }
-                    // A peer that cannot be reached is "no member can take it": 503; one that
-                    // failed after the body was sent is a 502 (the body cannot be replayed).
-                    last = if e.retry_elsewhere {
-                        Refusal::unavailable(e.reason)
-                    } else {
-                        e
-                    };
+                    last = e;
                     req = replay;
                 }
             }

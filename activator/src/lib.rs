@@ -12,6 +12,7 @@ pub mod config;
 pub mod error;
 pub mod events;
 pub mod forwarded;
+pub mod h1;
 pub mod h2c;
 pub mod handler;
 pub mod metrics;

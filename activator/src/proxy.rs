@@ -1,35 +1,35 @@
 //! Sending a request to a pod or a peer activator, with streaming bodies both ways. Everything
 //! protocol-specific about proxying lives here and in the modules it uses:
 //!
-//! - HTTP/1.1 over a pooled client by default; HTTP/2 with prior knowledge ([`crate::h2c`])
-//!   when the caller asks for it ([`Upstream::send_as`] with `UpstreamProtocol::H2c`: the revision's port is named `h2c`),
-//!   so gRPC's trailers survive;
+//! - HTTP/1.1 on pooled keep-alive connections ([`crate::h1`]) by default; HTTP/2 with prior
+//!   knowledge ([`crate::h2c`]) when the revision's port is named `h2c`, so gRPC's trailers
+//!   survive;
 //! - hop-by-hop headers stripped (RFC 9110 §7.6.1), except an upgrade's own, which
 //!   [`crate::upgrade`] passes on and tunnels after a 101;
 //! - `x-forwarded-*` and `forwarded` added by the first activator ([`crate::forwarded`]);
 //! - a request body that stops arriving fails after `body_idle_timeout`
 //!   ([`crate::body_timeout`]), answered 408.
 //!
-//! Requests without a body are retried on a refused connection; requests with one are not,
-//! since their body has already been consumed.
+//! A send is two steps: [`Upstream::connect`], then [`Upstream::send`]. A target that refuses
+//! the connection never sees the request, so the caller still holds it — with its body — for
+//! the next pod or member; nothing has to be copied in case of a retry.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crds::contract::HEADER_ACTIVATOR_HOP;
 use http::header::{HOST, TE, UPGRADE};
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, Version};
 use http_body_util::BodyExt;
-use hyper::body::{Body as _, Incoming};
+use hyper::body::Body as _;
 use hyper::upgrade::OnUpgrade;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 
-use crate::answer::{Body, Refusal, full};
+use crate::answer::{Body, Refusal};
 use crate::body_timeout::{BodyIdle, IdleTimeout};
 use crate::config::ActivatorConfig;
 use crate::forwarded::{self, ClientAddr};
+use crate::h1::{H1Conn, H1Pool, Returning};
 use crate::h2c::{ConnectError, H2Pool, UpBody};
 use crate::upgrade;
 
@@ -57,98 +57,102 @@ impl UpstreamProtocol {
 /// Clients for pods and peers.
 #[derive(Clone)]
 pub struct Upstream {
-    h1: Client<HttpConnector, UpBody>,
-    h2: std::sync::Arc<H2Pool>,
+    h1: Arc<H1Pool>,
+    h2: Arc<H2Pool>,
     retries: u32,
     body_idle_timeout: Duration,
 }
 
-/// How one attempt failed.
-enum SendError {
-    H1(hyper_util::client::legacy::Error),
-    H2Connect(ConnectError),
-    H2(hyper::Error),
+/// A connection to one target, made before the request is given to it: a target that
+/// refuses leaves the request in the caller's hands for the next one.
+pub struct Connected {
+    target: SocketAddr,
+    conn: Conn,
 }
 
-impl SendError {
-    /// The connection was never made: nothing was sent, so a body-less request can be replayed.
-    fn is_connect(&self) -> bool {
-        match self {
-            SendError::H1(e) => e.is_connect(),
-            SendError::H2Connect(_) => true,
-            SendError::H2(_) => false,
-        }
-    }
+enum Conn {
+    H1(H1Conn),
+    H2(hyper::client::conn::http2::SendRequest<UpBody>),
+}
 
-    fn as_error(&self) -> &(dyn std::error::Error + 'static) {
-        match self {
-            SendError::H1(e) => e,
-            SendError::H2Connect(e) => e,
-            SendError::H2(e) => e,
-        }
+impl Connected {
+    pub fn target(&self) -> SocketAddr {
+        self.target
     }
 }
 
 impl Upstream {
     pub fn new(cfg: &ActivatorConfig) -> Self {
-        let mut http = HttpConnector::new();
-        http.set_nodelay(true);
-        http.set_connect_timeout(Some(cfg.connect_timeout));
-        http.enforce_http(true);
-        let h1 = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(cfg.pool_idle_timeout)
-            .build(http);
         Self {
-            h1,
-            h2: std::sync::Arc::new(H2Pool::new(cfg.connect_timeout, cfg.pool_idle_timeout)),
+            h1: H1Pool::new(cfg.connect_timeout, cfg.pool_idle_timeout),
+            h2: Arc::new(H2Pool::new(cfg.connect_timeout, cfg.pool_idle_timeout)),
             retries: cfg.connect_retries,
             body_idle_timeout: cfg.body_idle_timeout,
         }
     }
 
-    /// How often a body-less request to a pod is retried on a refused connection.
+    /// How often a request is tried on another pod after a refused connection.
     pub fn retries(&self) -> u32 {
         self.retries
     }
 
-    /// Sends `req` to `target` speaking `protocol` (HTTP/2 with prior knowledge when the
-    /// revision's port is named `h2c`; use it for the peer hop of such a revision too, so
-    /// trailers survive it), adding `extra` headers; a body-less request is retried up to
-    /// `retries` times on a refused connection. `what` names the target in errors.
-    pub async fn send_as(
+    /// A connection to `target` for `req`, speaking `protocol` (HTTP/2 with prior knowledge
+    /// when the revision's port is named `h2c`; use it for the peer hop of such a revision
+    /// too, so trailers survive it) — HTTP/1.1 for an upgrade whatever the protocol, since
+    /// HTTP/2 has no `101 Switching Protocols`. `what` names the target in errors; a refusal
+    /// here is `retry_elsewhere`: nothing was sent.
+    pub async fn connect(
         &self,
         protocol: UpstreamProtocol,
-        mut req: Request<Body>,
+        req: &Request<Body>,
         target: SocketAddr,
+        what: &str,
+    ) -> Result<Connected, Refusal> {
+        let conn = if protocol == UpstreamProtocol::H2c && !is_upgrade(req) {
+            self.h2.get(target).await.map(Conn::H2)
+        } else {
+            self.h1.get(target).await.map(Conn::H1)
+        };
+        conn.map(|conn| Connected { target, conn }).map_err(|e| {
+            Refusal::unreachable(format!(
+                "{what} at {target} is unreachable: {}",
+                error_chain(&e)
+            ))
+        })
+    }
+
+    /// Sends `req` on `to`, adding `extra` headers. `what` names the target in errors.
+    pub async fn send(
+        &self,
+        to: Connected,
+        mut req: Request<Body>,
         extra: &[(HeaderName, String)],
         what: &str,
-        retries: u32,
     ) -> Result<Response<Body>, Refusal> {
+        let target = to.target;
         // An upgrade the client's connection can carry out (server.rs serves with upgrades).
         let upgrade_to = upgrade::requested(req.version(), req.headers())
             .filter(|_| req.extensions().get::<OnUpgrade>().is_some());
         let client_upgrade = upgrade_to.as_ref().map(|_| hyper::upgrade::on(&mut req));
-        let protocol = if upgrade_to.is_some() {
-            UpstreamProtocol::Http1
-        } else {
-            protocol
-        };
         // A peer activator already said who the client is; from here it would be us.
         let first_hop = !req.headers().contains_key(HEADER_ACTIVATOR_HOP);
         let client_ip = req.extensions().get::<ClientAddr>().map(|c| c.0.ip());
 
         let (mut parts, body) = req.into_parts();
         // HTTP/2 carries the host in :authority, HTTP/1.1 in Host.
-        let host: Option<String> = parts
-            .headers
-            .get(HOST)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string)
-            .or_else(|| parts.uri.authority().map(|a| a.as_str().to_string()));
+        let host: Option<HeaderValue> = parts.headers.get(HOST).cloned().or_else(|| {
+            parts
+                .uri
+                .authority()
+                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        });
         strip_hop_by_hop(&mut parts.headers);
         if first_hop {
-            forwarded::add(&mut parts.headers, client_ip, host.as_deref());
+            forwarded::add(
+                &mut parts.headers,
+                client_ip,
+                host.as_ref().and_then(|h| h.to_str().ok()),
+            );
         }
         for (name, value) in extra {
             if let Ok(v) = value.parse() {
@@ -164,117 +168,139 @@ impl Upstream {
         let path = parts
             .uri
             .path_and_query()
-            .map(|p| p.as_str())
-            .unwrap_or("/");
-        match protocol {
-            UpstreamProtocol::Http1 => {
-                // The pool speaks HTTP/1.1 whatever the client spoke; an HTTP/2 request's
-                // :authority becomes the Host header the app (or peer) routes on.
-                if !parts.headers.contains_key(HOST)
-                    && let Some(h) = host.as_deref().and_then(|h| h.parse().ok())
-                {
-                    parts.headers.insert(HOST, h);
-                }
+            .cloned()
+            .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
+        match &to.conn {
+            Conn::H1(_) => {
+                // HTTP/1.1 whatever the client spoke, in origin form on a connection that is
+                // already the target's; an HTTP/2 request's :authority becomes the Host
+                // header the app (or peer) routes on.
+                let host = host.unwrap_or_else(|| {
+                    HeaderValue::from_str(&target.to_string())
+                        .unwrap_or(HeaderValue::from_static("localhost"))
+                });
+                parts.headers.entry(HOST).or_insert(host);
                 parts.version = Version::HTTP_11;
-                parts.uri = Uri::try_from(format!("http://{target}{path}"))
-                    .map_err(|e| Refusal::bad_request(format!("bad request path: {e}")))?;
+                parts.uri = Uri::from(path);
             }
-            UpstreamProtocol::H2c => {
-                // The connection goes to `target` (the pool's key); :authority stays the
-                // client's host, and HTTP/2 has no Host header beside it.
+            Conn::H2(_) => {
+                // The connection goes to `target`; :authority stays the client's host, and
+                // HTTP/2 has no Host header beside it.
                 parts.headers.remove(HOST);
                 parts.version = Version::HTTP_2;
                 let authority = host
-                    .as_deref()
-                    .filter(|h| h.parse::<http::uri::Authority>().is_ok())
-                    .map(str::to_string)
-                    .unwrap_or_else(|| target.to_string());
-                parts.uri = Uri::try_from(format!("http://{authority}{path}"))
+                    .as_ref()
+                    .and_then(|h| h.to_str().ok())
+                    .and_then(|h| h.parse::<http::uri::Authority>().ok())
+                    .unwrap_or_else(|| {
+                        target
+                            .to_string()
+                            .parse()
+                            .expect("a socket address is an authority")
+                    });
+                parts.uri = Uri::builder()
+                    .scheme("http")
+                    .authority(authority)
+                    .path_and_query(path)
+                    .build()
                     .map_err(|e| Refusal::bad_request(format!("bad request path: {e}")))?;
             }
         }
 
-        let bodyless = body.is_end_stream();
-        let (body, idle) = IdleTimeout::new(body, self.body_idle_timeout);
+        // A body-less request has nothing to stall: no timer for it.
+        let (body, idle) = if body.is_end_stream() {
+            (IdleTimeout::untimed(body), None)
+        } else {
+            let (b, idle) = IdleTimeout::new(body, self.body_idle_timeout);
+            (b, Some(idle))
+        };
         // Resolves only if the body timed out; pending forever once it can no longer.
         let idle = async {
-            match idle.await {
-                Ok(e) => e,
-                Err(_) => std::future::pending().await,
+            match idle {
+                Some(idle) => match idle.await {
+                    Ok(e) => e,
+                    Err(_) => std::future::pending().await,
+                },
+                None => std::future::pending().await,
             }
         };
-        tokio::pin!(idle);
-        let mut body = Some(body);
-        let mut parts = Some(parts);
-        let mut attempt = 0;
-        loop {
-            let b = match body.take() {
-                Some(b) => b,
-                // Only a body-less request is ever sent again.
-                None => IdleTimeout::new(full(bytes::Bytes::new()), self.body_idle_timeout).0,
-            };
-            // The head is copied only while a retry may still need it.
-            let head = if bodyless && attempt < retries {
-                parts.clone()
-            } else {
-                parts.take()
-            };
-            let req =
-                Request::from_parts(head.expect("the head is kept while a retry may follow"), b);
-            let sent = async {
-                match protocol {
-                    UpstreamProtocol::Http1 => self.h1.request(req).await.map_err(SendError::H1),
-                    UpstreamProtocol::H2c => {
-                        let mut send = self.h2.get(target).await.map_err(SendError::H2Connect)?;
-                        send.send_request(req).await.map_err(SendError::H2)
-                    }
-                }
-            };
-            // The upstream client may see the aborted body only as a reset stream (HTTP/2) or
-            // keep waiting for an answer that cannot come: the body's own signal decides.
-            let result = tokio::select! {
-                r = sent => r,
-                e = &mut idle => return Err(body_timed_out(e)),
-            };
-            match result {
-                Ok(resp) => return Ok(self.response(resp, client_upgrade, what)),
-                Err(e) if e.is_connect() && bodyless && attempt < retries => {
-                    attempt += 1;
-                    tracing::debug!(%target, attempt, error = %error_chain(e.as_error()), "connect failed; retrying");
-                    // Backoff, not synchronisation: give a restarting app a moment.
-                    tokio::time::sleep(Duration::from_millis(25 << attempt)).await;
-                }
-                Err(e) => {
-                    let connect = e.is_connect();
-                    let e = e.as_error();
-                    if let Some(idle) = find::<BodyIdle>(e) {
-                        return Err(body_timed_out(*idle));
-                    }
-                    if find::<hyper::Error>(e).is_some_and(|h| h.is_user()) {
-                        // The client's own body broke (it went away mid-request): nobody
-                        // upstream is at fault, and the client will not read this answer.
-                        return Err(Refusal::bad_request(format!(
-                            "the request body failed: {}",
-                            error_chain(e)
-                        )));
-                    }
-                    let reason = format!("{what} at {target} is unreachable: {}", error_chain(e));
-                    // Not connected: nothing was sent, another target may take it.
-                    return Err(if connect {
-                        Refusal::unreachable(reason)
+        let req = Request::from_parts(parts, body);
+        let sent = async {
+            match to.conn {
+                Conn::H1(mut c) => {
+                    let resp = match c.send.try_send_request(req).await {
+                        Ok(resp) => resp,
+                        // A pooled connection the app closed as the request went out: the
+                        // request was not written, so it goes on a fresh connection once.
+                        Err(mut e) if c.reused && e.message().is_some() => {
+                            let req = e.take_message().expect("checked above");
+                            c.send = self.h1.connect(target).await.map_err(SendError::Connect)?;
+                            c.send.send_request(req).await.map_err(SendError::Http)?
+                        }
+                        Err(e) => return Err(SendError::Http(e.into_error())),
+                    };
+                    Ok(if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+                        // The connection is the tunnel's now.
+                        resp.map(BodyExt::boxed)
                     } else {
-                        Refusal::bad_gateway(reason)
-                    });
+                        resp.map(|b| Returning::new(b, c.send, target, self.h1.clone()).boxed())
+                    })
                 }
+                Conn::H2(mut send) => send
+                    .send_request(req)
+                    .await
+                    .map(|r| r.map(BodyExt::boxed))
+                    .map_err(SendError::Http),
+            }
+        };
+        // The upstream client may see the aborted body only as a reset stream (HTTP/2) or
+        // keep waiting for an answer that cannot come: the body's own signal decides.
+        let result = tokio::select! {
+            r = sent => r,
+            e = idle => return Err(body_timed_out(e)),
+        };
+        match result {
+            Ok(resp) => Ok(self.response(resp, client_upgrade, what)),
+            Err(SendError::Connect(e)) => Err(Refusal::bad_gateway(format!(
+                "{what} at {target} is unreachable: {}",
+                error_chain(&e)
+            ))),
+            Err(SendError::Http(e)) => {
+                if let Some(idle) = find::<BodyIdle>(&e) {
+                    return Err(body_timed_out(*idle));
+                }
+                if e.is_user() {
+                    // The client's own body broke (it went away mid-request): nobody
+                    // upstream is at fault, and the client will not read this answer.
+                    return Err(Refusal::bad_request(format!(
+                        "the request body failed: {}",
+                        error_chain(&e)
+                    )));
+                }
+                Err(Refusal::bad_gateway(format!(
+                    "{what} at {target} failed: {}",
+                    error_chain(&e)
+                )))
             }
         }
     }
 
-    /// The upstream's answer as the client's: hop-by-hop headers stripped; after a 101 to an
-    /// upgrade, the upgrade's headers kept and the tunnel started.
+    /// Connects, then sends: for callers that have no other target to try.
+    pub async fn send_to(
+        &self,
+        protocol: UpstreamProtocol,
+        req: Request<Body>,
+        target: SocketAddr,
+        extra: &[(HeaderName, String)],
+        what: &str,
+    ) -> Result<Response<Body>, Refusal> {
+        let to = self.connect(protocol, &req, target, what).await?;
+        self.send(to, req, extra, what).await
+    }
+
     fn response(
         &self,
-        mut resp: Response<Incoming>,
+        mut resp: Response<Body>,
         client_upgrade: Option<OnUpgrade>,
         what: &str,
     ) -> Response<Body> {
@@ -295,8 +321,21 @@ impl Upstream {
             }
             upgrade::tunnel(client, upstream, what.to_string());
         }
-        Response::from_parts(rp, rb.boxed())
+        Response::from_parts(rp, rb)
     }
+}
+
+/// How a send failed after its connection was made.
+enum SendError {
+    /// A fresh connection, after the pooled one closed under the request, was refused.
+    Connect(ConnectError),
+    Http(hyper::Error),
+}
+
+/// Whether `req` asks to switch protocols (sent over HTTP/1.1 whatever the revision speaks).
+fn is_upgrade(req: &Request<Body>) -> bool {
+    upgrade::requested(req.version(), req.headers()).is_some()
+        && req.extensions().get::<OnUpgrade>().is_some()
 }
 
 fn body_timed_out(e: BodyIdle) -> Refusal {

@@ -351,7 +351,7 @@ async fn send_h2_speaks_http2_to_the_app_and_keeps_trailers() {
         .unwrap();
     let resp = within(
         "send_h2",
-        upstream.send_as(UpstreamProtocol::H2c, req, app.addr(), &[], "the app", 0),
+        upstream.send_to(UpstreamProtocol::H2c, req, app.addr(), &[], "the app"),
     )
     .await
     .unwrap();
@@ -370,7 +370,7 @@ async fn send_h2_speaks_http2_to_the_app_and_keeps_trailers() {
         .body(full(Bytes::new()))
         .unwrap();
     let resp = upstream
-        .send_as(UpstreamProtocol::H2c, req, app.addr(), &[], "the app", 0)
+        .send_to(UpstreamProtocol::H2c, req, app.addr(), &[], "the app")
         .await
         .unwrap();
     let echoed =

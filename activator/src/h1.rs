@@ -1,0 +1,308 @@
+//! HTTP/1.1 to pods and peers: a pool of keep-alive connections per target, on hyper's own
+//! connection API.
+//!
+//! Why not hyper-util's legacy client (used before): its connection is chosen from the
+//! request's absolute URI (formatted and parsed per request), and a refused connection
+//! consumes the request, so every body-less request had to be copied beforehand in case it
+//! must be sent again. It also spawns a task per request to put an HTTP/1 connection back
+//! in the pool once it is ready. Here the connection comes first ([`H1Pool::get`]): a refused
+//! connect leaves the request untouched for the next pod, and a connection goes back to the
+//! pool when its response body ends ([`Returning`]), with no task.
+//!
+//! Each serving thread has its own pool (see `ActivatorConfig::io_threads`), so the lock is
+//! uncontended in production.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use hyper::body::{Body as _, Frame, Incoming, SizeHint};
+use hyper::client::conn::http1::{Builder, SendRequest};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use crate::h2c::{ConnectError, UpBody};
+
+/// Idle connections kept per target; more are closed when their response ends. A pod takes
+/// at most containerConcurrency requests at once, so this bounds only the unlimited case.
+const MAX_IDLE_PER_TARGET: usize = 256;
+
+struct Idle {
+    send: SendRequest<UpBody>,
+    since: Instant,
+}
+
+/// The idle connections, and when the whole set was last swept of closed and expired ones
+/// (targets are pods, which come and go: a pod that went away must not leave entries behind).
+struct IdleSet {
+    by_target: HashMap<SocketAddr, Vec<Idle>>,
+    swept: Instant,
+}
+
+impl IdleSet {
+    fn sweep_if_due(&mut self, now: Instant, idle_timeout: Duration) {
+        if now.duration_since(self.swept) < idle_timeout / 2 {
+            return;
+        }
+        self.swept = now;
+        self.by_target.retain(|_, list| {
+            list.retain(|i| !i.send.is_closed() && now.duration_since(i.since) < idle_timeout);
+            !list.is_empty()
+        });
+    }
+}
+
+/// Keep-alive HTTP/1.1 connections by target address.
+pub struct H1Pool {
+    idle: Mutex<IdleSet>,
+    connect_timeout: Duration,
+    idle_timeout: Duration,
+}
+
+/// A connection taken from the pool (or just opened) for one request.
+pub struct H1Conn {
+    pub(crate) send: SendRequest<UpBody>,
+    /// Whether it came from the pool: a pooled connection the server closed meanwhile is no
+    /// fault of the target, and the request goes on a fresh one.
+    pub(crate) reused: bool,
+}
+
+impl H1Pool {
+    pub fn new(connect_timeout: Duration, idle_timeout: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            idle: Mutex::new(IdleSet {
+                by_target: HashMap::new(),
+                swept: Instant::now(),
+            }),
+            connect_timeout,
+            idle_timeout,
+        })
+    }
+
+    /// An idle connection to `target` that can take a request now, else a new one.
+    pub async fn get(&self, target: SocketAddr) -> Result<H1Conn, ConnectError> {
+        if let Some(send) = self.take_idle(target) {
+            return Ok(H1Conn { send, reused: true });
+        }
+        self.connect(target).await.map(|send| H1Conn {
+            send,
+            reused: false,
+        })
+    }
+
+    /// A new connection to `target`, not from the pool.
+    pub async fn connect(&self, target: SocketAddr) -> Result<SendRequest<UpBody>, ConnectError> {
+        let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect(target))
+            .await
+            .map_err(|_| ConnectError::Timeout(self.connect_timeout))?
+            .map_err(ConnectError::Connect)?;
+        let _ = stream.set_nodelay(true);
+        let (send, conn) = Builder::new()
+            .handshake(TokioIo::new(stream))
+            .await
+            .map_err(ConnectError::Handshake)?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.with_upgrades().await {
+                tracing::debug!(%target, error = %e, "HTTP/1.1 connection ended with an error");
+            }
+        });
+        Ok(send)
+    }
+
+    fn take_idle(&self, target: SocketAddr) -> Option<SendRequest<UpBody>> {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        idle.sweep_if_due(now, self.idle_timeout);
+        let list = idle.by_target.get_mut(&target)?;
+        list.retain(|i| !i.send.is_closed() && now.duration_since(i.since) < self.idle_timeout);
+        // Newest first: the most recently used connection is the likeliest to be alive. One
+        // whose last response is still being finished is left for later.
+        let ready = list.iter().rposition(|i| i.send.is_ready())?;
+        Some(list.swap_remove(ready).send)
+    }
+
+    /// Puts a connection whose response has ended back.
+    fn put(&self, target: SocketAddr, send: SendRequest<UpBody>) {
+        if send.is_closed() {
+            return;
+        }
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        idle.sweep_if_due(now, self.idle_timeout);
+        let list = idle.by_target.entry(target).or_default();
+        if list.len() < MAX_IDLE_PER_TARGET {
+            list.push(Idle { send, since: now });
+        }
+    }
+}
+
+/// A response body that gives its connection back to the pool once it has been read to the
+/// end. Dropped earlier, the connection is dropped with it (hyper closes it: the rest of the
+/// response is still on the wire).
+pub struct Returning {
+    inner: Incoming,
+    back: Option<(SendRequest<UpBody>, SocketAddr, Arc<H1Pool>)>,
+}
+
+impl Returning {
+    pub fn new(
+        inner: Incoming,
+        send: SendRequest<UpBody>,
+        target: SocketAddr,
+        pool: Arc<H1Pool>,
+    ) -> Self {
+        Self {
+            inner,
+            back: Some((send, target, pool)),
+        }
+    }
+
+    fn give_back(&mut self) {
+        if let Some((send, target, pool)) = self.back.take() {
+            pool.put(target, send);
+        }
+    }
+}
+
+impl Drop for Returning {
+    fn drop(&mut self) {
+        // An empty body (204, HEAD, Content-Length: 0) may never be polled.
+        if self.inner.is_end_stream() {
+            self.give_back();
+        }
+    }
+}
+
+impl hyper::body::Body for Returning {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let r = Pin::new(&mut self.inner).poll_frame(cx);
+        match &r {
+            Poll::Ready(None) => self.give_back(),
+            Poll::Ready(Some(Err(_))) => self.back = None,
+            _ => {}
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::answer::full;
+    use crate::body_timeout::IdleTimeout;
+    use http::{Request, Response};
+    use http_body_util::BodyExt;
+    use hyper::service::service_fn;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::net::TcpListener;
+
+    /// An app on 127.0.0.1 that counts the connections it accepted; `close` answers with
+    /// `Connection: close`.
+    async fn app(close: bool) -> (SocketAddr, Arc<AtomicUsize>) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            loop {
+                let (s, _) = l.accept().await.unwrap();
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let svc = service_fn(move |_req: Request<Incoming>| async move {
+                        let mut r = Response::new(full("hello"));
+                        if close {
+                            r.headers_mut()
+                                .insert("connection", http::HeaderValue::from_static("close"));
+                        }
+                        Ok::<_, std::convert::Infallible>(r)
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(s), svc)
+                        .await;
+                });
+            }
+        });
+        (addr, accepted)
+    }
+
+    async fn get(pool: &Arc<H1Pool>, target: SocketAddr) -> String {
+        let mut c = pool.get(target).await.unwrap();
+        let req = Request::builder()
+            .uri("/")
+            .header("host", "app")
+            .body(IdleTimeout::untimed(full("")))
+            .unwrap();
+        let resp = c.send.send_request(req).await.unwrap();
+        let body = Returning::new(resp.into_body(), c.send, target, pool.clone());
+        let bytes = body.collect().await.unwrap().to_bytes();
+        String::from_utf8(bytes.to_vec()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_connection_is_reused_once_its_response_has_been_read() {
+        let (addr, accepted) = app(false).await;
+        let pool = H1Pool::new(Duration::from_secs(1), Duration::from_secs(60));
+        for _ in 0..5 {
+            assert_eq!(get(&pool, addr).await, "hello");
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_app_closes_is_not_reused() {
+        let (addr, accepted) = app(true).await;
+        let pool = H1Pool::new(Duration::from_secs(1), Duration::from_secs(60));
+        for _ in 0..3 {
+            assert_eq!(get(&pool, addr).await, "hello");
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_is_a_connect_error() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        drop(l);
+        let pool = H1Pool::new(Duration::from_secs(1), Duration::from_secs(60));
+        assert!(matches!(
+            pool.get(addr).await,
+            Err(ConnectError::Connect(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn connections_past_the_idle_timeout_are_not_handed_out() {
+        let (addr, accepted) = app(false).await;
+        let pool = H1Pool::new(Duration::from_secs(1), Duration::ZERO);
+        get(&pool, addr).await;
+        get(&pool, addr).await;
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+        assert!(
+            pool.idle
+                .lock()
+                .unwrap()
+                .by_target
+                .values()
+                .all(|l| l.len() <= 1)
+        );
+    }
+}
