@@ -1,9 +1,10 @@
 //! Telling the app who asked: `x-forwarded-for`, `-proto`, `-host` and RFC 7239 `forwarded`,
 //! added by the first activator a request reaches.
 
+use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 
-use http::{HeaderMap, HeaderValue};
+use http::{HeaderMap, HeaderName, HeaderValue};
 
 /// The peer address of the client connection a request arrived on, put in the request's
 /// extensions by [`crate::server`] at accept.
@@ -15,53 +16,69 @@ pub const X_FORWARDED_PROTO: &str = "x-forwarded-proto";
 pub const X_FORWARDED_HOST: &str = "x-forwarded-host";
 pub const FORWARDED: &str = "forwarded";
 
+// Parsed once: inserting by `&str` parses the name on every request.
+const XFF: HeaderName = HeaderName::from_static(X_FORWARDED_FOR);
+const XFP: HeaderName = HeaderName::from_static(X_FORWARDED_PROTO);
+const XFH: HeaderName = HeaderName::from_static(X_FORWARDED_HOST);
+const FWD: HeaderName = HeaderName::from_static(FORWARDED);
+
 /// Adds the forwarding headers for a request from `client` for `host`, keeping what a proxy in
 /// front already said: `x-forwarded-for` and `forwarded` are appended to, `x-forwarded-proto`
 /// and `x-forwarded-host` are set only when absent (an ingress that terminated TLS knows the
 /// scheme better than we do). The activator speaks plain HTTP, so its own `proto` is `http`.
+/// On every proxied request: each header value is written once, into its own buffer.
 pub fn add(headers: &mut HeaderMap, client: Option<IpAddr>, host: Option<&str>) {
     if let Some(ip) = client {
-        let ip = ip.to_string();
-        let joined = joined(headers, X_FORWARDED_FOR);
-        let xff = match joined {
-            Some(before) if !before.trim().is_empty() => format!("{before}, {ip}"),
-            _ => ip,
-        };
-        if let Ok(v) = HeaderValue::from_str(&xff) {
-            headers.insert(X_FORWARDED_FOR, v);
+        let mut xff = joined(headers, &XFF).unwrap_or_default();
+        if !xff.trim().is_empty() {
+            xff.push_str(", ");
+        } else {
+            xff.clear();
+        }
+        let _ = write!(xff, "{ip}");
+        if let Some(v) = value_of(xff) {
+            headers.insert(XFF, v);
         }
     }
-    if !headers.contains_key(X_FORWARDED_PROTO) {
-        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+    if !headers.contains_key(&XFP) {
+        headers.insert(XFP, HeaderValue::from_static("http"));
     }
     if let Some(host) = host
-        && !headers.contains_key(X_FORWARDED_HOST)
+        && !headers.contains_key(&XFH)
         && let Ok(v) = HeaderValue::from_str(host)
     {
-        headers.insert(X_FORWARDED_HOST, v);
+        headers.insert(XFH, v);
     }
 
-    let mut element = Vec::with_capacity(3);
+    let mut fwd = joined(headers, &FWD).unwrap_or_default();
+    if !fwd.trim().is_empty() {
+        fwd.push_str(", ");
+    } else {
+        fwd.clear();
+    }
     if let Some(ip) = client {
-        element.push(format!("for={}", node(ip)));
+        fwd.push_str("for=");
+        node(&mut fwd, ip);
+        fwd.push(';');
     }
-    element.push("proto=http".to_string());
+    fwd.push_str("proto=http");
     if let Some(host) = host {
-        element.push(format!("host={}", value(host)));
+        fwd.push_str(";host=");
+        value(&mut fwd, host);
     }
-    let element = element.join(";");
-    let forwarded = match joined(headers, FORWARDED) {
-        Some(before) if !before.trim().is_empty() => format!("{before}, {element}"),
-        _ => element,
-    };
-    if let Ok(v) = HeaderValue::from_str(&forwarded) {
-        headers.insert(FORWARDED, v);
+    if let Some(v) = value_of(fwd) {
+        headers.insert(FWD, v);
     }
+}
+
+/// A header value from a string, without copying it.
+fn value_of(s: String) -> Option<HeaderValue> {
+    HeaderValue::from_maybe_shared(bytes::Bytes::from(s)).ok()
 }
 
 /// All values of a list header as one comma-separated value (RFC 9110 §5.3), so appending
 /// leaves a single header line whatever the client sent.
-fn joined(headers: &HeaderMap, name: &str) -> Option<String> {
+fn joined(headers: &HeaderMap, name: &HeaderName) -> Option<String> {
     let values: Vec<&str> = headers
         .get_all(name)
         .iter()
@@ -71,27 +88,27 @@ fn joined(headers: &HeaderMap, name: &str) -> Option<String> {
 }
 
 /// RFC 7239 §6: an IPv6 node is bracketed, and so must be quoted.
-fn node(ip: IpAddr) -> String {
-    match ip {
-        IpAddr::V4(v4) => v4.to_string(),
-        IpAddr::V6(v6) => format!("\"[{v6}]\""),
-    }
+fn node(out: &mut String, ip: IpAddr) {
+    let _ = match ip {
+        IpAddr::V4(v4) => write!(out, "{v4}"),
+        IpAddr::V6(v6) => write!(out, "\"[{v6}]\""),
+    };
 }
 
 /// A token as is, anything else (a host with a port has a `:`) as a quoted string.
-fn value(s: &str) -> String {
+fn value(out: &mut String, s: &str) {
     let is_tchar = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
     if !s.is_empty() && s.chars().all(is_tchar) {
-        s.to_string()
+        out.push_str(s);
     } else {
-        let escaped: String = s
-            .chars()
-            .flat_map(|c| match c {
-                '"' | '\\' => vec!['\\', c],
-                c => vec![c],
-            })
-            .collect();
-        format!("\"{escaped}\"")
+        out.push('"');
+        for c in s.chars() {
+            if c == '"' || c == '\\' {
+                out.push('\\');
+            }
+            out.push(c);
+        }
+        out.push('"');
     }
 }
 

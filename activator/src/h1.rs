@@ -89,7 +89,9 @@ impl H1Pool {
         if let Some(send) = self.take_idle(target) {
             return Ok(H1Conn { send, reused: true });
         }
-        self.connect(target).await.map(|send| H1Conn {
+        // Boxed: connecting is rare on the warm path, and its state is larger than the rest
+        // of a request's (every waiting request would carry it).
+        Box::pin(self.connect(target)).await.map(|send| H1Conn {
             send,
             reused: false,
         })

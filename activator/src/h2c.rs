@@ -79,6 +79,16 @@ impl H2Pool {
                 return Ok(e.send.clone());
             }
         }
+        // Boxed: opening a connection is rare, and its state would make every request's larger.
+        Box::pin(self.open(target, now)).await
+    }
+
+    /// A new connection to `target`, pooled.
+    async fn open(
+        &self,
+        target: SocketAddr,
+        now: Instant,
+    ) -> Result<SendRequest<UpBody>, ConnectError> {
         let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect(target))
             .await
             .map_err(|_| ConnectError::Timeout(self.connect_timeout))?

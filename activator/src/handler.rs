@@ -38,6 +38,9 @@ use crate::telemetry;
 
 /// Response header naming the activator that served (or forwarded) the request.
 pub const HEADER_SERVED_BY: &str = "x-activator-node";
+// Header names parsed once, not on every request.
+const SERVED_BY: HeaderName = HeaderName::from_static(HEADER_SERVED_BY);
+const HOP: HeaderName = HeaderName::from_static(HEADER_ACTIVATOR_HOP);
 /// Response header set when the request waited for a slot (a pod starting, or all busy).
 pub const HEADER_COLD_START: &str = "x-activator-cold-start";
 
@@ -67,7 +70,7 @@ enum RouteTo {
     /// This node serves it, as this member; `peers` take it if this node cannot.
     Here {
         spec: Spec,
-        peers: Vec<ActivatorMember>,
+        peers: Arc<[ActivatorMember]>,
     },
     /// Other members serve it.
     Elsewhere(Vec<ActivatorMember>),
@@ -102,7 +105,7 @@ impl Handler {
             })
             .inc();
         resp.headers_mut()
-            .entry(HEADER_SERVED_BY)
+            .entry(SERVED_BY)
             .or_insert_with(|| self.node_header.clone());
         resp
     }
@@ -116,7 +119,7 @@ impl Handler {
         let (key, rev) = self.resolve(&req).instrument(stage("resolve")).await?;
         let timeout = request_timeout(&rev);
         let deadline = arrived + timeout;
-        let hopped = req.headers().contains_key(HEADER_ACTIVATOR_HOP);
+        let hopped = req.headers().contains_key(&HOP);
         let late = || {
             Refusal::timeout(format!(
                 "revision {key}: no answer within its timeout of {}s",
@@ -207,37 +210,13 @@ impl Handler {
         hopped: bool,
         deadline: Instant,
     ) -> Result<RouteTo, Refusal> {
-        // Members that may create pods: with maxScale set, only those with a share of it.
-        let can_start = |m: &ActivatorMember| rev.spec.max_scale == 0 || m.max_pods > 0;
-        let read_by = deadline.min(Instant::now() + API_READ_LIMIT);
-        let membership =
-            match tokio::time::timeout_at(read_by, self.endpoints.membership(key, hopped)).await {
-                // The subsetter gives an invalid revision no subset: say why instead of waiting.
-                Ok(Ok(Membership::Unassigned)) if !rev.problems().is_empty() => {
-                    return Err(Refusal::bad_gateway(format!(
-                        "revision {key} is invalid: {}",
-                        rev.problems().join("; ")
-                    )));
-                }
-                // A revision created a moment ago: its subset is being written.
-                Ok(Ok(Membership::Unassigned)) => {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    self.endpoints
-                        .await_assigned(key, left.min(SUBSET_WAIT))
-                        .await
-                }
-                Ok(Ok(m)) => m,
-                Ok(Err(e)) => {
-                    return Err(Refusal::unavailable(format!(
-                        "reading the activators of revision {key}: {e}"
-                    )));
-                }
-                Err(_) => {
-                    return Err(Refusal::unavailable(format!(
-                        "reading the activators of revision {key}: the API server did not answer"
-                    )));
-                }
-            };
+        let can_start = |m: &ActivatorMember| can_start(rev, m);
+        // The subsets this node belongs to are watched: answered at once. Anything else
+        // is read from the API server, boxed so that a request's state stays small.
+        let membership = match self.endpoints.member_entry(key) {
+            Some(m) => m,
+            None => Box::pin(self.membership(key, rev, hopped, deadline)).await?,
+        };
         let no_share = || {
             Refusal::unavailable(format!(
                 "no member of revision {key} has a share of its maxScale"
@@ -249,14 +228,14 @@ impl Handler {
                     rev: rev.clone(),
                     me,
                 },
-                peers: peers.into_iter().filter(can_start).collect(),
+                peers,
             }),
             // A member without a share of maxScale may not create pods: the members with
             // one serve (DESIGN §3: shares sum to at most maxScale). A forwarded request
             // that lands here anyway is served if a pod is running (none can be).
             Membership::Member { me, peers } => {
                 let with_share: Vec<ActivatorMember> =
-                    peers.into_iter().filter(can_start).collect();
+                    peers.iter().filter(|m| can_start(m)).cloned().collect();
                 if hopped || with_share.is_empty() {
                     if hopped {
                         return Ok(RouteTo::Here {
@@ -264,7 +243,7 @@ impl Handler {
                                 rev: rev.clone(),
                                 me,
                             },
-                            peers: Vec::new(),
+                            peers: Arc::from(Vec::new()),
                         });
                     }
                     return Err(no_share());
@@ -288,6 +267,42 @@ impl Handler {
         }
     }
 
+    /// Stage 2, not a watched subset: the revision's subset read from the API server, or
+    /// awaited when it has not been published yet.
+    async fn membership(
+        &self,
+        key: &RevisionKey,
+        rev: &Arc<Revision>,
+        hopped: bool,
+        deadline: Instant,
+    ) -> Result<Membership, Refusal> {
+        let read_by = deadline.min(Instant::now() + API_READ_LIMIT);
+        match tokio::time::timeout_at(read_by, self.endpoints.membership(key, hopped)).await {
+            // The subsetter gives an invalid revision no subset: say why instead of waiting.
+            Ok(Ok(Membership::Unassigned)) if !rev.problems().is_empty() => {
+                Err(Refusal::bad_gateway(format!(
+                    "revision {key} is invalid: {}",
+                    rev.problems().join("; ")
+                )))
+            }
+            // A revision created a moment ago: its subset is being written.
+            Ok(Ok(Membership::Unassigned)) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                Ok(self
+                    .endpoints
+                    .await_assigned(key, left.min(SUBSET_WAIT))
+                    .await)
+            }
+            Ok(Ok(m)) => Ok(m),
+            Ok(Err(e)) => Err(Refusal::unavailable(format!(
+                "reading the activators of revision {key}: {e}"
+            ))),
+            Err(_) => Err(Refusal::unavailable(format!(
+                "reading the activators of revision {key}: the API server did not answer"
+            ))),
+        }
+    }
+
     /// Stages 3 and 4: a slot on a pod here, then the pod. A request that cannot be served
     /// here (node full, draining) goes to a peer while it still may.
     async fn serve_here(
@@ -299,7 +314,15 @@ impl Handler {
         arrived: Instant,
         hopped: bool,
     ) -> Result<(Route, Response<Body>), Refusal> {
-        let can_forward = !hopped && !peers.is_empty();
+        // The peers that may take the request (with a share of maxScale), when it must go.
+        let can_forward = !hopped && peers.iter().any(|m| can_start(&spec.rev, m));
+        let starters = || -> Vec<ActivatorMember> {
+            peers
+                .iter()
+                .filter(|m| can_start(&spec.rev, m))
+                .cloned()
+                .collect()
+        };
         let mut retries_left = self.upstream.retries();
         let protocol = upstream_protocol(&spec.rev);
         loop {
@@ -309,7 +332,7 @@ impl Handler {
                 // Draining (SIGTERM) while the request waits: a peer member serves it.
                 _ = self.draining.cancelled(), if can_forward => {
                     self.metrics.drained_to_peers.inc();
-                    let forward = Box::pin(self.forward(key, &spec.rev, req, peers.to_vec()));
+                    let forward = Box::pin(self.forward(key, &spec.rev, req, starters()));
                     return Ok((Route::Forwarded, forward.await?));
                 }
             };
@@ -319,7 +342,7 @@ impl Handler {
                     tracing::debug!(revision = %key, reason = %why, "forwarding: cannot serve here");
                     return Ok((
                         Route::Forwarded,
-                        Box::pin(self.forward(key, &spec.rev, req, peers.to_vec())).await?,
+                        Box::pin(self.forward(key, &spec.rev, req, starters())).await?,
                     ));
                 }
                 Err(NoSlot::Elsewhere(why) | NoSlot::Full(why)) => {
@@ -415,10 +438,7 @@ impl Handler {
             .bytes()
             .fold(0usize, |a, b| a.wrapping_mul(31).wrapping_add(b as usize))
             % members.len();
-        let hop = [(
-            HeaderName::from_static(HEADER_ACTIVATOR_HOP),
-            self.node.clone(),
-        )];
+        let hop = [(HOP, self.node.clone())];
         let mut req = Some(req);
         let mut last = Refusal::unavailable(format!("revision {key} has no reachable activator"));
         let protocol = upstream_protocol(rev);
@@ -473,6 +493,11 @@ impl Handler {
         }
         Err(last)
     }
+}
+
+/// Whether member `m` may create pods of `rev`: with maxScale set, only with a share of it.
+fn can_start(rev: &Revision, m: &ActivatorMember) -> bool {
+    rev.spec.max_scale == 0 || m.max_pods > 0
 }
 
 /// A span for one stage of the request path (none while spans are not exported).
@@ -592,5 +617,43 @@ mod tests {
         };
         assert_eq!(upstream_protocol(&rev("h2c")), UpstreamProtocol::H2c);
         assert_eq!(upstream_protocol(&rev("http")), UpstreamProtocol::Http1);
+    }
+}
+/// A request waiting in the buffer holds its whole request-path future: its size is a part of
+/// what each of 10,000 waiting requests costs (docs/benchmarks.md, `bench buffer`). Sizes
+/// from a debug build, which lays futures out no smaller than a release build.
+#[cfg(test)]
+mod future_sizes {
+    use super::*;
+
+    /// The size of the future `f` would return, without calling it.
+    fn size_of_future<F>(_f: impl FnOnce() -> F) -> usize {
+        std::mem::size_of::<F>()
+    }
+
+    #[test]
+    #[allow(unreachable_code, unused_variables, clippy::diverging_sub_expression)]
+    fn a_waiting_request_does_not_carry_the_send_or_the_api_reads() {
+        let handle = size_of_future(|| Handler::handle(unreachable!(), unreachable!()));
+        let send = size_of_future(|| {
+            let u: &Upstream = unreachable!();
+            u.send(
+                unreachable!(),
+                unreachable!(),
+                unreachable!(),
+                unreachable!(),
+            )
+        });
+        let route = size_of_future(|| {
+            let h: &Handler = unreachable!();
+            h.route(unreachable!(), unreachable!(), false, unreachable!())
+        });
+        // 3,816 bytes before the send's connection and the subset reads were boxed.
+        assert!(
+            handle <= 3 * 1024,
+            "the request path's future is {handle} bytes"
+        );
+        assert!(send > 1024, "the send ({send} bytes) is boxed for a reason");
+        assert!(route <= 256, "the route stage's future is {route} bytes");
     }
 }

@@ -123,6 +123,7 @@ impl Activator {
                 };
                 match warm_revisions.get_or_fetch(&key).await {
                     Ok(Some(rev)) => {
+                        let me = std::sync::Arc::new(me);
                         let spec = pool::Spec {
                             rev: rev.clone(),
                             me: me.clone(),

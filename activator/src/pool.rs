@@ -120,7 +120,12 @@ impl Pools {
     }
 
     /// The revision's pool, made (and its scaler started) if it has none.
-    pub fn get(&self, key: &RevisionKey, rev: &Arc<Revision>, me: &ActivatorMember) -> Arc<Pool> {
+    pub fn get(
+        &self,
+        key: &RevisionKey,
+        rev: &Arc<Revision>,
+        me: &Arc<ActivatorMember>,
+    ) -> Arc<Pool> {
         if let Some(p) = self.map.get(key) {
             return p.clone();
         }
@@ -152,7 +157,7 @@ impl Pools {
 #[derive(Clone)]
 pub struct Spec {
     pub rev: Arc<Revision>,
-    pub me: ActivatorMember,
+    pub me: Arc<ActivatorMember>,
 }
 
 /// What a waiter is eventually told.
@@ -208,7 +213,7 @@ impl Pool {
     fn new(
         key: RevisionKey,
         rev: Arc<Revision>,
-        me: ActivatorMember,
+        me: Arc<ActivatorMember>,
         shared: Arc<Shared>,
     ) -> Arc<Self> {
         let cc = container_concurrency(&rev);
@@ -357,7 +362,9 @@ impl Pool {
         s: &mut State,
         spec: &Spec,
     ) -> Vec<(oneshot::Sender<Grant>, Grant)> {
-        if Arc::ptr_eq(&s.spec.rev, &spec.rev) && s.spec.me == spec.me {
+        if Arc::ptr_eq(&s.spec.rev, &spec.rev)
+            && (Arc::ptr_eq(&s.spec.me, &spec.me) || s.spec.me == spec.me)
+        {
             return Vec::new();
         }
         let cc = container_concurrency(&spec.rev);

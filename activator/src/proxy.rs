@@ -19,6 +19,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crds::contract::HEADER_ACTIVATOR_HOP;
+
+const HOP: HeaderName = HeaderName::from_static(HEADER_ACTIVATOR_HOP);
 use http::header::{HOST, TE, UPGRADE};
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, Version};
 use http_body_util::BodyExt;
@@ -135,7 +137,7 @@ impl Upstream {
             .filter(|_| req.extensions().get::<OnUpgrade>().is_some());
         let client_upgrade = upgrade_to.as_ref().map(|_| hyper::upgrade::on(&mut req));
         // A peer activator already said who the client is; from here it would be us.
-        let first_hop = !req.headers().contains_key(HEADER_ACTIVATOR_HOP);
+        let first_hop = !req.headers().contains_key(&HOP);
         let client_ip = req.extensions().get::<ClientAddr>().map(|c| c.0.ip());
 
         let (mut parts, body) = req.into_parts();
@@ -348,7 +350,7 @@ fn body_timed_out(e: BodyIdle) -> Refusal {
 /// Headers that describe one connection, not the message (RFC 9110 §7.6.1). `TE: trailers`
 /// stays: it says the client takes trailers, which gRPC needs the app to know.
 fn strip_hop_by_hop(h: &mut HeaderMap) {
-    let trailers = upgrade::has_token(h, TE.as_str(), "trailers");
+    let trailers = upgrade::has_token(h, &TE, "trailers");
     let named: Vec<HeaderName> = h
         .get_all(http::header::CONNECTION)
         .iter()
@@ -359,13 +361,16 @@ fn strip_hop_by_hop(h: &mut HeaderMap) {
     for n in named {
         h.remove(n);
     }
+    // Names parsed once, not per request (this runs on every request and response).
+    const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+    const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
     for n in [
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "upgrade",
+        http::header::CONNECTION,
+        KEEP_ALIVE,
+        PROXY_CONNECTION,
+        TE,
+        http::header::TRAILER,
+        UPGRADE,
     ] {
         h.remove(n);
     }

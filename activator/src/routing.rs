@@ -9,7 +9,7 @@ use crds::contract::{
     HEADER_KNATIVE_NAMESPACE, HEADER_KNATIVE_REVISION, HEADER_REVISION_NAME,
     HEADER_REVISION_NAMESPACE,
 };
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 
 /// A revision, as `namespace/name`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -54,10 +54,15 @@ pub enum Unnamed {
 /// The revision (or host) a request names. The revision headers win over the host; a pair
 /// is used only when both of its headers are present.
 pub fn named(headers: &HeaderMap, authority: Option<&str>) -> Result<Named, Unnamed> {
-    let header = |n: &str| headers.get(n).and_then(|v| v.to_str().ok());
-    let pair = header(HEADER_REVISION_NAMESPACE)
-        .zip(header(HEADER_REVISION_NAME))
-        .or_else(|| header(HEADER_KNATIVE_NAMESPACE).zip(header(HEADER_KNATIVE_REVISION)));
+    // Parsed once, not on every request.
+    const NAMESPACE: HeaderName = HeaderName::from_static(HEADER_REVISION_NAMESPACE);
+    const NAME: HeaderName = HeaderName::from_static(HEADER_REVISION_NAME);
+    const KNATIVE_NAMESPACE: HeaderName = HeaderName::from_static(HEADER_KNATIVE_NAMESPACE);
+    const KNATIVE_REVISION: HeaderName = HeaderName::from_static(HEADER_KNATIVE_REVISION);
+    let header = |n: &HeaderName| headers.get(n).and_then(|v| v.to_str().ok());
+    let pair = header(&NAMESPACE)
+        .zip(header(&NAME))
+        .or_else(|| header(&KNATIVE_NAMESPACE).zip(header(&KNATIVE_REVISION)));
     if let Some((ns, name)) = pair {
         if !is_dns_label(ns) || !is_dns_subdomain(name) {
             return Err(Unnamed::BadName(format!(
@@ -67,7 +72,7 @@ pub fn named(headers: &HeaderMap, authority: Option<&str>) -> Result<Named, Unna
         return Ok(Named::Revision(RevisionKey::new(ns, name)));
     }
     // HTTP/2 carries the host in :authority, HTTP/1.1 in Host.
-    let host = header(http::header::HOST.as_str())
+    let host = header(&http::header::HOST)
         .or(authority)
         .map(str::trim)
         .filter(|h| !h.is_empty())

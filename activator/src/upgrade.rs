@@ -4,7 +4,7 @@
 //! between the two upgraded connections until either side closes.
 
 use http::header::{CONNECTION, UPGRADE};
-use http::{HeaderMap, HeaderValue, Version};
+use http::{HeaderMap, HeaderName, HeaderValue, Version};
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 
@@ -13,7 +13,7 @@ use hyper_util::rt::TokioIo;
 /// HTTP/2 to the app itself when the revision asks for it, and an h2c upgrade's
 /// `HTTP2-Settings` is a hop-by-hop header that cannot be passed on.
 pub fn requested(version: Version, headers: &HeaderMap) -> Option<HeaderValue> {
-    if version != Version::HTTP_11 || !has_token(headers, CONNECTION.as_str(), "upgrade") {
+    if version != Version::HTTP_11 || !has_token(headers, &CONNECTION, "upgrade") {
         return None;
     }
     let value = headers.get(UPGRADE)?;
@@ -31,7 +31,7 @@ pub fn restore(headers: &mut HeaderMap, protocol: HeaderValue) {
 }
 
 /// Whether a comma-separated header lists `token` (case-insensitively).
-pub fn has_token(headers: &HeaderMap, name: &str, token: &str) -> bool {
+pub fn has_token(headers: &HeaderMap, name: &HeaderName, token: &str) -> bool {
     headers
         .get_all(name)
         .iter()

@@ -2,6 +2,7 @@
 //! subsets (read on demand and kept briefly) for forwarding.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crds::{ActivationEndpoints, ActivatorMember};
@@ -23,8 +24,8 @@ pub enum Membership {
     /// This node is a member: serve here, with this member entry (its pod quota); `peers` are
     /// the other members.
     Member {
-        me: ActivatorMember,
-        peers: Vec<ActivatorMember>,
+        me: Arc<ActivatorMember>,
+        peers: Arc<[ActivatorMember]>,
     },
     /// Another node's activators serve it: forward to one of these.
     Others(Vec<ActivatorMember>),
@@ -50,6 +51,11 @@ pub struct EndpointsCache {
     others: Arc<DashMap<RevisionKey, Lookup>>,
     /// Waits in progress for new revisions' subsets.
     assigning: Arc<DashMap<RevisionKey, SubsetWatch>>,
+    /// This node's memberships as last classified, for the warm path (no clones, no store
+    /// lookup), valid while `epoch` is what it was when they were computed.
+    memo: Arc<DashMap<RevisionKey, (u64, Membership)>>,
+    /// Bumped by every event of the watch (after the store has taken it).
+    epoch: Arc<AtomicU64>,
     ttl: Duration,
 }
 
@@ -71,7 +77,14 @@ impl EndpointsCache {
             .any_semantic();
         let events = watcher(api, cfg).default_backoff().reflect(writer);
         let me = node.to_string();
+        let memo: Arc<DashMap<RevisionKey, (u64, Membership)>> = Arc::default();
+        let epoch: Arc<AtomicU64> = Arc::default();
+        let (memo_w, epoch_w) = (memo.clone(), epoch.clone());
         super::spawn_watch("endpoints", events, stop, move |ev| {
+            // Memberships classified before this event may be stale: all of them go (the
+            // watch holds this node's subsets only, so events are few).
+            epoch_w.fetch_add(1, Ordering::AcqRel);
+            memo_w.clear();
             let (watcher::Event::Apply(aep) | watcher::Event::InitApply(aep)) = ev else {
                 return;
             };
@@ -89,6 +102,8 @@ impl EndpointsCache {
             mine,
             others: Arc::new(DashMap::new()),
             assigning: Arc::new(DashMap::new()),
+            memo,
+            epoch,
             ttl,
         }
     }
@@ -161,12 +176,23 @@ impl EndpointsCache {
         self.others.remove(key);
     }
 
-    fn member_entry(&self, key: &RevisionKey) -> Option<Membership> {
+    /// Where `key` is served, if this node is a member of its (watched) subset: no IO.
+    pub fn member_entry(&self, key: &RevisionKey) -> Option<Membership> {
+        // Read before the store: an event that lands in between makes this entry stale.
+        let epoch = self.epoch.load(Ordering::Acquire);
+        if let Some(hit) = self.memo.get(key)
+            && hit.0 == epoch
+        {
+            return Some(hit.1.clone());
+        }
         let aep = self
             .mine
             .get(&ObjectRef::new(&key.name).within(&key.namespace))?;
         match self.classify(Some(&aep)) {
-            m @ Membership::Member { .. } => Some(m),
+            m @ Membership::Member { .. } => {
+                self.memo.insert(key.clone(), (epoch, m.clone()));
+                Some(m)
+            }
             _ => None,
         }
     }
@@ -177,7 +203,7 @@ impl EndpointsCache {
         };
         if let Some(me) = status.member(&self.node) {
             return Membership::Member {
-                me: me.clone(),
+                me: Arc::new(me.clone()),
                 peers: status
                     .activators
                     .iter()
