@@ -19,11 +19,13 @@ use std::time::Duration;
 
 use crds::contract::{HEADER_ACTIVATOR_HOP, normalize_host};
 use crds::{ActivatorMember, Revision};
+use futures::future::Either;
 use http::{HeaderName, HeaderValue, Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::{Body as _, Frame, Incoming, SizeHint};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::instrument::Instrumented;
 use tracing::{Instrument, Span};
 
 use crate::answer::{Body, Refusal, full};
@@ -86,9 +88,8 @@ impl Handler {
         } else {
             Span::none()
         };
-        let served = self
-            .serve(req.map(BodyExt::boxed), arrived)
-            .instrument(span);
+        let served = self.serve(req.map(BodyExt::boxed), arrived);
+        let served = in_span(span, served);
         let (route, mut resp) = match served.await {
             Ok(served) => served,
             Err(refusal) => {
@@ -116,7 +117,7 @@ impl Handler {
         arrived: Instant,
     ) -> Result<(Route, Response<Body>), Refusal> {
         // 1. resolve
-        let (key, rev) = self.resolve(&req).instrument(stage("resolve")).await?;
+        let (key, rev) = in_span(stage("resolve"), self.resolve(&req)).await?;
         let timeout = request_timeout(&rev);
         let deadline = arrived + timeout;
         let hopped = req.headers().contains_key(&HOP);
@@ -128,11 +129,13 @@ impl Handler {
         };
         // 2. route
         let routed = self.route(&key, &rev, hopped, deadline);
-        let (spec, peers) = match routed.instrument(stage("route")).await? {
+        let (spec, peers) = match in_span(stage("route"), routed).await? {
             RouteTo::Here { spec, peers } => (spec, peers),
             RouteTo::Elsewhere(members) => {
-                let forward =
-                    Box::pin(self.forward(&key, &rev, req, members)).instrument(stage("forward"));
+                let forward = in_span(
+                    stage("forward"),
+                    Box::pin(self.forward(&key, &rev, req, members)),
+                );
                 let sent = tokio::time::timeout_at(deadline, forward);
                 return Ok((Route::Forwarded, sent.await.map_err(|_| late())??));
             }
@@ -328,7 +331,7 @@ impl Handler {
         loop {
             // 3. admit
             let admitted = tokio::select! {
-                l = self.admit(key, spec, arrived, can_forward).instrument(stage("admit")) => l,
+                l = in_span(stage("admit"), self.admit(key, spec, arrived, can_forward)) => l,
                 // Draining (SIGTERM) while the request waits: a peer member serves it.
                 _ = self.draining.cancelled(), if can_forward => {
                     self.metrics.drained_to_peers.inc();
@@ -358,11 +361,8 @@ impl Handler {
             // 4. proxy: the connection first. A pod that refuses it never saw the request,
             // which goes to the next slot as it is, body and all.
             let proxy = stage("proxy");
-            let connected = self
-                .upstream
-                .connect(protocol, &req, lease.addr(), "pod")
-                .instrument(proxy.clone())
-                .await;
+            let connect = self.upstream.connect(protocol, &req, lease.addr(), "pod");
+            let connected = in_span(proxy.clone(), connect).await;
             let to = match connected {
                 Ok(to) => to,
                 Err(refusal) => {
@@ -379,7 +379,7 @@ impl Handler {
             // Boxed: the send future is the largest part of the request's state, and a
             // request waiting in the buffer (10,000 of them) should not carry its room.
             let sent = Box::pin(self.upstream.send(to, req, &[], "pod"));
-            return match sent.instrument(proxy).await {
+            return match in_span(proxy, sent).await {
                 Ok(mut resp) => {
                     let route = if lease.cold {
                         self.metrics
@@ -498,6 +498,16 @@ impl Handler {
 /// Whether member `m` may create pods of `rev`: with maxScale set, only with a share of it.
 fn can_start(rev: &Revision, m: &ActivatorMember) -> bool {
     rev.spec.max_scale == 0 || m.max_pods > 0
+}
+
+/// `f` inside `span` — or `f` itself while spans are off (`span` is none): the warm path
+/// does not pay for entering and leaving a span that records nothing on every poll.
+fn in_span<F: Future>(span: Span, f: F) -> Either<Instrumented<F>, F> {
+    if span.is_none() {
+        Either::Right(f)
+    } else {
+        Either::Left(f.instrument(span))
+    }
 }
 
 /// A span for one stage of the request path (none while spans are not exported).
