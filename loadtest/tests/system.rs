@@ -223,6 +223,9 @@ async fn member_without_a_max_scale_share_forwards_the_cold_start() {
     let api: Api<crds::Revision> = Api::namespaced(c.client.clone(), &ns);
     let mut rev = echo_revision("capped", &ns, vec![host_of("capped", &ns)]);
     rev.spec.max_scale = 1;
+    // A computed N is capped at maxScale; asked for explicitly, a second member without a
+    // share of pods is an entry point that forwards.
+    rev.spec.activators = Some(2);
     api.create(&PostParams::default(), &rev).await.unwrap();
     wait_subsets(
         &c.client,

@@ -12,6 +12,7 @@ pub mod metrics;
 pub mod plan;
 pub mod policy;
 pub mod shares;
+pub mod size;
 
 pub use error::{Error, Result};
 pub use policy::{LeastLoaded, Random, SubsetPolicy};

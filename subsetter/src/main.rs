@@ -18,8 +18,9 @@ struct Args {
     /// Only activator pods of this namespace (default: all namespaces).
     #[arg(long, env = "ACTIVATOR_NAMESPACE")]
     activator_namespace: Option<String>,
-    /// N for revisions without spec.activators.
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..))]
+    /// maxNodeSelection: the most activators a revision gets without spec.activators (its N is
+    /// computed from targetBurstCapacity / containerConcurrency within [2, this], or this).
+    #[arg(long, alias = "max-node-selection", default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..))]
     default_activators: u16,
     /// Subset policy: random or least-loaded.
     #[arg(long, default_value = "random")]

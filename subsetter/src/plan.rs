@@ -16,14 +16,9 @@ use crate::hosts::Conflict;
 use crate::policy::{Candidate, SubsetPolicy, SubsetRequest};
 use crate::shares;
 
-/// The wanted N of `revision`.
-pub fn wanted(revision: &Revision, default_n: usize) -> usize {
-    revision
-        .spec
-        .activators
-        .and_then(|n| usize::try_from(n).ok())
-        .filter(|n| *n > 0)
-        .unwrap_or(default_n)
+/// The wanted N of `revision` ([`crate::size::wanted`]).
+pub fn wanted(revision: &Revision, max_node_selection: usize) -> usize {
+    crate::size::wanted(&revision.spec, max_node_selection)
 }
 
 /// The subset part of a plan.
