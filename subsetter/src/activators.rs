@@ -8,9 +8,12 @@
 //! without nodes) does not disqualify its pod.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use crds::contract::DATA_PORT;
 use k8s_openapi::api::core::v1::{Node, Pod};
+
+use crate::eligibility::NodeFacts;
 
 /// An activator that can be a member.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -19,6 +22,10 @@ pub struct Activator {
     /// `ip:port` of its data port.
     pub address: String,
     pub pod: String,
+    /// Its Node's labels, taints and cordon, for eligibility (`eligibility.rs`); None where
+    /// the cluster has no Node object for it (which then constrains nothing). A change here
+    /// is a change of the activator: the revisions it serves are planned again.
+    pub facts: Option<Arc<NodeFacts>>,
 }
 
 /// The activator `pod` stands for, if it is usable.
@@ -55,6 +62,7 @@ pub fn from_pod(pod: &Pod) -> Option<Activator> {
         node,
         address,
         pod: pod.metadata.name.clone()?,
+        facts: None,
     })
 }
 
@@ -254,6 +262,7 @@ mod tests {
             node: n.into(),
             address: ip.into(),
             pod: format!("p-{n}"),
+            facts: None,
         };
         let old = BTreeMap::from([
             ("n1".into(), a("n1", "1")),

@@ -14,6 +14,9 @@ pub const DEGRADED: &str = "Degraded";
 /// when there is no conflict (not `False`): most revisions never have one, and an absent
 /// condition adds nothing to write to the 100,000 objects of a cluster.
 pub const HOST_CONFLICT: &str = "HostConflict";
+/// On an ActivationEndpoints whose template names a scheduler other than the default. Absent
+/// otherwise.
+pub const CUSTOM_SCHEDULER: &str = "CustomScheduler";
 
 /// Reasons (CamelCase, as Kubernetes conditions use).
 pub mod reason {
@@ -24,6 +27,7 @@ pub mod reason {
     pub const FULL_SUBSET: &str = "FullSubset";
     pub const INVALID_SPEC: &str = "InvalidSpec";
     pub const HOST_CLAIMED_BY_NEWER_REVISION: &str = "HostClaimedByNewerRevision";
+    pub const DEFAULT_FILTERS_APPLIED: &str = "DefaultFiltersApplied";
 }
 
 /// A condition without its transition time: what the reconciler decides.
@@ -122,6 +126,21 @@ pub fn host_conflict(conflicts: &[crate::hosts::Conflict]) -> Option<Desired> {
         status: true,
         reason: reason::HOST_CLAIMED_BY_NEWER_REVISION,
         message,
+    })
+}
+
+/// A template that names its own scheduler: that scheduler is not consulted (activators bind
+/// pods with `spec.nodeName`); members are chosen by the default scheduler's filters instead.
+pub fn custom_scheduler(name: Option<&str>) -> Option<Desired> {
+    name.map(|name| Desired {
+        type_: CUSTOM_SCHEDULER,
+        status: true,
+        reason: reason::DEFAULT_FILTERS_APPLIED,
+        message: format!(
+            "schedulerName {name} is not consulted: activators bind pods to their own node; \
+             members are nodes that pass the default filters (taints, nodeSelector, required \
+             node affinity)"
+        ),
     })
 }
 

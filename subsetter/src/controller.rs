@@ -32,6 +32,7 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::activators::{self, Activator};
+use crate::eligibility::NodeFacts;
 use crate::error::Result;
 use crate::hosts::HostIndex;
 use crate::index::{Key, MembershipIndex};
@@ -402,8 +403,16 @@ async fn watch_activators(
             .iter()
             .map(|n| (n.name_any(), activators::node_ready(n)))
             .collect();
+        let facts: HashMap<String, Arc<NodeFacts>> = node_reader
+            .state()
+            .iter()
+            .map(|n| (n.name_any(), Arc::new(NodeFacts::of(n))))
+            .collect();
         let pod_state = pod_reader.state();
-        let next = activators::available(pod_state.iter().map(|p| &**p), &node_ready);
+        let mut next = activators::available(pod_state.iter().map(|p| &**p), &node_ready);
+        for a in next.values_mut() {
+            a.facts = facts.get(&a.node).cloned();
+        }
         let diff = activators::diff(&current, &next);
         let first = !synced.borrow().pods;
         if diff.is_empty() && !first {
@@ -427,7 +436,9 @@ async fn watch_activators(
             for node in diff.lost.iter().chain(&diff.changed) {
                 t.extend(ix.revisions_on(node));
             }
-            if !diff.added.is_empty() {
+            // A new activator, or a node that changed (a taint lifted, a label added), may
+            // be what a short subset was waiting for.
+            if !diff.added.is_empty() || !diff.changed.is_empty() {
                 t.extend(ix.short());
             }
             t

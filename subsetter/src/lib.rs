@@ -5,6 +5,7 @@
 pub mod activators;
 pub mod admin;
 pub mod conditions;
+pub mod eligibility;
 pub mod error;
 pub mod hosts;
 pub mod index;

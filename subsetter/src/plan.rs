@@ -12,6 +12,7 @@ use serde_json::{Map, Value, json};
 
 use crate::activators::Activator;
 use crate::conditions;
+use crate::eligibility::Placement;
 use crate::hosts::Conflict;
 use crate::policy::{Candidate, SubsetPolicy, SubsetRequest};
 use crate::shares;
@@ -19,6 +20,11 @@ use crate::shares;
 /// The wanted N of `revision` ([`crate::size::wanted`]).
 pub fn wanted(revision: &Revision, max_node_selection: usize) -> usize {
     crate::size::wanted(&revision.spec, max_node_selection)
+}
+
+/// Whether `a`'s node may run the revision's pods (a node without a Node object may).
+pub fn eligible(placement: &Placement, a: &Activator) -> bool {
+    a.facts.as_ref().is_none_or(|f| placement.allows(f).is_ok())
 }
 
 /// The subset part of a plan.
@@ -61,9 +67,14 @@ pub fn subset(inp: &SubsetInputs<'_>) -> SubsetPlan {
         .map(|s| s.activators.iter().map(|m| m.node.clone()).collect())
         .unwrap_or_default();
     let current_set: HashSet<&str> = current_nodes.iter().map(String::as_str).collect();
+    // Only activators on nodes where the revision's pod could run are candidates; a member
+    // whose node stopped being one (tainted, cordoned, relabelled) loses its slot.
+    let placement = Placement::of_template(&inp.revision.spec.template.0);
     let candidates: Vec<Candidate> = inp
         .available
-        .keys()
+        .iter()
+        .filter(|(_, a)| eligible(&placement, a))
+        .map(|(node, _)| node)
         .map(|node| Candidate {
             node: node.clone(),
             load: (inp.load)(node).saturating_sub(usize::from(current_set.contains(node.as_str()))),
@@ -97,6 +108,9 @@ pub fn subset(inp: &SubsetInputs<'_>) -> SubsetPlan {
     let generation = inp.revision.metadata.generation;
     let mut desired = conditions::subset(activators.len(), n);
     desired.extend(conditions::host_conflict(inp.host_conflicts));
+    desired.extend(conditions::custom_scheduler(
+        placement.custom_scheduler.as_deref(),
+    ));
     let status = ActivationEndpointsStatus {
         conditions: conditions::merge(existing, &desired, generation, inp.now),
         activators,
@@ -224,6 +238,7 @@ mod tests {
                         node: (*n).to_owned(),
                         address: format!("10.0.0.{i}:8080"),
                         pod: format!("act-{n}"),
+                        facts: None,
                     },
                 )
             })
@@ -451,5 +466,111 @@ mod tests {
             revision_conditions(&rev, &["bad".into()], 3, Timestamp::from_second(2).unwrap())
                 .is_some()
         );
+    }
+
+    mod eligible_members {
+        use super::*;
+        use crate::eligibility::{NodeFacts, Taint};
+        use crate::policy::Random;
+        use proptest::prelude::*;
+        use std::sync::Arc;
+
+        const KEYS: [&str; 3] = ["gpu", "spot", "zone-drain"];
+
+        fn cluster(taints: &[Vec<usize>], labels: &[bool]) -> BTreeMap<String, Activator> {
+            taints
+                .iter()
+                .zip(labels)
+                .enumerate()
+                .map(|(i, (ts, ssd))| {
+                    let node = format!("n{i}");
+                    let facts = NodeFacts {
+                        name: node.clone(),
+                        unschedulable: false,
+                        labels: ssd
+                            .then(|| ("disk".to_string(), "ssd".to_string()))
+                            .into_iter()
+                            .collect(),
+                        taints: ts
+                            .iter()
+                            .map(|k| Taint {
+                                key: KEYS[*k].into(),
+                                value: String::new(),
+                                effect: "NoSchedule".into(),
+                            })
+                            .collect(),
+                    };
+                    let a = Activator {
+                        node: node.clone(),
+                        address: format!("10.0.0.{i}:8080"),
+                        pod: format!("act-{i}"),
+                        facts: Some(Arc::new(facts)),
+                    };
+                    (node, a)
+                })
+                .collect()
+        }
+
+        proptest! {
+            #[test]
+            fn no_plan_has_a_member_where_the_pod_could_not_run(
+                taints in prop::collection::vec(prop::collection::vec(0usize..3, 0..2), 1..12),
+                ssd in prop::collection::vec(any::<bool>(), 12),
+                tolerated in prop::collection::vec(0usize..3, 0..3),
+                want_ssd in any::<bool>(),
+                n in 1i32..6,
+                seed in any::<u64>(),
+                random in any::<bool>(),
+            ) {
+                let av = cluster(&taints, &ssd[..taints.len()]);
+                let mut rev = revision(0, 0, Some(n));
+                let tols: Vec<Value> = tolerated
+                    .iter()
+                    .map(|k| json!({"key": KEYS[*k], "operator": "Exists"}))
+                    .collect();
+                rev.spec.template.0["spec"]["tolerations"] = Value::Array(tols);
+                if want_ssd {
+                    rev.spec.template.0["spec"]["nodeSelector"] = json!({"disk": "ssd"});
+                }
+                let placement = Placement::of_template(&rev.spec.template.0);
+                let policy: Box<dyn SubsetPolicy> = if random {
+                    Box::new(Random::seeded(seed))
+                } else {
+                    Box::new(LeastLoaded)
+                };
+                // A current subset on every node, eligible or not: the plan must drop the
+                // ineligible ones.
+                let mut current = ActivationEndpoints::new("r", Default::default());
+                current.status = Some(ActivationEndpointsStatus {
+                    activators: av
+                        .values()
+                        .map(|a| ActivatorMember {
+                            node: a.node.clone(),
+                            address: a.address.clone(),
+                            pod: a.pod.clone(),
+                            max_pods: 0,
+                            min_pods: 0,
+                        })
+                        .collect(),
+                    ..Default::default()
+                });
+                let p = subset(&SubsetInputs {
+                    key: "ns/r",
+                    revision: &rev,
+                    current: Some(&current),
+                    available: &av,
+                    load: &|_| 0,
+                    policy: policy.as_ref(),
+                    default_n: 3,
+                    host_conflicts: &[],
+                    now: Timestamp::from_second(1).unwrap(),
+                });
+                let eligible_count = av.values().filter(|a| eligible(&placement, a)).count();
+                for m in &p.status.activators {
+                    prop_assert!(eligible(&placement, &av[&m.node]), "{} is not eligible", m.node);
+                }
+                prop_assert_eq!(p.status.activators.len(), (n as usize).min(eligible_count));
+            }
+        }
     }
 }

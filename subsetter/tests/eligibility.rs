@@ -1,0 +1,165 @@
+//! Members only where the revision's pod could run: tainted and still-not-ready nodes are
+//! never chosen without a toleration, and a node that becomes eligible fills a short subset.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+
+use anyhow::Result;
+use crds::ActivationEndpoints;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Toleration};
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::json;
+use subsetter::policy::LeastLoaded;
+use support::*;
+
+/// A Node that reports Ready. The API server adds `node.kubernetes.io/not-ready:NoSchedule`
+/// to every new Node (TaintNodesByCondition); `untaint` plays the lifecycle controller that
+/// removes it once the node is Ready, and `taints` are set instead.
+async fn node(c: &Cluster, name: &str, taints: serde_json::Value, untaint: bool) -> Result<()> {
+    let nodes: Api<Node> = Api::all(c.client.clone());
+    let n: Node = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+    nodes.create(&PostParams::default(), &n).await?;
+    let ready = json!({"status": {"conditions": [{"type": "Ready", "status": "True"}]}});
+    nodes
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&ready))
+        .await?;
+    if untaint {
+        set_taints(c, name, taints).await?;
+    }
+    Ok(())
+}
+
+async fn set_taints(c: &Cluster, name: &str, taints: serde_json::Value) -> Result<()> {
+    let nodes: Api<Node> = Api::all(c.client.clone());
+    nodes
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"taints": taints}})),
+        )
+        .await?;
+    Ok(())
+}
+
+fn tolerating_gpu(mut spec: crds::RevisionSpec) -> crds::RevisionSpec {
+    let mut template = spec.template.0.clone();
+    template["spec"]["tolerations"] = serde_json::to_value(vec![Toleration {
+        key: Some("gpu".into()),
+        operator: Some("Exists".into()),
+        ..Default::default()
+    }])
+    .unwrap();
+    spec.template.0 = template;
+    spec
+}
+
+/// Every member set `name`'s ActivationEndpoints has shown since the call.
+fn record_members(c: &Cluster, name: &'static str) -> Arc<Mutex<Vec<BTreeSet<String>>>> {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let api = c.endpoints();
+    tokio::spawn(async move {
+        let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let mut events = std::pin::pin!(watcher(api, cfg).applied_objects());
+        while let Some(Ok(ae)) = events.next().await {
+            let ae: ActivationEndpoints = ae;
+            s.lock()
+                .unwrap()
+                .push(members(&ae).into_iter().collect::<BTreeSet<_>>());
+        }
+    });
+    seen
+}
+
+#[tokio::test]
+async fn tainted_and_not_ready_nodes_are_never_members_without_a_toleration() -> Result<()> {
+    let c = Cluster::start().await?;
+    node(&c, "n1", json!([]), true).await?;
+    node(&c, "n2", json!([]), true).await?;
+    node(
+        &c,
+        "n3",
+        json!([{"key": "gpu", "value": "true", "effect": "NoSchedule"}]),
+        true,
+    )
+    .await?;
+    // n4 is Ready but still carries the not-ready taint the API server gave it.
+    node(&c, "n4", json!([]), false).await?;
+    for (i, n) in ["n1", "n2", "n3", "n4"].iter().enumerate() {
+        c.add_activator(n, &format!("127.0.2.{}", i + 1)).await?;
+    }
+    let plain_seen = record_members(&c, "plain");
+    let running = c.run_subsetter(Arc::new(LeastLoaded));
+    c.wait_metrics(&running, |m| {
+        counter(m, "subsetter_activators_available") == 4
+    })
+    .await?;
+
+    c.create_revision("plain", spec(0, 0, Some(3))).await?;
+    c.create_revision("gpu", tolerating_gpu(spec(0, 0, Some(3))))
+        .await?;
+    let plain = c
+        .wait_endpoints("plain", |ae| members(ae).len() == 2)
+        .await?;
+    let plain_members: BTreeSet<String> = members(&plain).into_iter().collect();
+    assert_eq!(plain_members, BTreeSet::from(["n1".into(), "n2".into()]));
+    assert_eq!(
+        ae_condition(&plain, "Degraded"),
+        Some(("True".into(), "InsufficientActivators".into()))
+    );
+    let gpu = c.wait_endpoints("gpu", |ae| members(ae).len() == 3).await?;
+    let gpu_members: BTreeSet<String> = members(&gpu).into_iter().collect();
+    assert_eq!(
+        gpu_members,
+        BTreeSet::from(["n1".into(), "n2".into(), "n3".into()]),
+        "the toleration admits n3; n4 is still not-ready"
+    );
+
+    // A reconcile of `plain` with n4 in the activator set (a new generation, observed in its
+    // status) still leaves n4 out.
+    let revs = c.revisions();
+    revs.patch(
+        "plain",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"spec": {"idleTimeoutSeconds": 301}})),
+    )
+    .await?;
+    let generation = revs.get("plain").await?.metadata.generation;
+    let plain = c
+        .wait_endpoints("plain", |ae| {
+            ae.status.as_ref().and_then(|s| s.observed_generation) == generation
+        })
+        .await?;
+    assert!(!members(&plain).contains(&"n4".to_string()));
+
+    // The lifecycle controller lifts n4's taint: the short subset takes it.
+    set_taints(&c, "n4", json!([])).await?;
+    let plain = c
+        .wait_endpoints("plain", |ae| members(ae).len() == 3)
+        .await?;
+    assert!(members(&plain).contains(&"n4".to_string()));
+
+    // Tainting a member's node takes it out of the subsets that do not tolerate it.
+    set_taints(
+        &c,
+        "n1",
+        json!([{"key": "maintenance", "value": "", "effect": "NoExecute"}]),
+    )
+    .await?;
+    let plain = c
+        .wait_endpoints("plain", |ae| !members(ae).contains(&"n1".to_string()))
+        .await?;
+    assert_eq!(members(&plain).len(), 2);
+
+    let seen = plain_seen.lock().unwrap().clone();
+    assert!(!seen.is_empty());
+    for set in &seen {
+        assert!(!set.contains("n3"), "n3's taint is not tolerated: {seen:?}");
+    }
+    running.stop().await
+}
