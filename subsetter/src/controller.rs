@@ -419,6 +419,10 @@ async fn watch_activators(
             continue;
         }
         *available.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(next.clone());
+        index
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .set_available(&next);
         metrics.activators.set(next.len() as i64);
         current = next;
         if first {

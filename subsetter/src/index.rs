@@ -6,7 +6,12 @@
 //! their wanted N (a new activator triggers only those). It also gives each activator's load
 //! (the number of subsets it is in) to the least-loaded policy.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+
+use foldhash::{HashMap as FastMap, HashSet as FastSet};
+
+use crate::activators::Activator;
+use crate::load_index::LoadIndex;
 
 /// A revision (and its ActivationEndpoints): namespace and name.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -43,9 +48,11 @@ pub fn entry_of(ae: &crds::ActivationEndpoints) -> (Vec<String>, bool) {
 
 #[derive(Default, Debug)]
 pub struct MembershipIndex {
-    members: HashMap<Key, Vec<String>>,
-    by_node: HashMap<String, HashSet<Key>>,
-    short: HashSet<Key>,
+    members: FastMap<Key, Vec<String>>,
+    by_node: FastMap<String, FastSet<Key>>,
+    short: FastSet<Key>,
+    /// The available activators by load, kept in step with every `set` and `remove`.
+    loads: LoadIndex,
 }
 
 impl MembershipIndex {
@@ -53,10 +60,14 @@ impl MembershipIndex {
     pub fn set(&mut self, key: &Key, nodes: Vec<String>, short: bool) {
         self.unlink(key);
         for n in &nodes {
-            self.by_node
+            if self
+                .by_node
                 .entry(n.clone())
                 .or_default()
-                .insert(key.clone());
+                .insert(key.clone())
+            {
+                self.loads.adjust(n, true);
+            }
         }
         self.members.insert(key.clone(), nodes);
         if short {
@@ -89,7 +100,9 @@ impl MembershipIndex {
         if let Some(old) = self.members.get(key) {
             for n in old {
                 if let Some(set) = self.by_node.get_mut(n) {
-                    set.remove(key);
+                    if set.remove(key) {
+                        self.loads.adjust(n, false);
+                    }
                     if set.is_empty() {
                         self.by_node.remove(n);
                     }
@@ -111,9 +124,32 @@ impl MembershipIndex {
         self.short.iter().cloned().collect()
     }
 
+    /// The activators available now (after every change of the set): the load index is
+    /// rebuilt from them, O(A log A).
+    pub fn set_available(&mut self, available: &BTreeMap<String, Activator>) {
+        let by_node = &self.by_node;
+        let mut loads = LoadIndex::new(available.keys().map(String::as_str), |n| {
+            by_node.get(n).map(FastSet::len).unwrap_or(0)
+        });
+        loads.clean = available
+            .values()
+            .filter(|a| {
+                a.facts
+                    .as_ref()
+                    .is_none_or(|f| !f.unschedulable && f.taints.is_empty())
+            })
+            .count();
+        self.loads = loads;
+    }
+
+    /// The available activators by load.
+    pub fn loads(&self) -> &LoadIndex {
+        &self.loads
+    }
+
     /// In how many subsets `node` is.
     pub fn load(&self, node: &str) -> usize {
-        self.by_node.get(node).map(HashSet::len).unwrap_or(0)
+        self.by_node.get(node).map(FastSet::len).unwrap_or(0)
     }
 
     pub fn members(&self, key: &Key) -> Option<&[String]> {

@@ -4,11 +4,13 @@
 
 pub mod activators;
 pub mod admin;
+pub mod bench;
 pub mod conditions;
 pub mod eligibility;
 pub mod error;
 pub mod hosts;
 pub mod index;
+pub mod load_index;
 pub mod metrics;
 pub mod plan;
 pub mod policy;

@@ -12,6 +12,8 @@ use tracing_subscriber::EnvFilter;
 #[derive(Parser, Debug)]
 #[command(about = "Gives each Revision a subset of N activators (ActivationEndpoints)")]
 struct Args {
+    #[command(subcommand)]
+    command: Option<Command>,
     /// Only Revisions of this namespace (default: all namespaces).
     #[arg(long, env = "WATCH_NAMESPACE")]
     namespace: Option<String>,
@@ -45,12 +47,66 @@ struct Args {
     admin_addr: std::net::SocketAddr,
 }
 
+#[derive(clap::Subcommand, Debug)]
+enum Command {
+    /// Runs the subset policy on a synthetic cluster (no API server) and prints what it costs.
+    Bench {
+        #[arg(long, default_value_t = 100_000)]
+        revisions: usize,
+        #[arg(long, default_value_t = 5_000)]
+        activators: usize,
+        #[arg(long, default_value_t = 3)]
+        members: usize,
+        /// random or least-loaded.
+        #[arg(long, default_value = "least-loaded")]
+        policy: String,
+        /// Seed of the random policy.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Also write the figures as JSON here.
+        #[arg(long)]
+        json: Option<std::path::PathBuf>,
+    },
+}
+
+#[allow(clippy::print_stdout)] // the bench's report is the command's output
+fn bench(
+    opts: subsetter::bench::BenchOptions,
+    json: Option<std::path::PathBuf>,
+) -> anyhow::Result<()> {
+    let report = subsetter::bench::run(&opts).map_err(anyhow::Error::msg)?;
+    let text = serde_json::to_string_pretty(&report)?;
+    println!("{text}");
+    if let Some(path) = json {
+        std::fs::write(&path, &text).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .init();
     let args = Args::parse();
+    if let Some(Command::Bench {
+        revisions,
+        activators,
+        members,
+        policy,
+        seed,
+        json,
+    }) = args.command
+    {
+        let opts = subsetter::bench::BenchOptions {
+            revisions,
+            activators,
+            members,
+            policy,
+            seed,
+        };
+        return bench(opts, json);
+    }
     let policy = subsetter::policy::by_name(&args.policy)
         .ok_or_else(|| subsetter::Error::UnknownPolicy(args.policy.clone()))?;
     let client = kube::Client::try_default()

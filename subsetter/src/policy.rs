@@ -11,6 +11,8 @@ use std::collections::{BTreeSet, HashSet};
 use std::sync::Mutex;
 
 use rand::rngs::StdRng;
+
+use crate::load_index::{LoadIndex, ring_distance, ring_hash};
 use rand::{RngExt, SeedableRng};
 
 /// One activator the policy may choose.
@@ -35,6 +37,22 @@ pub struct SubsetRequest<'a> {
     pub wanted: usize,
 }
 
+/// What a policy decides from when the subsetter keeps an index of the available activators
+/// by load ([`LoadIndex`]): the same question as [`SubsetRequest`], without a candidate list
+/// that costs O(activators) to build for every revision.
+#[derive(Clone, Copy)]
+pub struct IndexedRequest<'a> {
+    pub revision: &'a str,
+    /// The available activators, by load.
+    pub index: &'a LoadIndex,
+    /// Whether the revision's pod could run on a node (eligibility).
+    pub eligible: &'a dyn Fn(&str) -> bool,
+    /// How many available nodes are eligible.
+    pub eligible_count: usize,
+    pub current: &'a [String],
+    pub wanted: usize,
+}
+
 /// A replaceable subset policy.
 pub trait SubsetPolicy: Send + Sync {
     /// The name written to `status.policy`.
@@ -42,6 +60,57 @@ pub trait SubsetPolicy: Send + Sync {
     /// The members' nodes, in slot order: no duplicates, only available nodes, exactly
     /// `min(wanted, available)` of them.
     fn choose(&self, request: &SubsetRequest<'_>) -> Vec<String>;
+    /// The same choice from an index, in O(N log A) per revision; `None` (the default) makes
+    /// the caller build the candidate list and call [`SubsetPolicy::choose`]. A policy that
+    /// answers must answer as `choose` would for the same loads.
+    fn choose_indexed(&self, _request: &IndexedRequest<'_>) -> Option<Vec<String>> {
+        None
+    }
+}
+
+/// [`keep_and_fill`] over an index: keep available, eligible current members in their slots,
+/// then `pick` a node `skip` does not refuse for each vacated and each new slot.
+pub fn keep_and_fill_indexed(
+    request: &IndexedRequest<'_>,
+    mut pick: impl FnMut(&dyn Fn(&str) -> bool) -> Option<String>,
+) -> Vec<String> {
+    let usable = |n: &str| request.index.contains(n) && (request.eligible)(n);
+    let n = request.wanted.min(request.eligible_count);
+    let mut seen = HashSet::new();
+    let mut slots: Vec<Option<String>> = request
+        .current
+        .iter()
+        .map(|node| (usable(node) && seen.insert(node.as_str())).then(|| node.clone()))
+        .collect();
+    let mut kept = slots.iter().flatten().count();
+    for slot in slots.iter_mut().rev() {
+        if kept <= n {
+            break;
+        }
+        if slot.take().is_some() {
+            kept -= 1;
+        }
+    }
+    let mut taken: HashSet<String> = slots.iter().flatten().cloned().collect();
+    let mut missing = n - kept;
+    let mut next =
+        |taken: &HashSet<String>| pick(&|x: &str| taken.contains(x) || !(request.eligible)(x));
+    for slot in slots.iter_mut().filter(|s| s.is_none()) {
+        if missing == 0 {
+            break;
+        }
+        let Some(node) = next(&taken) else { break };
+        taken.insert(node.clone());
+        *slot = Some(node);
+        missing -= 1;
+    }
+    while missing > 0 {
+        let Some(node) = next(&taken) else { break };
+        taken.insert(node.clone());
+        slots.push(Some(node));
+        missing -= 1;
+    }
+    slots.into_iter().flatten().collect()
 }
 
 /// The slot logic both built-in policies share: keep available current members in their
@@ -130,6 +199,26 @@ impl SubsetPolicy for Random {
         let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
         keep_and_fill(request, |pool| rng.random_range(0..pool.len()))
     }
+
+    fn choose_indexed(&self, request: &IndexedRequest<'_>) -> Option<Vec<String>> {
+        let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
+        let nodes = request.index.nodes();
+        Some(keep_and_fill_indexed(request, |skip| {
+            // Uniform over the nodes not skipped: rejection while that is cheap (few are
+            // skipped), then a scan of the rest.
+            for _ in 0..64 {
+                if nodes.is_empty() {
+                    return None;
+                }
+                let n = &nodes[rng.random_range(0..nodes.len())];
+                if !skip(n) {
+                    return Some(n.clone());
+                }
+            }
+            let rest: Vec<&String> = nodes.iter().filter(|n| !skip(n)).collect();
+            (!rest.is_empty()).then(|| rest[rng.random_range(0..rest.len())].clone())
+        }))
+    }
 }
 
 /// Replacements are the activators in the fewest subsets. Ties are broken by a hash of
@@ -143,25 +232,22 @@ impl SubsetPolicy for LeastLoaded {
         "least-loaded"
     }
     fn choose(&self, request: &SubsetRequest<'_>) -> Vec<String> {
+        let rh = ring_hash(request.revision);
         keep_and_fill(request, |pool| {
             pool.iter()
                 .enumerate()
-                .min_by_key(|(_, c)| (c.load, tie_break(request.revision, &c.node)))
+                .min_by_key(|(_, c)| (c.load, ring_distance(rh, ring_hash(&c.node))))
                 .map(|(i, _)| i)
                 .unwrap_or(0)
         })
     }
-}
 
-fn tie_break(revision: &str, node: &str) -> u64 {
-    // FNV-1a over "revision/node": stable across processes (std's hasher is seeded).
-    revision
-        .bytes()
-        .chain(std::iter::once(b'/'))
-        .chain(node.bytes())
-        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-        })
+    fn choose_indexed(&self, request: &IndexedRequest<'_>) -> Option<Vec<String>> {
+        let rh = ring_hash(request.revision);
+        Some(keep_and_fill_indexed(request, |skip| {
+            request.index.least_loaded(rh, skip).map(str::to_owned)
+        }))
+    }
 }
 
 /// The policy named on the command line.

@@ -195,6 +195,7 @@ pub async fn reconcile(rev: Arc<Revision>, ctx: Arc<Context>) -> Result<Action> 
             current: current.as_ref(),
             available: &available,
             load: &|n| index.load(n),
+            loads: Some(index.loads()),
             policy: ctx.policy.as_ref(),
             default_n: ctx.config.default_activators,
             host_conflicts: &host_conflicts,

@@ -1,0 +1,167 @@
+//! The available activators ordered by load (how many subsets each is in), so that a policy
+//! picks a member in O(log A) instead of scanning every activator for every revision (at
+//! 5,000 activators × 100,000 revisions the scan is what made assignment take minutes).
+//! Pure; kept in step by [`crate::index::MembershipIndex`].
+//!
+//! Ties between equally loaded activators are broken on a hash ring: the first activator at
+//! or after the revision's hash ([`ring_hash`]) — the same order
+//! [`crate::policy::LeastLoaded`] uses without an index, so both give the same members.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+/// A position on the ring: FNV-1a 64 (stable across processes, unlike std's seeded hasher),
+/// then MurmurHash3's 64-bit finalizer, because names that differ only in their last
+/// characters (`r1`, `r2`…) would otherwise sit next to each other and all pick one node.
+pub fn ring_hash(s: &str) -> u64 {
+    let mut h = s.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 33)
+}
+
+/// How far clockwise `node_hash` lies from `revision_hash` on the ring.
+pub fn ring_distance(revision_hash: u64, node_hash: u64) -> u64 {
+    node_hash.wrapping_sub(revision_hash)
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct LoadIndex {
+    load: foldhash::HashMap<String, usize>,
+    by_load: BTreeMap<usize, BTreeSet<(u64, String)>>,
+    /// The nodes in a fixed order, for uniform random picks.
+    nodes: Vec<String>,
+    /// How many of the nodes any template may use (no filtering taint, not cordoned): the
+    /// eligible count of an unconstrained revision, without a scan. Set by the builder.
+    pub clean: usize,
+}
+
+impl LoadIndex {
+    /// The index of `available` nodes, each with its `load`.
+    pub fn new<'a>(
+        available: impl IntoIterator<Item = &'a str>,
+        load: impl Fn(&str) -> usize,
+    ) -> Self {
+        let mut ix = Self::default();
+        for node in available {
+            if ix.load.contains_key(node) {
+                continue;
+            }
+            let l = load(node);
+            ix.load.insert(node.to_owned(), l);
+            ix.by_load
+                .entry(l)
+                .or_default()
+                .insert((ring_hash(node), node.to_owned()));
+            ix.nodes.push(node.to_owned());
+        }
+        ix
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    pub fn contains(&self, node: &str) -> bool {
+        self.load.contains_key(node)
+    }
+
+    pub fn load(&self, node: &str) -> Option<usize> {
+        self.load.get(node).copied()
+    }
+
+    pub fn nodes(&self) -> &[String] {
+        &self.nodes
+    }
+
+    /// `node` joined (`+1`) or left (`-1`) a subset. Nodes not in the index are ignored.
+    pub fn adjust(&mut self, node: &str, joined: bool) {
+        let Some(l) = self.load.get_mut(node) else {
+            return;
+        };
+        let old = *l;
+        let new = if joined {
+            old + 1
+        } else {
+            old.saturating_sub(1)
+        };
+        if new == old {
+            return;
+        }
+        *l = new;
+        let entry = (ring_hash(node), node.to_owned());
+        if let Some(set) = self.by_load.get_mut(&old) {
+            set.remove(&entry);
+            if set.is_empty() {
+                self.by_load.remove(&old);
+            }
+        }
+        self.by_load.entry(new).or_default().insert(entry);
+    }
+
+    /// The least-loaded node that `skip` does not refuse; among equals, the first at or after
+    /// `revision_hash` on the ring. O(log A) plus one step per skipped node.
+    pub fn least_loaded(&self, revision_hash: u64, skip: impl Fn(&str) -> bool) -> Option<&str> {
+        for set in self.by_load.values() {
+            let after = set.range((revision_hash, String::new())..);
+            let before = set.range(..(revision_hash, String::new()));
+            if let Some((_, node)) = after.chain(before).find(|(_, n)| !skip(n)) {
+                return Some(node);
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn picks_the_least_loaded_and_follows_adjustments() {
+        let loads = std::collections::HashMap::from([("a", 2), ("b", 0), ("c", 1)]);
+        let mut ix = LoadIndex::new(["a", "b", "c"], |n| loads[n]);
+        assert_eq!(ix.least_loaded(0, |_| false), Some("b"));
+        assert_eq!(ix.least_loaded(0, |n| n == "b"), Some("c"));
+        ix.adjust("b", true);
+        ix.adjust("b", true);
+        assert_eq!(ix.load("b"), Some(2));
+        assert_eq!(ix.least_loaded(0, |_| false), Some("c"));
+        ix.adjust("a", false);
+        ix.adjust("a", false);
+        assert_eq!(ix.least_loaded(7, |_| false), Some("a"));
+        ix.adjust("zzz", true);
+        assert!(!ix.contains("zzz"));
+        assert_eq!(ix.least_loaded(0, |_| true), None);
+    }
+
+    proptest! {
+        // The index's pick is the scan's: least load, then least ring distance.
+        #[test]
+        fn the_index_picks_what_a_scan_picks(
+            loads in prop::collection::vec(0usize..4, 1..40),
+            revision in "[a-z]{1,8}",
+            skipped in prop::collection::vec(any::<bool>(), 40),
+        ) {
+            let nodes: Vec<String> = (0..loads.len()).map(|i| format!("node-{i}")).collect();
+            let load = |n: &str| loads[nodes.iter().position(|x| x == n).unwrap()];
+            let ix = LoadIndex::new(nodes.iter().map(String::as_str), load);
+            let skip = |n: &str| skipped[nodes.iter().position(|x| x == n).unwrap()];
+            let rh = ring_hash(&revision);
+            let scan = nodes
+                .iter()
+                .filter(|n| !skip(n))
+                .min_by_key(|n| (load(n), ring_distance(rh, ring_hash(n))))
+                .map(String::as_str);
+            prop_assert_eq!(ix.least_loaded(rh, skip), scan);
+        }
+    }
+}
