@@ -16,6 +16,7 @@ pub mod plan;
 pub mod policy;
 pub mod shares;
 pub mod size;
+pub mod write_limit;
 
 pub use error::{Error, Result};
 pub use policy::{LeastLoaded, Random, SubsetPolicy};

@@ -42,6 +42,12 @@ struct Args {
     lease_duration_seconds: u64,
     #[arg(long, default_value_t = 5)]
     lease_grace_seconds: u64,
+    /// API writes a second (status, labels, creates), across all revisions; 0: no limit.
+    #[arg(long, default_value_t = 100.0)]
+    write_qps: f64,
+    /// Writes that may go at once after a quiet spell.
+    #[arg(long, default_value_t = 200)]
+    write_burst: u32,
     /// `/metrics` and `/healthz`.
     #[arg(long, env = "ADMIN_ADDR", default_value = "0.0.0.0:9091")]
     admin_addr: std::net::SocketAddr,
@@ -116,6 +122,8 @@ async fn main() -> anyhow::Result<()> {
         namespace: args.namespace,
         activator_namespace: args.activator_namespace,
         default_activators: usize::from(args.default_activators),
+        write_qps: args.write_qps,
+        write_burst: args.write_burst,
         ..Config::default()
     };
     let subsetter = Arc::new(Subsetter::new(client.clone(), config, Arc::from(policy)));

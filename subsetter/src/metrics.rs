@@ -11,6 +11,8 @@ pub struct Metrics {
     pub reconciles: Counter,
     pub errors: Counter,
     pub writes: Counter,
+    /// Seconds writes waited for their turn under the write rate limit.
+    pub write_wait_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
     pub members_joined: Counter,
     pub members_left: Counter,
     pub activators: Gauge,
@@ -24,6 +26,7 @@ impl Default for Metrics {
             reconciles: Counter::default(),
             errors: Counter::default(),
             writes: Counter::default(),
+            write_wait_seconds: Counter::default(),
             members_joined: Counter::default(),
             members_left: Counter::default(),
             activators: Gauge::default(),
@@ -44,6 +47,11 @@ impl Default for Metrics {
             "writes",
             "API writes made (creates and patches)",
             m.writes.clone(),
+        );
+        registry.register(
+            "write_wait_seconds",
+            "Time API writes waited under the write rate limit (--write-qps)",
+            m.write_wait_seconds.clone(),
         );
         registry.register(
             "members_joined",

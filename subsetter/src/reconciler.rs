@@ -21,6 +21,7 @@ use crate::index::{Key, MembershipIndex};
 use crate::metrics::Metrics;
 use crate::plan::{self, SubsetInputs};
 use crate::policy::SubsetPolicy;
+use crate::write_limit::WriteLimiter;
 
 /// What the controller is configured with.
 #[derive(Clone, Debug)]
@@ -36,6 +37,10 @@ pub struct Config {
     /// How long a stop waits for reconciles in flight before dropping them. Stopping never
     /// waits on the API server beyond this (a real server's quiet watch sends nothing).
     pub shutdown_grace: Duration,
+    /// API writes a second, across all reconciles (≤ 0: no limit), and how many may go at
+    /// once after a quiet spell.
+    pub write_qps: f64,
+    pub write_burst: u32,
 }
 
 impl Default for Config {
@@ -46,6 +51,8 @@ impl Default for Config {
             default_activators: 3,
             field_manager: "local-activator-subsetter".into(),
             shutdown_grace: Duration::from_secs(10),
+            write_qps: 100.0,
+            write_burst: 200,
         }
     }
 }
@@ -72,9 +79,18 @@ pub struct Context {
     pub(crate) synced: watch::Receiver<bool>,
     written: Mutex<HashMap<Key, Written>>,
     failures: Mutex<HashMap<Key, u32>>,
+    writes: WriteLimiter,
 }
 
 impl Context {
+    /// Waits for this write's turn under the write rate limit (`Config::write_qps`).
+    async fn write_turn(&self) {
+        let waited = self.writes.acquire().await;
+        if !waited.is_zero() {
+            self.metrics.write_wait_seconds.inc_by(waited.as_secs_f64());
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         client: Client,
@@ -87,6 +103,7 @@ impl Context {
         ae_store: Store<ActivationEndpoints>,
         synced: watch::Receiver<bool>,
     ) -> Self {
+        let writes = WriteLimiter::new(config.write_qps, config.write_burst);
         Self {
             client,
             config,
@@ -97,6 +114,7 @@ impl Context {
             activators,
             ae_store,
             synced,
+            writes,
             written: Mutex::default(),
             failures: Mutex::default(),
         }
@@ -226,9 +244,11 @@ pub async fn reconcile(rev: Arc<Revision>, ctx: Arc<Context>) -> Result<Action> 
                 field_manager: Some(ctx.config.field_manager.clone()),
                 ..Default::default()
             };
+            ctx.write_turn().await;
             let created = endpoints.create(&post, &ae).await?;
             ctx.metrics.writes.inc();
             stale.push(created.resource_version());
+            ctx.write_turn().await;
             wrote = Some(endpoints.patch_status(&name, &pp, &status_patch).await?);
             ctx.metrics.writes.inc();
         }
@@ -236,6 +256,7 @@ pub async fn reconcile(rev: Arc<Revision>, ctx: Arc<Context>) -> Result<Action> 
             // Status first: an activator that starts matching the new label then already
             // finds itself in status.activators.
             if plan.status_changed {
+                ctx.write_turn().await;
                 let o = endpoints.patch_status(&name, &pp, &status_patch).await?;
                 ctx.metrics.writes.inc();
                 wrote = Some(o);
@@ -244,6 +265,7 @@ pub async fn reconcile(rev: Arc<Revision>, ctx: Arc<Context>) -> Result<Action> 
                 if let Some(o) = &wrote {
                     stale.push(o.resource_version());
                 }
+                ctx.write_turn().await;
                 wrote = Some(endpoints.patch(&name, &pp, &Patch::Merge(labels)).await?);
                 ctx.metrics.writes.inc();
             }
@@ -305,6 +327,7 @@ async fn write_revision_status(
     if let Some((generation, conditions)) = plan::revision_conditions(rev, problems, members, now) {
         let patch =
             json!({ "status": { "observedGeneration": generation, "conditions": conditions } });
+        ctx.write_turn().await;
         revisions
             .patch_status(&rev.name_any(), &ctx.patch_params(), &Patch::Merge(patch))
             .await?;
