@@ -6,6 +6,7 @@ pub mod activators;
 pub mod admin;
 pub mod bench;
 pub mod conditions;
+pub mod contract;
 pub mod eligibility;
 pub mod error;
 pub mod hosts;

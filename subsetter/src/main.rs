@@ -73,6 +73,45 @@ enum Command {
         #[arg(long)]
         json: Option<std::path::PathBuf>,
     },
+    /// Reads a cluster's ActivationEndpoints and reports every breach of the contract
+    /// (docs/activation-endpoints-contract.md); exits 1 when there is one.
+    VerifyContract {
+        /// The cluster's kubeconfig (default: KUBECONFIG, then ~/.kube/config, then in-cluster).
+        #[arg(long)]
+        kubeconfig: Option<std::path::PathBuf>,
+    },
+}
+
+#[allow(clippy::print_stdout)] // the breaches are the command's output
+async fn verify_contract(kubeconfig: Option<std::path::PathBuf>) -> anyhow::Result<()> {
+    let client = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(&path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+            kube::Client::try_from(cfg)?
+        }
+        None => kube::Client::try_default().await?,
+    };
+    let cluster = subsetter::contract::read_cluster(&client)
+        .await
+        .context("reading the cluster")?;
+    let breaches = subsetter::contract::check(&cluster);
+    println!(
+        "{} ActivationEndpoints, {} Revisions, {} usable activators: {} breach(es)",
+        cluster.endpoints.len(),
+        cluster.revisions.len(),
+        cluster.activators.len(),
+        breaches.len()
+    );
+    for b in &breaches {
+        println!("{b}");
+    }
+    if breaches.is_empty() {
+        Ok(())
+    } else {
+        std::process::exit(1)
+    }
 }
 
 #[allow(clippy::print_stdout)] // the bench's report is the command's output
@@ -112,6 +151,9 @@ async fn main() -> anyhow::Result<()> {
             seed,
         };
         return bench(opts, json);
+    }
+    if let Some(Command::VerifyContract { kubeconfig }) = args.command {
+        return verify_contract(kubeconfig).await;
     }
     let policy = subsetter::policy::by_name(&args.policy)
         .ok_or_else(|| subsetter::Error::UnknownPolicy(args.policy.clone()))?;

@@ -13,10 +13,6 @@ use kube::ResourceExt;
 use subsetter::{LeastLoaded, Random};
 use support::*;
 
-fn ready_with(n: usize) -> impl Fn(&crds::ActivationEndpoints) -> bool {
-    move |ae| members(ae).len() == n && ae_condition(ae, "Ready").is_some_and(|(s, _)| s == "True")
-}
-
 #[tokio::test]
 async fn subset_has_members_labels_owner_shares_and_conditions() -> Result<()> {
     let c = Cluster::start().await?;

@@ -270,6 +270,11 @@ pub fn spec(max_scale: i32, min_scale: i32, activators: Option<i32>) -> Revision
     }
 }
 
+/// `n` members and Ready.
+pub fn ready_with(n: usize) -> impl Fn(&ActivationEndpoints) -> bool {
+    move |ae| members(ae).len() == n && ae_condition(ae, "Ready").is_some_and(|(s, _)| s == "True")
+}
+
 pub fn members(ae: &ActivationEndpoints) -> Vec<String> {
     ae.status
         .as_ref()
