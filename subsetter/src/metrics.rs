@@ -1,8 +1,11 @@
 //! Prometheus metrics of the subsetter.
 
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 /// Counters the reconciler updates; `encode` renders them in the text exposition format.
@@ -15,6 +18,12 @@ pub struct Metrics {
     pub write_wait_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
     pub members_joined: Counter,
     pub members_left: Counter,
+    /// Members that left because their activator was lost or its node became ineligible.
+    pub members_replaced: Family<ReplacedBy, Counter>,
+    /// How long reconciles take (plan and writes), in seconds.
+    pub reconcile_seconds: Histogram,
+    /// Events written on Revisions whose subset turned Degraded.
+    pub degraded_events: Counter,
     pub activators: Gauge,
     pub subsets: Gauge,
 }
@@ -29,6 +38,11 @@ impl Default for Metrics {
             write_wait_seconds: Counter::default(),
             members_joined: Counter::default(),
             members_left: Counter::default(),
+            members_replaced: Family::default(),
+            // 100 µs to ~3 s: a plan alone is microseconds, a write an etcd commit or a wait
+            // under the write rate limit.
+            reconcile_seconds: Histogram::new(exponential_buckets(1e-4, 4.0, 9)),
+            degraded_events: Counter::default(),
             activators: Gauge::default(),
             subsets: Gauge::default(),
             registry: Registry::default(),
@@ -64,6 +78,21 @@ impl Default for Metrics {
             m.members_left.clone(),
         );
         registry.register(
+            "members_replaced",
+            "Members that left a subset, by why: lost (activator gone) or ineligible (node)",
+            m.members_replaced.clone(),
+        );
+        registry.register(
+            "reconcile_seconds",
+            "Duration of Revision reconciles",
+            m.reconcile_seconds.clone(),
+        );
+        registry.register(
+            "degraded_events",
+            "Warning Events written on Revisions whose subset turned Degraded",
+            m.degraded_events.clone(),
+        );
+        registry.register(
             "activators_available",
             "Ready activators on Ready nodes",
             m.activators.clone(),
@@ -71,6 +100,12 @@ impl Default for Metrics {
         registry.register("subsets", "ActivationEndpoints known", m.subsets.clone());
         Self { registry, ..m }
     }
+}
+
+/// Why members left a subset.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReplacedBy {
+    pub reason: &'static str,
 }
 
 impl Metrics {

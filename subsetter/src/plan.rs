@@ -42,6 +42,12 @@ pub struct SubsetPlan {
     /// Members that joined and left (churn).
     pub joined: usize,
     pub left: usize,
+    /// Of those that left: their activator was gone, or its node no longer eligible.
+    pub left_lost: usize,
+    pub left_ineligible: usize,
+    /// `Degraded` turned True (or its reason changed) with this plan: (reason, message), for
+    /// an Event on the Revision.
+    pub degraded: Option<(String, String)>,
     /// Fewer members than wanted.
     pub short: bool,
 }
@@ -152,6 +158,24 @@ pub fn subset(inp: &SubsetInputs<'_>) -> SubsetPlan {
     let chosen_set: HashSet<&str> = chosen.iter().map(String::as_str).collect();
     let joined = chosen_set.difference(&current_set).count();
     let left = current_set.difference(&chosen_set).count();
+    let (mut left_lost, mut left_ineligible) = (0, 0);
+    for node in current_set.difference(&chosen_set) {
+        match inp.available.get(*node) {
+            None => left_lost += 1,
+            Some(a) if !eligible(&placement, a) => left_ineligible += 1,
+            Some(_) => {}
+        }
+    }
+    let was_degraded = existing
+        .iter()
+        .find(|c| c.type_ == conditions::DEGRADED && c.status == "True")
+        .map(|c| c.reason.as_str());
+    let degraded = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == conditions::DEGRADED && c.status == "True")
+        .filter(|c| was_degraded != Some(c.reason.as_str()))
+        .map(|c| (c.reason.clone(), c.message.clone()));
     // A revision keeps the labels of the hosts it loses: readers skip it by its HostConflict
     // condition, and the label is what lets them see that there is a conflict at all.
     // Any string hashes to a valid label key, so an odd host cannot make the write fail.
@@ -175,6 +199,9 @@ pub fn subset(inp: &SubsetInputs<'_>) -> SubsetPlan {
         status_changed,
         joined,
         left,
+        left_lost,
+        left_ineligible,
+        degraded,
     }
 }
 

@@ -22,6 +22,10 @@ use crate::metrics::Metrics;
 use crate::plan::{self, SubsetInputs};
 use crate::policy::SubsetPolicy;
 use crate::write_limit::WriteLimiter;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+
+/// Upper bound on writing one Event (the client has no timeout of its own).
+const EVENT_WRITE_LIMIT: Duration = Duration::from_secs(5);
 
 /// What the controller is configured with.
 #[derive(Clone, Debug)]
@@ -135,6 +139,35 @@ impl Context {
         stored.map(|o| (*o).clone())
     }
 
+    /// A Warning Event on `rev` saying why its subset is Degraded. Best effort, bounded: a
+    /// reconcile never fails or hangs on an Event.
+    async fn degraded_event(&self, rev: &Revision, reason: &str, message: &str) {
+        let recorder = Recorder::new(
+            self.client.clone(),
+            Reporter {
+                controller: self.config.field_manager.clone(),
+                instance: std::env::var("POD_NAME").ok(),
+            },
+        );
+        let event = Event {
+            type_: EventType::Warning,
+            reason: reason.to_owned(),
+            note: Some(message.to_owned()),
+            action: "AssignActivators".into(),
+            secondary: None,
+        };
+        self.write_turn().await;
+        let regarding = rev.object_ref(&());
+        let publish = recorder.publish(&event, &regarding);
+        match tokio::time::timeout(EVENT_WRITE_LIMIT, publish).await {
+            Ok(Ok(())) => {
+                self.metrics.degraded_events.inc();
+            }
+            Ok(Err(e)) => debug!(error = %e, "writing a Degraded event"),
+            Err(_) => debug!("writing a Degraded event timed out"),
+        }
+    }
+
     fn patch_params(&self) -> PatchParams {
         PatchParams {
             field_manager: Some(self.config.field_manager.clone()),
@@ -157,6 +190,18 @@ pub async fn reconcile(rev: Arc<Revision>, ctx: Arc<Context>) -> Result<Action> 
         return Ok(Action::await_change());
     }
     ctx.metrics.reconciles.inc();
+    let started = std::time::Instant::now();
+    let r = reconcile_synced(&rev, &ctx).await;
+    ctx.metrics
+        .reconcile_seconds
+        .observe(started.elapsed().as_secs_f64());
+    r
+}
+
+/// The reconcile proper, once the caches are synced.
+async fn reconcile_synced(rev: &Arc<Revision>, ctx: &Arc<Context>) -> Result<Action> {
+    let rev = rev.clone();
+    let ctx = ctx.clone();
     let namespace = rev
         .namespace()
         .ok_or_else(|| Error::NoNamespace(rev.name_any()))?;
@@ -275,6 +320,20 @@ pub async fn reconcile(rev: Arc<Revision>, ctx: Arc<Context>) -> Result<Action> 
         lock(&ctx.written).insert(key.clone(), Written { stale, object });
         ctx.metrics.members_joined.inc_by(plan.joined as u64);
         ctx.metrics.members_left.inc_by(plan.left as u64);
+        for (reason, n) in [
+            ("lost", plan.left_lost),
+            ("ineligible", plan.left_ineligible),
+        ] {
+            if n > 0 {
+                ctx.metrics
+                    .members_replaced
+                    .get_or_create(&crate::metrics::ReplacedBy { reason })
+                    .inc_by(n as u64);
+            }
+        }
+        if let Some((reason, message)) = &plan.degraded {
+            ctx.degraded_event(&rev, reason, message).await;
+        }
         info!(
             revision = %key,
             members = ?plan.status.activators.iter().map(|m| m.node.as_str()).collect::<Vec<_>>(),

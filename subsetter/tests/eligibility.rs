@@ -58,6 +58,24 @@ fn tolerating_gpu(mut spec: crds::RevisionSpec) -> crds::RevisionSpec {
     spec
 }
 
+/// The first events.k8s.io/v1 Event regarding Revision `name` (watched, not polled).
+async fn degraded_event(c: &Cluster, name: &str) -> Result<k8s_openapi::api::events::v1::Event> {
+    let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(c.client.clone(), NS);
+    let events = watcher(api, watcher::Config::default()).applied_objects();
+    let mut events = std::pin::pin!(events);
+    let found = tokio::time::timeout(WAIT, async {
+        while let Some(Ok(e)) = events.next().await {
+            let e: k8s_openapi::api::events::v1::Event = e;
+            if e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name) {
+                return Some(e);
+            }
+        }
+        None
+    })
+    .await?;
+    found.ok_or_else(|| anyhow::anyhow!("the event watch ended"))
+}
+
 /// Every member set `name`'s ActivationEndpoints has shown since the call.
 fn record_members(c: &Cluster, name: &'static str) -> Arc<Mutex<Vec<BTreeSet<String>>>> {
     let seen = Arc::new(Mutex::new(Vec::new()));
@@ -112,6 +130,10 @@ async fn tainted_and_not_ready_nodes_are_never_members_without_a_toleration() ->
         ae_condition(&plain, "Degraded"),
         Some(("True".into(), "InsufficientActivators".into()))
     );
+    // The subset turned Degraded: a Warning Event on the Revision says why.
+    let event = degraded_event(&c, "plain").await?;
+    assert_eq!(event.reason.as_deref(), Some("InsufficientActivators"));
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
     let gpu = c.wait_endpoints("gpu", |ae| members(ae).len() == 3).await?;
     let gpu_members: BTreeSet<String> = members(&gpu).into_iter().collect();
     assert_eq!(
