@@ -21,7 +21,7 @@ use crate::index::{Key, MembershipIndex};
 use crate::metrics::Metrics;
 use crate::plan::{self, SubsetInputs};
 use crate::policy::SubsetPolicy;
-use crate::write_limit::WriteLimiter;
+use crate::write_limit::{Lane, WriteLimiter};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
 /// Upper bound on writing one Event (the client has no timeout of its own).
@@ -88,8 +88,8 @@ pub struct Context {
 
 impl Context {
     /// Waits for this write's turn under the write rate limit (`Config::write_qps`).
-    async fn write_turn(&self) {
-        let waited = self.writes.acquire().await;
+    async fn write_turn(&self, lane: Lane) {
+        let waited = self.writes.acquire(lane).await;
         if !waited.is_zero() {
             self.metrics.write_wait_seconds.inc_by(waited.as_secs_f64());
         }
@@ -156,7 +156,7 @@ impl Context {
             action: "AssignActivators".into(),
             secondary: None,
         };
-        self.write_turn().await;
+        self.write_turn(Lane::Bulk).await;
         let regarding = rev.object_ref(&());
         let publish = recorder.publish(&event, &regarding);
         match tokio::time::timeout(EVENT_WRITE_LIMIT, publish).await {
@@ -221,6 +221,12 @@ async fn reconcile_synced(rev: &Arc<Revision>, ctx: &Arc<Context>) -> Result<Act
     }
 
     let current = ctx.current(&key);
+    // A Revision that is new, or changed since its subset was computed, is a user's request:
+    // its writes go ahead of repairs (write_limit.rs).
+    let lane = match current.as_ref().and_then(|c| c.status.as_ref()) {
+        Some(s) if s.observed_generation == rev.metadata.generation => Lane::Bulk,
+        _ => Lane::Urgent,
+    };
     if let Some(cur) = &current {
         let owner_uid = cur
             .owner_references()
@@ -289,11 +295,11 @@ async fn reconcile_synced(rev: &Arc<Revision>, ctx: &Arc<Context>) -> Result<Act
                 field_manager: Some(ctx.config.field_manager.clone()),
                 ..Default::default()
             };
-            ctx.write_turn().await;
+            ctx.write_turn(lane).await;
             let created = endpoints.create(&post, &ae).await?;
             ctx.metrics.writes.inc();
             stale.push(created.resource_version());
-            ctx.write_turn().await;
+            ctx.write_turn(lane).await;
             wrote = Some(endpoints.patch_status(&name, &pp, &status_patch).await?);
             ctx.metrics.writes.inc();
         }
@@ -301,7 +307,7 @@ async fn reconcile_synced(rev: &Arc<Revision>, ctx: &Arc<Context>) -> Result<Act
             // Status first: an activator that starts matching the new label then already
             // finds itself in status.activators.
             if plan.status_changed {
-                ctx.write_turn().await;
+                ctx.write_turn(lane).await;
                 let o = endpoints.patch_status(&name, &pp, &status_patch).await?;
                 ctx.metrics.writes.inc();
                 wrote = Some(o);
@@ -310,7 +316,7 @@ async fn reconcile_synced(rev: &Arc<Revision>, ctx: &Arc<Context>) -> Result<Act
                 if let Some(o) = &wrote {
                     stale.push(o.resource_version());
                 }
-                ctx.write_turn().await;
+                ctx.write_turn(lane).await;
                 wrote = Some(endpoints.patch(&name, &pp, &Patch::Merge(labels)).await?);
                 ctx.metrics.writes.inc();
             }
@@ -386,7 +392,11 @@ async fn write_revision_status(
     if let Some((generation, conditions)) = plan::revision_conditions(rev, problems, members, now) {
         let patch =
             json!({ "status": { "observedGeneration": generation, "conditions": conditions } });
-        ctx.write_turn().await;
+        let lane = match rev.status.as_ref() {
+            Some(s) if s.observed_generation == rev.metadata.generation => Lane::Bulk,
+            _ => Lane::Urgent,
+        };
+        ctx.write_turn(lane).await;
         revisions
             .patch_status(&rev.name_any(), &ctx.patch_params(), &Patch::Merge(patch))
             .await?;

@@ -4,6 +4,11 @@
 //! feels cluster-wide. Writes above the rate wait their turn instead; the queue of
 //! reconciles holds the rest.
 //!
+//! A user's new or changed Revision must not wait behind such a flood of repairs (the
+//! Pinterest lesson: no head-of-line blocking behind background work): urgent writes have a
+//! lane of their own, a quarter of the rate and burst on top of the shared bucket, taken
+//! first when it has a token.
+//!
 //! [`TokenBucket`] is the pure part (time is passed in); [`WriteLimiter`] waits on it.
 
 use std::sync::Mutex;
@@ -33,6 +38,19 @@ impl TokenBucket {
         }
     }
 
+    /// Takes a token at `now` if one is saved; never reserves.
+    pub fn try_take(&mut self, now: Instant) -> bool {
+        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
+        self.last = now;
+        self.tokens = (self.tokens + elapsed * self.rate).min(self.burst);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+
     /// Takes a token at `now`: how long to wait before using it (zero when one was saved).
     pub fn take(&mut self, now: Instant) -> Duration {
         let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
@@ -50,21 +68,44 @@ impl TokenBucket {
 #[derive(Debug)]
 pub struct WriteLimiter {
     bucket: Option<Mutex<TokenBucket>>,
+    /// The urgent lane (a new or changed Revision's writes).
+    urgent: Option<Mutex<TokenBucket>>,
+}
+
+/// Whose write it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lane {
+    /// A user created or changed a Revision: served first.
+    Urgent,
+    /// Repairs and follow-ups: in turn.
+    Bulk,
 }
 
 impl WriteLimiter {
     /// `qps` ≤ 0 means no limit.
     pub fn new(qps: f64, burst: u32) -> Self {
+        let now = Instant::now();
         Self {
-            bucket: (qps > 0.0).then(|| Mutex::new(TokenBucket::new(qps, burst, Instant::now()))),
+            bucket: (qps > 0.0).then(|| Mutex::new(TokenBucket::new(qps, burst, now))),
+            urgent: (qps > 0.0)
+                .then(|| Mutex::new(TokenBucket::new(qps / 4.0, (burst / 4).max(1), now))),
         }
     }
 
-    /// Waits for this write's turn; returns how long it waited.
-    pub async fn acquire(&self) -> Duration {
+    /// Waits for this write's turn in `lane`; returns how long it waited.
+    pub async fn acquire(&self, lane: Lane) -> Duration {
         let Some(bucket) = &self.bucket else {
             return Duration::ZERO;
         };
+        if lane == Lane::Urgent
+            && let Some(urgent) = &self.urgent
+            && urgent
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .try_take(Instant::now())
+        {
+            return Duration::ZERO;
+        }
         let wait = bucket
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -115,9 +156,29 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_limiter_waits_only_past_the_burst() {
         let l = WriteLimiter::new(20.0, 2);
-        assert_eq!(l.acquire().await, Duration::ZERO);
-        assert_eq!(l.acquire().await, Duration::ZERO);
-        assert_eq!(l.acquire().await, Duration::from_millis(50));
-        assert_eq!(WriteLimiter::new(0.0, 1).acquire().await, Duration::ZERO);
+        assert_eq!(l.acquire(Lane::Bulk).await, Duration::ZERO);
+        assert_eq!(l.acquire(Lane::Bulk).await, Duration::ZERO);
+        assert_eq!(l.acquire(Lane::Bulk).await, Duration::from_millis(50));
+        assert_eq!(
+            WriteLimiter::new(0.0, 1).acquire(Lane::Bulk).await,
+            Duration::ZERO
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_urgent_write_does_not_queue_behind_a_flood_of_repairs() {
+        let l = WriteLimiter::new(100.0, 8);
+        // A flood: 1,000 repairs reserve the next ten seconds of the shared bucket.
+        let mut last = Duration::ZERO;
+        for _ in 0..1_000 {
+            let b = &mut *l.bucket.as_ref().unwrap().lock().unwrap();
+            last = b.take(Instant::now());
+        }
+        assert!(last > Duration::from_secs(9));
+        // A user's new Revision is written at once, from its own lane.
+        assert_eq!(l.acquire(Lane::Urgent).await, Duration::ZERO);
+        assert_eq!(l.acquire(Lane::Urgent).await, Duration::ZERO);
+        // Its lane is a quarter of the burst: past it, it queues like the rest.
+        assert!(l.acquire(Lane::Urgent).await > Duration::from_secs(9));
     }
 }
