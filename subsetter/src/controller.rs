@@ -22,7 +22,7 @@ use crds::contract::ACTIVATOR_SELECTOR;
 use crds::{ActivationEndpoints, Revision};
 use futures::channel::mpsc::{UnboundedSender, unbounded};
 use futures::{FutureExt, StreamExt, stream};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use kube::runtime::controller::Controller;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
@@ -39,6 +39,7 @@ use crate::index::{Key, MembershipIndex};
 use crate::metrics::Metrics;
 use crate::policy::SubsetPolicy;
 use crate::reconciler::{self, Config, Context};
+use crate::settings::{self, Settings};
 
 /// The subsetter controller. `run` may be called again after it returns (leader election
 /// starts it each time this replica becomes leader).
@@ -147,6 +148,17 @@ impl Subsetter {
             synced_rx,
         ));
 
+        let settings_task = self.config.settings_config_map.clone().map(|(name, ns)| {
+            let base = Settings {
+                policy: self.policy.name().to_owned(),
+                max_node_selection: self.config.default_activators,
+                write_qps: self.config.write_qps,
+                write_burst: self.config.write_burst,
+            };
+            let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &ns);
+            tokio::spawn(watch_settings(api, name, base, Arc::clone(&ctx)))
+        });
+
         let (rev_reader, rev_writer) = reflector::store();
         let revision_stream = watcher::watcher(revisions, watcher::Config::default())
             .default_backoff()
@@ -176,8 +188,58 @@ impl Subsetter {
         }
         ae_task.abort();
         act_task.abort();
+        if let Some(t) = settings_task {
+            t.abort();
+        }
         info!("subsetter stopped");
         Ok(())
+    }
+}
+
+/// Keeps the settings in force in step with the ConfigMap `name`: its keys over `base` (the
+/// flags) while it exists and parses, `base` once it is gone. A ConfigMap that does not parse
+/// is refused whole, with its reasons logged, and the settings in force stay.
+async fn watch_settings(api: Api<ConfigMap>, name: String, base: Settings, ctx: Arc<Context>) {
+    let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut events = std::pin::pin!(watcher::watcher(api, cfg).default_backoff());
+    let mut listed = false;
+    while let Some(ev) = events.next().await {
+        let cm = match ev {
+            Ok(Event::Init) => {
+                listed = false;
+                continue;
+            }
+            Ok(Event::InitDone) => {
+                if !listed {
+                    ctx.apply(&base);
+                    ctx.metrics.settings_reverted.inc();
+                }
+                continue;
+            }
+            Ok(Event::Delete(_)) => {
+                info!(configmap = %name, "settings ConfigMap deleted; the flags are in force");
+                ctx.apply(&base);
+                ctx.metrics.settings_reverted.inc();
+                continue;
+            }
+            Ok(Event::Apply(cm) | Event::InitApply(cm)) => cm,
+            Err(e) => {
+                warn!(configmap = %name, error = %e, "settings watch; retrying");
+                continue;
+            }
+        };
+        listed = true;
+        match settings::parse(&cm.data.unwrap_or_default(), &base) {
+            Ok(s) => {
+                info!(configmap = %name, ?s, "settings in force");
+                ctx.apply(&s);
+                ctx.metrics.settings_applied.inc();
+            }
+            Err(reasons) => {
+                warn!(configmap = %name, ?reasons, "settings ConfigMap refused; keeping the settings in force");
+                ctx.metrics.settings_refused.inc();
+            }
+        }
     }
 }
 

@@ -48,6 +48,10 @@ struct Args {
     /// Writes that may go at once after a quiet spell.
     #[arg(long, default_value_t = 200)]
     write_burst: u32,
+    /// A ConfigMap in the subsetter's namespace whose keys (policy, maxNodeSelection,
+    /// writeQPS, writeBurst) override these flags while it exists; re-read when it changes.
+    #[arg(long, env = "SETTINGS_CONFIG_MAP")]
+    settings_config_map: Option<String>,
     /// `/metrics` and `/healthz`.
     #[arg(long, env = "ADMIN_ADDR", default_value = "0.0.0.0:9091")]
     admin_addr: std::net::SocketAddr,
@@ -166,6 +170,10 @@ async fn main() -> anyhow::Result<()> {
         default_activators: usize::from(args.default_activators),
         write_qps: args.write_qps,
         write_burst: args.write_burst,
+        settings_config_map: args
+            .settings_config_map
+            .clone()
+            .map(|name| (name, args.lease_namespace.clone())),
         ..Config::default()
     };
     let subsetter = Arc::new(Subsetter::new(client.clone(), config, Arc::from(policy)));

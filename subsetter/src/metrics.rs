@@ -24,6 +24,11 @@ pub struct Metrics {
     pub reconcile_seconds: Histogram,
     /// Events written on Revisions whose subset turned Degraded.
     pub degraded_events: Counter,
+    /// Settings ConfigMap versions put in force, and refused.
+    pub settings_applied: Counter,
+    pub settings_refused: Counter,
+    /// Times the flags were put back in force (the ConfigMap deleted or absent).
+    pub settings_reverted: Counter,
     pub activators: Gauge,
     pub subsets: Gauge,
 }
@@ -43,6 +48,9 @@ impl Default for Metrics {
             // under the write rate limit.
             reconcile_seconds: Histogram::new(exponential_buckets(1e-4, 4.0, 9)),
             degraded_events: Counter::default(),
+            settings_applied: Counter::default(),
+            settings_refused: Counter::default(),
+            settings_reverted: Counter::default(),
             activators: Gauge::default(),
             subsets: Gauge::default(),
             registry: Registry::default(),
@@ -91,6 +99,21 @@ impl Default for Metrics {
             "degraded_events",
             "Warning Events written on Revisions whose subset turned Degraded",
             m.degraded_events.clone(),
+        );
+        registry.register(
+            "settings_applied",
+            "Versions of the settings ConfigMap put in force",
+            m.settings_applied.clone(),
+        );
+        registry.register(
+            "settings_refused",
+            "Versions of the settings ConfigMap refused (bad keys or values; see the log)",
+            m.settings_refused.clone(),
+        );
+        registry.register(
+            "settings_reverted",
+            "Times the flags were put back in force (settings ConfigMap deleted or absent)",
+            m.settings_reverted.clone(),
         );
         registry.register(
             "activators_available",

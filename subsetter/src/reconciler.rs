@@ -45,6 +45,9 @@ pub struct Config {
     /// once after a quiet spell.
     pub write_qps: f64,
     pub write_burst: u32,
+    /// A ConfigMap (name, namespace) whose keys override the policy, maxNodeSelection and the
+    /// write rate while it exists (`settings.rs`); re-read when it changes.
+    pub settings_config_map: Option<(String, String)>,
 }
 
 impl Default for Config {
@@ -57,6 +60,7 @@ impl Default for Config {
             shutdown_grace: Duration::from_secs(10),
             write_qps: 100.0,
             write_burst: 200,
+            settings_config_map: None,
         }
     }
 }
@@ -74,7 +78,8 @@ struct Written {
 pub struct Context {
     pub client: Client,
     pub config: Config,
-    pub policy: Arc<dyn SubsetPolicy>,
+    /// The policy and maxNodeSelection in force (flags, or the settings ConfigMap).
+    tuned: RwLock<Tuned>,
     pub metrics: Arc<Metrics>,
     pub(crate) index: Arc<Mutex<MembershipIndex>>,
     pub(crate) hosts: Arc<Mutex<HostIndex>>,
@@ -86,7 +91,32 @@ pub struct Context {
     writes: WriteLimiter,
 }
 
+/// What the settings ConfigMap can change while running.
+#[derive(Clone)]
+pub struct Tuned {
+    pub policy: Arc<dyn SubsetPolicy>,
+    pub max_node_selection: usize,
+}
+
 impl Context {
+    /// The policy and maxNodeSelection to plan with now.
+    pub fn tuned(&self) -> Tuned {
+        self.tuned.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Puts `s` in force: the next reconciles plan with it, the next writes take its rate.
+    /// The policy object is kept when its name is unchanged (a seeded random stays seeded).
+    pub fn apply(&self, s: &crate::settings::Settings) {
+        let mut t = self.tuned.write().unwrap_or_else(|p| p.into_inner());
+        if t.policy.name() != s.policy
+            && let Some(p) = crate::policy::by_name(&s.policy)
+        {
+            t.policy = Arc::from(p);
+        }
+        t.max_node_selection = s.max_node_selection;
+        self.writes.reconfigure(s.write_qps, s.write_burst);
+    }
+
     /// Waits for this write's turn under the write rate limit (`Config::write_qps`).
     async fn write_turn(&self, lane: Lane) {
         let waited = self.writes.acquire(lane).await;
@@ -108,10 +138,14 @@ impl Context {
         synced: watch::Receiver<bool>,
     ) -> Self {
         let writes = WriteLimiter::new(config.write_qps, config.write_burst);
+        let tuned = RwLock::new(Tuned {
+            policy,
+            max_node_selection: config.default_activators,
+        });
         Self {
             client,
             config,
-            policy,
+            tuned,
             metrics,
             index,
             hosts,
@@ -256,6 +290,7 @@ async fn reconcile_synced(rev: &Arc<Revision>, ctx: &Arc<Context>) -> Result<Act
     let host_conflicts = host_conflicts(&ctx, &key);
     let available = Arc::clone(&*ctx.activators.read().unwrap_or_else(|p| p.into_inner()));
     let key_str = key.to_string();
+    let tuned = ctx.tuned();
     let plan = {
         let mut index = lock(&ctx.index);
         let plan = plan::subset(&SubsetInputs {
@@ -265,8 +300,8 @@ async fn reconcile_synced(rev: &Arc<Revision>, ctx: &Arc<Context>) -> Result<Act
             available: &available,
             load: &|n| index.load(n),
             loads: Some(index.loads()),
-            policy: ctx.policy.as_ref(),
-            default_n: ctx.config.default_activators,
+            policy: tuned.policy.as_ref(),
+            default_n: tuned.max_node_selection,
             host_conflicts: &host_conflicts,
             now,
         });

@@ -67,9 +67,24 @@ impl TokenBucket {
 /// The writes' limiter; `None` rate means unlimited.
 #[derive(Debug)]
 pub struct WriteLimiter {
-    bucket: Option<Mutex<TokenBucket>>,
+    lanes: Mutex<Lanes>,
+}
+
+#[derive(Debug)]
+struct Lanes {
+    /// None: no limit.
+    bulk: Option<TokenBucket>,
     /// The urgent lane (a new or changed Revision's writes).
-    urgent: Option<Mutex<TokenBucket>>,
+    urgent: Option<TokenBucket>,
+}
+
+impl Lanes {
+    fn new(qps: f64, burst: u32, now: Instant) -> Self {
+        Self {
+            bulk: (qps > 0.0).then(|| TokenBucket::new(qps, burst, now)),
+            urgent: (qps > 0.0).then(|| TokenBucket::new(qps / 4.0, (burst / 4).max(1), now)),
+        }
+    }
 }
 
 /// Whose write it is.
@@ -84,32 +99,33 @@ pub enum Lane {
 impl WriteLimiter {
     /// `qps` ≤ 0 means no limit.
     pub fn new(qps: f64, burst: u32) -> Self {
-        let now = Instant::now();
         Self {
-            bucket: (qps > 0.0).then(|| Mutex::new(TokenBucket::new(qps, burst, now))),
-            urgent: (qps > 0.0)
-                .then(|| Mutex::new(TokenBucket::new(qps / 4.0, (burst / 4).max(1), now))),
+            lanes: Mutex::new(Lanes::new(qps, burst, Instant::now())),
         }
+    }
+
+    /// A new rate and burst (the ConfigMap changed); writes already waiting keep their turn.
+    pub fn reconfigure(&self, qps: f64, burst: u32) {
+        *self.lanes.lock().unwrap_or_else(|p| p.into_inner()) =
+            Lanes::new(qps, burst, Instant::now());
     }
 
     /// Waits for this write's turn in `lane`; returns how long it waited.
     pub async fn acquire(&self, lane: Lane) -> Duration {
-        let Some(bucket) = &self.bucket else {
-            return Duration::ZERO;
+        let wait = {
+            let mut lanes = self.lanes.lock().unwrap_or_else(|p| p.into_inner());
+            let now = Instant::now();
+            if lane == Lane::Urgent
+                && let Some(urgent) = &mut lanes.urgent
+                && urgent.try_take(now)
+            {
+                return Duration::ZERO;
+            }
+            match &mut lanes.bulk {
+                None => return Duration::ZERO,
+                Some(bulk) => bulk.take(now),
+            }
         };
-        if lane == Lane::Urgent
-            && let Some(urgent) = &self.urgent
-            && urgent
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .try_take(Instant::now())
-        {
-            return Duration::ZERO;
-        }
-        let wait = bucket
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take(Instant::now());
         if !wait.is_zero() {
             // Pacing, not synchronisation: the token this write reserved becomes valid then.
             tokio::time::sleep(wait).await;
@@ -171,8 +187,8 @@ mod tests {
         // A flood: 1,000 repairs reserve the next ten seconds of the shared bucket.
         let mut last = Duration::ZERO;
         for _ in 0..1_000 {
-            let b = &mut *l.bucket.as_ref().unwrap().lock().unwrap();
-            last = b.take(Instant::now());
+            let mut lanes = l.lanes.lock().unwrap();
+            last = lanes.bulk.as_mut().unwrap().take(Instant::now());
         }
         assert!(last > Duration::from_secs(9));
         // A user's new Revision is written at once, from its own lane.
