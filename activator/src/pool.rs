@@ -126,17 +126,28 @@ impl Pools {
         rev: &Arc<Revision>,
         me: &Arc<ActivatorMember>,
     ) -> Arc<Pool> {
-        if let Some(p) = self.map.get(key) {
+        if let Some(p) = self.map.get(key)
+            && !p.is_retired()
+        {
             return p.clone();
         }
-        self.map
-            .entry(key.clone())
-            .or_insert_with(|| {
-                let pool = Pool::new(key.clone(), rev.clone(), me.clone(), self.shared.clone());
-                crate::scaler::spawn(pool.clone(), self.map.clone());
-                pool
-            })
-            .clone()
+        // None yet, or a retired one its scaler has not removed yet (it retires under the
+        // pool's lock and leaves the map a moment later): replace it here, in one step, so
+        // a request never finds the retired pool again.
+        let fresh = || {
+            let pool = Pool::new(key.clone(), rev.clone(), me.clone(), self.shared.clone());
+            crate::scaler::spawn(pool.clone(), self.map.clone());
+            pool
+        };
+        match self.map.entry(key.clone()) {
+            dashmap::Entry::Occupied(mut o) => {
+                if o.get().is_retired() {
+                    o.insert(fresh());
+                }
+                o.get().clone()
+            }
+            dashmap::Entry::Vacant(v) => v.insert(fresh()).clone(),
+        }
     }
 
     /// Pools alive now (revisions with pods or requests on this node).
@@ -207,6 +218,8 @@ pub struct Pool {
     pub(crate) unreachable_rx: Mutex<Option<mpsc::UnboundedReceiver<String>>>,
     /// Last request arrival or completion, in ms since `shared.epoch`.
     last_activity: AtomicU64,
+    /// `State::retired`, readable without the lock (the warm path's pool lookup).
+    retired: std::sync::atomic::AtomicBool,
 }
 
 impl Pool {
@@ -219,6 +232,7 @@ impl Pool {
         let cc = container_concurrency(&rev);
         let (tx, rx) = mpsc::unbounded_channel();
         let pool = Arc::new(Self {
+            retired: Default::default(),
             key,
             state: Mutex::new(State {
                 throttle: Throttle::new(cc, shared.cfg.queue_limit),
@@ -443,7 +457,13 @@ impl Pool {
             return false;
         }
         s.retired = true;
+        self.retired.store(true, Ordering::Release);
         true
+    }
+
+    /// Whether the pool retired (a request must take a fresh one).
+    pub fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Acquire)
     }
 
     fn dequeued(&self) {
