@@ -115,6 +115,7 @@ impl World {
                 available: &self.available,
                 load: &|n| self.ix.load(n),
                 loads: Some(self.ix.loads()),
+                evict: None,
                 policy: self.policy.as_ref(),
                 default_n: self.default_n,
                 host_conflicts: &[],

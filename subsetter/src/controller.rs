@@ -38,6 +38,7 @@ use crate::hosts::HostIndex;
 use crate::index::{Key, MembershipIndex};
 use crate::metrics::Metrics;
 use crate::policy::SubsetPolicy;
+use crate::rebalance;
 use crate::reconciler::{self, Config, Context};
 use crate::settings::{self, Settings};
 
@@ -114,6 +115,7 @@ impl Subsetter {
         }
         let (trigger_tx, trigger_rx) = unbounded::<ObjectRef<Revision>>();
         let mut claims = HostClaims::new(Arc::clone(&hosts), trigger_tx.clone());
+        let rebalance_trigger = trigger_tx.clone();
         let (owned_tx, owned_rx) = unbounded::<ActivationEndpoints>();
 
         let (ae_reader, ae_writer) = reflector::store();
@@ -148,6 +150,14 @@ impl Subsetter {
             synced_rx,
         ));
 
+        let rebalance_task = (!self.config.rebalance_interval.is_zero()).then(|| {
+            tokio::spawn(rebalance_loop(
+                Arc::clone(&ctx),
+                rebalance_trigger,
+                self.config.rebalance_interval,
+                self.config.rebalance,
+            ))
+        });
         let settings_task = self.config.settings_config_map.clone().map(|(name, ns)| {
             let base = Settings {
                 policy: self.policy.name().to_owned(),
@@ -188,11 +198,56 @@ impl Subsetter {
         }
         ae_task.abort();
         act_task.abort();
-        if let Some(t) = settings_task {
+        for t in [settings_task, rebalance_task].into_iter().flatten() {
             t.abort();
         }
         info!("subsetter stopped");
         Ok(())
+    }
+}
+
+/// Every `every`, moves at most `limits.max_moves` members from the most to the least loaded
+/// activators while the load is uneven (`rebalance.rs`): each move is a reconcile of one
+/// revision with that member left out, so the policy picks the replacement and the write
+/// goes through the write limit like any other.
+async fn rebalance_loop(
+    ctx: Arc<Context>,
+    triggers: UnboundedSender<ObjectRef<Revision>>,
+    every: std::time::Duration,
+    limits: rebalance::Limits,
+) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first tick is at once; the caches are not even synced then.
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        if !*ctx.synced.borrow() {
+            continue;
+        }
+        let moves = {
+            let ix = ctx.index.lock().unwrap_or_else(|p| p.into_inner());
+            let loads: BTreeMap<String, usize> = ix
+                .loads()
+                .nodes()
+                .iter()
+                .map(|n| (n.clone(), ix.load(n)))
+                .collect();
+            rebalance::moves(&loads, |n| ix.revisions_on(n), limits)
+        };
+        let mut evictions = ctx.evictions.lock().unwrap_or_else(|p| p.into_inner());
+        // Moves not made since the last interval (a revision deleted meanwhile) are dropped.
+        evictions.clear();
+        if moves.is_empty() {
+            continue;
+        }
+        info!(moves = moves.len(), "rebalancing");
+        for (key, node) in moves {
+            // Recorded before the trigger: the reconcile it starts must find it.
+            let target = ObjectRef::new(&key.name).within(&key.namespace);
+            evictions.insert(key, node);
+            let _ = triggers.unbounded_send(target);
+        }
     }
 }
 

@@ -15,6 +15,7 @@ pub mod load_index;
 pub mod metrics;
 pub mod plan;
 pub mod policy;
+pub mod rebalance;
 pub mod settings;
 pub mod shares;
 pub mod size;

@@ -48,6 +48,15 @@ struct Args {
     /// Writes that may go at once after a quiet spell.
     #[arg(long, default_value_t = 200)]
     write_burst: u32,
+    /// How often to look for uneven load and move members (0: never).
+    #[arg(long, default_value_t = 60)]
+    rebalance_interval_seconds: u64,
+    /// Rebalance only while the most loaded activator has more than this × the mean members.
+    #[arg(long, default_value_t = 1.2)]
+    rebalance_threshold: f64,
+    /// Members moved per interval at most (each move costs the app a cold start).
+    #[arg(long, default_value_t = 10)]
+    rebalance_max_moves: usize,
     /// A ConfigMap in the subsetter's namespace whose keys (policy, maxNodeSelection,
     /// writeQPS, writeBurst) override these flags while it exists; re-read when it changes.
     #[arg(long, env = "SETTINGS_CONFIG_MAP")]
@@ -170,6 +179,11 @@ async fn main() -> anyhow::Result<()> {
         default_activators: usize::from(args.default_activators),
         write_qps: args.write_qps,
         write_burst: args.write_burst,
+        rebalance_interval: std::time::Duration::from_secs(args.rebalance_interval_seconds),
+        rebalance: subsetter::rebalance::Limits {
+            threshold: args.rebalance_threshold,
+            max_moves: args.rebalance_max_moves,
+        },
         settings_config_map: args
             .settings_config_map
             .clone()

@@ -45,6 +45,8 @@ pub struct SubsetPlan {
     /// Of those that left: their activator was gone, or its node no longer eligible.
     pub left_lost: usize,
     pub left_ineligible: usize,
+    /// Of those that left: moved off by rebalancing.
+    pub left_rebalanced: usize,
     /// `Degraded` turned True (or its reason changed) with this plan: (reason, message), for
     /// an Event on the Revision.
     pub degraded: Option<(String, String)>,
@@ -63,6 +65,8 @@ pub struct SubsetInputs<'a> {
     /// The available activators by load, when the caller keeps them indexed: the policy then
     /// chooses in O(N log A) instead of from a list of every activator.
     pub loads: Option<&'a LoadIndex>,
+    /// A member to move off (rebalancing): planned as if its activator were unavailable.
+    pub evict: Option<&'a str>,
     pub policy: &'a dyn SubsetPolicy,
     pub default_n: usize,
     /// The hosts of the revision that a newer revision takes (gives `HostConflict`).
@@ -80,20 +84,31 @@ pub fn subset(inp: &SubsetInputs<'_>) -> SubsetPlan {
     // Only activators on nodes where the revision's pod could run are candidates; a member
     // whose node stopped being one (tainted, cordoned, relabelled) loses its slot.
     let placement = Placement::of_template(&inp.revision.spec.template.0);
+    let evicted = |node: &str| inp.evict == Some(node);
     let indexed = inp.loads.and_then(|loads| {
         let usable = |node: &str| {
-            inp.available
-                .get(node)
-                .is_some_and(|a| eligible(&placement, a))
+            !evicted(node)
+                && inp
+                    .available
+                    .get(node)
+                    .is_some_and(|a| eligible(&placement, a))
         };
         // Most templates constrain nothing: their eligible nodes are the clean ones, counted
         // when the index was built. Others are counted here (a scan, for them only).
         let eligible_count = if placement.is_unconstrained() {
-            loads.clean
+            let evicted_clean = inp
+                .evict
+                .and_then(|n| inp.available.get(n))
+                .is_some_and(|a| {
+                    a.facts
+                        .as_ref()
+                        .is_none_or(|f| !f.unschedulable && f.taints.is_empty())
+                });
+            loads.clean - usize::from(evicted_clean && loads.clean > 0)
         } else {
             inp.available
                 .values()
-                .filter(|a| eligible(&placement, a))
+                .filter(|a| !evicted(&a.node) && eligible(&placement, a))
                 .count()
         };
         inp.policy.choose_indexed(&IndexedRequest {
@@ -109,7 +124,7 @@ pub fn subset(inp: &SubsetInputs<'_>) -> SubsetPlan {
         let candidates: Vec<Candidate> = inp
             .available
             .iter()
-            .filter(|(_, a)| eligible(&placement, a))
+            .filter(|(node, a)| !evicted(node) && eligible(&placement, a))
             .map(|(node, _)| Candidate {
                 node: node.clone(),
                 load: (inp.load)(node)
@@ -158,11 +173,12 @@ pub fn subset(inp: &SubsetInputs<'_>) -> SubsetPlan {
     let chosen_set: HashSet<&str> = chosen.iter().map(String::as_str).collect();
     let joined = chosen_set.difference(&current_set).count();
     let left = current_set.difference(&chosen_set).count();
-    let (mut left_lost, mut left_ineligible) = (0, 0);
+    let (mut left_lost, mut left_ineligible, mut left_rebalanced) = (0, 0, 0);
     for node in current_set.difference(&chosen_set) {
         match inp.available.get(*node) {
             None => left_lost += 1,
             Some(a) if !eligible(&placement, a) => left_ineligible += 1,
+            Some(_) if evicted(node) => left_rebalanced += 1,
             Some(_) => {}
         }
     }
@@ -201,6 +217,7 @@ pub fn subset(inp: &SubsetInputs<'_>) -> SubsetPlan {
         left,
         left_lost,
         left_ineligible,
+        left_rebalanced,
         degraded,
     }
 }
@@ -326,6 +343,7 @@ mod tests {
             available: av,
             load: &|_| 0,
             loads: None,
+            evict: None,
             policy: &LeastLoaded,
             default_n: 3,
             host_conflicts,
@@ -623,6 +641,7 @@ mod tests {
                     available: &av,
                     load: &|_| 0,
                     loads: indexed.then(|| ix.loads()),
+                    evict: None,
                     policy: policy.as_ref(),
                     default_n: 3,
                     host_conflicts: &[],

@@ -45,6 +45,9 @@ pub struct Config {
     /// once after a quiet spell.
     pub write_qps: f64,
     pub write_burst: u32,
+    /// How often to look for imbalance (`rebalance.rs`); zero: never.
+    pub rebalance_interval: Duration,
+    pub rebalance: crate::rebalance::Limits,
     /// A ConfigMap (name, namespace) whose keys override the policy, maxNodeSelection and the
     /// write rate while it exists (`settings.rs`); re-read when it changes.
     pub settings_config_map: Option<(String, String)>,
@@ -61,6 +64,11 @@ impl Default for Config {
             write_qps: 100.0,
             write_burst: 200,
             settings_config_map: None,
+            rebalance_interval: Duration::from_secs(60),
+            rebalance: crate::rebalance::Limits {
+                threshold: 1.2,
+                max_moves: 10,
+            },
         }
     }
 }
@@ -89,6 +97,8 @@ pub struct Context {
     written: Mutex<HashMap<Key, Written>>,
     failures: Mutex<HashMap<Key, u32>>,
     writes: WriteLimiter,
+    /// Members the rebalancer wants moved off, by revision (taken by its next reconcile).
+    pub(crate) evictions: Mutex<HashMap<Key, String>>,
 }
 
 /// What the settings ConfigMap can change while running.
@@ -155,6 +165,7 @@ impl Context {
             writes,
             written: Mutex::default(),
             failures: Mutex::default(),
+            evictions: Mutex::default(),
         }
     }
 
@@ -291,6 +302,7 @@ async fn reconcile_synced(rev: &Arc<Revision>, ctx: &Arc<Context>) -> Result<Act
     let available = Arc::clone(&*ctx.activators.read().unwrap_or_else(|p| p.into_inner()));
     let key_str = key.to_string();
     let tuned = ctx.tuned();
+    let evict = lock(&ctx.evictions).remove(&key);
     let plan = {
         let mut index = lock(&ctx.index);
         let plan = plan::subset(&SubsetInputs {
@@ -300,6 +312,7 @@ async fn reconcile_synced(rev: &Arc<Revision>, ctx: &Arc<Context>) -> Result<Act
             available: &available,
             load: &|n| index.load(n),
             loads: Some(index.loads()),
+            evict: evict.as_deref(),
             policy: tuned.policy.as_ref(),
             default_n: tuned.max_node_selection,
             host_conflicts: &host_conflicts,
@@ -364,6 +377,7 @@ async fn reconcile_synced(rev: &Arc<Revision>, ctx: &Arc<Context>) -> Result<Act
         for (reason, n) in [
             ("lost", plan.left_lost),
             ("ineligible", plan.left_ineligible),
+            ("rebalance", plan.left_rebalanced),
         ] {
             if n > 0 {
                 ctx.metrics
