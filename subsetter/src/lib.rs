@@ -8,6 +8,7 @@ pub mod bench;
 pub mod conditions;
 pub mod contract;
 pub mod eligibility;
+pub mod endpoint_slice;
 pub mod error;
 pub mod hosts;
 pub mod index;

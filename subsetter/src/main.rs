@@ -57,6 +57,10 @@ struct Args {
     /// Members moved per interval at most (each move costs the app a cold start).
     #[arg(long, default_value_t = 10)]
     rebalance_max_moves: usize,
+    /// Also keep an EndpointSlice `<revision>-activationendpoints` per revision listing its
+    /// activators, for an ingress that wants one (kube-proxy ignores it).
+    #[arg(long)]
+    endpoint_slices: bool,
     /// A ConfigMap in the subsetter's namespace whose keys (policy, maxNodeSelection,
     /// writeQPS, writeBurst) override these flags while it exists; re-read when it changes.
     #[arg(long, env = "SETTINGS_CONFIG_MAP")]
@@ -179,6 +183,7 @@ async fn main() -> anyhow::Result<()> {
         default_activators: usize::from(args.default_activators),
         write_qps: args.write_qps,
         write_burst: args.write_burst,
+        endpoint_slices: args.endpoint_slices,
         rebalance_interval: std::time::Duration::from_secs(args.rebalance_interval_seconds),
         rebalance: subsetter::rebalance::Limits {
             threshold: args.rebalance_threshold,

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use crds::{ActivationEndpoints, Revision};
+use crds::{ActivationEndpoints, ActivatorMember, Revision};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
@@ -22,6 +22,7 @@ use crate::metrics::Metrics;
 use crate::plan::{self, SubsetInputs};
 use crate::policy::SubsetPolicy;
 use crate::write_limit::{Lane, WriteLimiter};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
 /// Upper bound on writing one Event (the client has no timeout of its own).
@@ -45,6 +46,9 @@ pub struct Config {
     /// once after a quiet spell.
     pub write_qps: f64,
     pub write_burst: u32,
+    /// Also keep an EndpointSlice `{revision}-activationendpoints` per revision, for an
+    /// ingress that wants one (`endpoint_slice.rs`).
+    pub endpoint_slices: bool,
     /// How often to look for imbalance (`rebalance.rs`); zero: never.
     pub rebalance_interval: Duration,
     pub rebalance: crate::rebalance::Limits,
@@ -64,6 +68,7 @@ impl Default for Config {
             write_qps: 100.0,
             write_burst: 200,
             settings_config_map: None,
+            endpoint_slices: false,
             rebalance_interval: Duration::from_secs(60),
             rebalance: crate::rebalance::Limits {
                 threshold: 1.2,
@@ -99,6 +104,9 @@ pub struct Context {
     writes: WriteLimiter,
     /// Members the rebalancer wants moved off, by revision (taken by its next reconcile).
     pub(crate) evictions: Mutex<HashMap<Key, String>>,
+    /// The EndpointSlice last applied per revision (`Config::endpoint_slices`), to apply
+    /// only what changed.
+    slices: Mutex<HashMap<Key, Vec<ActivatorMember>>>,
 }
 
 /// What the settings ConfigMap can change while running.
@@ -166,6 +174,7 @@ impl Context {
             written: Mutex::default(),
             failures: Mutex::default(),
             evictions: Mutex::default(),
+            slices: Mutex::default(),
         }
     }
 
@@ -211,6 +220,32 @@ impl Context {
             Ok(Err(e)) => debug!(error = %e, "writing a Degraded event"),
             Err(_) => debug!("writing a Degraded event timed out"),
         }
+    }
+
+    /// Applies `rev`'s EndpointSlice (server-side apply) unless the members are those last
+    /// applied. The first reconcile of each revision after a start applies it once.
+    async fn apply_endpoint_slice(
+        &self,
+        key: &Key,
+        rev: &Revision,
+        members: &[ActivatorMember],
+    ) -> Result<()> {
+        if lock(&self.slices).get(key).is_some_and(|m| m == members) {
+            return Ok(());
+        }
+        let slice = crate::endpoint_slice::build(rev, members);
+        let api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &key.namespace);
+        let pp = PatchParams::apply(&self.config.field_manager).force();
+        self.write_turn(Lane::Bulk).await;
+        api.patch(
+            &crate::endpoint_slice::name(&key.name),
+            &pp,
+            &Patch::Apply(&slice),
+        )
+        .await?;
+        self.metrics.writes.inc();
+        lock(&self.slices).insert(key.clone(), members.to_vec());
+        Ok(())
     }
 
     fn patch_params(&self) -> PatchParams {
@@ -396,6 +431,11 @@ async fn reconcile_synced(rev: &Arc<Revision>, ctx: &Arc<Context>) -> Result<Act
             left = plan.left,
             "subset written"
         );
+    }
+
+    if ctx.config.endpoint_slices {
+        ctx.apply_endpoint_slice(&key, &rev, &plan.status.activators)
+            .await?;
     }
 
     write_revision_status(
