@@ -185,3 +185,95 @@ async fn tainted_and_not_ready_nodes_are_never_members_without_a_toleration() ->
     }
     running.stop().await
 }
+
+#[tokio::test]
+async fn a_node_turning_not_ready_is_repaired_and_its_return_moves_nothing() -> Result<()> {
+    let c = Cluster::start().await?;
+    for (i, n) in ["m1", "m2", "m3", "m4"].iter().enumerate() {
+        node(&c, n, json!([]), true).await?;
+        c.add_activator(n, &format!("127.0.7.{}", i + 1)).await?;
+    }
+    let running = c.run_subsetter(Arc::new(LeastLoaded));
+    c.wait_metrics(&running, |m| {
+        counter(m, "subsetter_activators_available") == 4
+    })
+    .await?;
+    let names: Vec<String> = (0..4).map(|i| format!("s{i}")).collect();
+    for n in &names {
+        c.create_revision(n, spec(0, 0, Some(2))).await?;
+    }
+    let mut before = Vec::new();
+    for n in &names {
+        before.push(c.wait_endpoints(n, ready_with(2)).await?);
+    }
+    let victim = members(&before[0])[0].clone();
+    let had: Vec<&String> = names
+        .iter()
+        .zip(&before)
+        .filter(|(_, ae)| members(ae).contains(&victim))
+        .map(|(n, _)| n)
+        .collect();
+
+    // The kubelet reports NotReady: every subset that had the node is repaired, the others
+    // are not written.
+    let nodes: Api<Node> = Api::all(c.client.clone());
+    let not_ready = json!({"status": {"conditions": [{"type": "Ready", "status": "False"}]}});
+    let t = std::time::Instant::now();
+    nodes
+        .patch_status(&victim, &PatchParams::default(), &Patch::Merge(&not_ready))
+        .await?;
+    for n in &had {
+        let v = victim.clone();
+        c.wait_endpoints(n, move |ae| ready_with(2)(ae) && !members(ae).contains(&v))
+            .await?;
+    }
+    eprintln!(
+        "{} subset(s) repaired {:?} after node {victim} turned NotReady",
+        had.len(),
+        t.elapsed()
+    );
+    let mut after = Vec::new();
+    for (n, b) in names.iter().zip(&before) {
+        let ae = c.endpoints().get(n).await?;
+        if !had.contains(&n) {
+            assert_eq!(
+                ae.metadata.resource_version, b.metadata.resource_version,
+                "{n} was written"
+            );
+        }
+        after.push(ae);
+    }
+
+    // Ready again: its activator is back, and nothing moves (no churn).
+    let ready = json!({"status": {"conditions": [{"type": "Ready", "status": "True"}]}});
+    nodes
+        .patch_status(&victim, &PatchParams::default(), &Patch::Merge(&ready))
+        .await?;
+    c.wait_metrics(&running, |m| {
+        counter(m, "subsetter_activators_available") == 4
+    })
+    .await?;
+    // A reconcile that started on the change has run once a later one has: touch the last
+    // revision and wait for its new generation to be observed.
+    c.revisions()
+        .patch(
+            &names[3],
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"idleTimeoutSeconds": 301}})),
+        )
+        .await?;
+    let generation = c.revisions().get(&names[3]).await?.metadata.generation;
+    c.wait_endpoints(&names[3], |ae| {
+        ae.status.as_ref().and_then(|s| s.observed_generation) == generation
+    })
+    .await?;
+    for (n, a) in names.iter().zip(&after).take(3) {
+        let now = c.endpoints().get(n).await?;
+        assert_eq!(
+            members(&now),
+            members(a),
+            "{n} changed members when the node came back"
+        );
+    }
+    running.stop().await
+}
