@@ -8,6 +8,7 @@ pub mod admin;
 pub mod answer;
 pub mod body_timeout;
 pub mod cache;
+pub mod cli;
 pub mod config;
 pub mod error;
 pub mod events;

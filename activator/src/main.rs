@@ -1,37 +1,15 @@
 //! The activator binary: configuration from flags and the downward-API environment.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::time::Duration;
 
+use activator::cli::Args;
 use activator::telemetry::{self, Identity};
 use activator::{Activator, ActivatorConfig};
 use clap::Parser;
 
 /// Longest wait for the trace exporter's last flush on exit.
 const TELEMETRY_FLUSH: Duration = Duration::from_secs(5);
-
-#[derive(Parser, Debug)]
-#[command(about = "local-activator: the node-local scale-to-zero data plane")]
-struct Args {
-    /// This node (downward API: spec.nodeName).
-    #[arg(long, env = "NODE_NAME")]
-    node_name: String,
-    #[arg(long, env = "POD_NAME", default_value = "local-activator")]
-    pod_name: String,
-    #[arg(long, env = "POD_NAMESPACE", default_value = "local-activator")]
-    pod_namespace: String,
-    /// The address to listen on (downward API: status.podIP).
-    #[arg(long, env = "POD_IP", default_value = "0.0.0.0")]
-    pod_ip: IpAddr,
-    #[arg(long, env = "DATA_PORT", default_value_t = crds::contract::DATA_PORT)]
-    data_port: u16,
-    #[arg(long, env = "ADMIN_PORT", default_value_t = crds::contract::ADMIN_PORT)]
-    admin_port: u16,
-    /// Threads serving the data port (0: one per core). Each runs its own event loop, as
-    /// nginx runs a worker per core.
-    #[arg(long, env = "IO_THREADS", default_value_t = 0)]
-    io_threads: usize,
-}
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();

@@ -5,6 +5,7 @@
 pub mod activators;
 pub mod admin;
 pub mod bench;
+pub mod cli;
 pub mod conditions;
 pub mod contract;
 pub mod eligibility;

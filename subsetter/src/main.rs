@@ -4,100 +4,11 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::Parser;
+use subsetter::cli::{Args, Command};
 use subsetter::controller::Subsetter;
 use subsetter::leader::{LeaseConfig, run_as_leader};
 use subsetter::reconciler::Config;
 use tracing_subscriber::EnvFilter;
-
-#[derive(Parser, Debug)]
-#[command(about = "Gives each Revision a subset of N activators (ActivationEndpoints)")]
-struct Args {
-    #[command(subcommand)]
-    command: Option<Command>,
-    /// Only Revisions of this namespace (default: all namespaces).
-    #[arg(long, env = "WATCH_NAMESPACE")]
-    namespace: Option<String>,
-    /// Only activator pods of this namespace (default: all namespaces).
-    #[arg(long, env = "ACTIVATOR_NAMESPACE")]
-    activator_namespace: Option<String>,
-    /// maxNodeSelection: the most activators a revision gets without spec.activators (its N is
-    /// computed from targetBurstCapacity / containerConcurrency within [2, this], or this).
-    #[arg(long, alias = "max-node-selection", default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..))]
-    default_activators: u16,
-    /// Subset policy: random or least-loaded.
-    #[arg(long, default_value = "random")]
-    policy: String,
-    /// Run without leader election (tests, a single replica).
-    #[arg(long)]
-    no_leader_election: bool,
-    #[arg(long, default_value = "local-activator-subsetter")]
-    lease_name: String,
-    /// Namespace of the Lease (default: this pod's namespace).
-    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
-    lease_namespace: String,
-    /// Identity in the Lease (default: this pod's name).
-    #[arg(long, env = "POD_NAME")]
-    identity: Option<String>,
-    #[arg(long, default_value_t = 15)]
-    lease_duration_seconds: u64,
-    #[arg(long, default_value_t = 5)]
-    lease_grace_seconds: u64,
-    /// API writes a second (status, labels, creates), across all revisions; 0: no limit.
-    #[arg(long, default_value_t = 100.0)]
-    write_qps: f64,
-    /// Writes that may go at once after a quiet spell.
-    #[arg(long, default_value_t = 200)]
-    write_burst: u32,
-    /// How often to look for uneven load and move members (0: never).
-    #[arg(long, default_value_t = 60)]
-    rebalance_interval_seconds: u64,
-    /// Rebalance only while the most loaded activator has more than this × the mean members.
-    #[arg(long, default_value_t = 1.2)]
-    rebalance_threshold: f64,
-    /// Members moved per interval at most (each move costs the app a cold start).
-    #[arg(long, default_value_t = 10)]
-    rebalance_max_moves: usize,
-    /// Also keep an EndpointSlice `<revision>-activationendpoints` per revision listing its
-    /// activators, for an ingress that wants one (kube-proxy ignores it).
-    #[arg(long)]
-    endpoint_slices: bool,
-    /// A ConfigMap in the subsetter's namespace whose keys (policy, maxNodeSelection,
-    /// writeQPS, writeBurst) override these flags while it exists; re-read when it changes.
-    #[arg(long, env = "SETTINGS_CONFIG_MAP")]
-    settings_config_map: Option<String>,
-    /// `/metrics` and `/healthz`.
-    #[arg(long, env = "ADMIN_ADDR", default_value = "0.0.0.0:9091")]
-    admin_addr: std::net::SocketAddr,
-}
-
-#[derive(clap::Subcommand, Debug)]
-enum Command {
-    /// Runs the subset policy on a synthetic cluster (no API server) and prints what it costs.
-    Bench {
-        #[arg(long, default_value_t = 100_000)]
-        revisions: usize,
-        #[arg(long, default_value_t = 5_000)]
-        activators: usize,
-        #[arg(long, default_value_t = 3)]
-        members: usize,
-        /// random or least-loaded.
-        #[arg(long, default_value = "least-loaded")]
-        policy: String,
-        /// Seed of the random policy.
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-        /// Also write the figures as JSON here.
-        #[arg(long)]
-        json: Option<std::path::PathBuf>,
-    },
-    /// Reads a cluster's ActivationEndpoints and reports every breach of the contract
-    /// (docs/activation-endpoints-contract.md); exits 1 when there is one.
-    VerifyContract {
-        /// The cluster's kubeconfig (default: KUBECONFIG, then ~/.kube/config, then in-cluster).
-        #[arg(long)]
-        kubeconfig: Option<std::path::PathBuf>,
-    },
-}
 
 #[allow(clippy::print_stdout)] // the breaches are the command's output
 async fn verify_contract(kubeconfig: Option<std::path::PathBuf>) -> anyhow::Result<()> {

@@ -1,0 +1,97 @@
+//! The subsetter's command line. In the library so that the deploy manifests can be checked
+//! against it (a test parses the Deployment's args and env with it).
+
+use clap::Parser;
+
+/// Environment variables the binary reads outside these flags.
+pub const OTHER_ENV: &[&str] = &["RUST_LOG", "KUBECONFIG"];
+
+#[derive(Parser, Debug)]
+#[command(about = "Gives each Revision a subset of N activators (ActivationEndpoints)")]
+pub struct Args {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// Only Revisions of this namespace (default: all namespaces).
+    #[arg(long, env = "WATCH_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Only activator pods of this namespace (default: all namespaces).
+    #[arg(long, env = "ACTIVATOR_NAMESPACE")]
+    pub activator_namespace: Option<String>,
+    /// maxNodeSelection: the most activators a revision gets without spec.activators (its N is
+    /// computed from targetBurstCapacity / containerConcurrency within [2, this], or this).
+    #[arg(long, alias = "max-node-selection", default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..))]
+    pub default_activators: u16,
+    /// Subset policy: random or least-loaded.
+    #[arg(long, default_value = "random")]
+    pub policy: String,
+    /// Run without leader election (tests, a single replica).
+    #[arg(long)]
+    pub no_leader_election: bool,
+    #[arg(long, default_value = "local-activator-subsetter")]
+    pub lease_name: String,
+    /// Namespace of the Lease (default: this pod's namespace).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    pub lease_namespace: String,
+    /// Identity in the Lease (default: this pod's name).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    #[arg(long, default_value_t = 15)]
+    pub lease_duration_seconds: u64,
+    #[arg(long, default_value_t = 5)]
+    pub lease_grace_seconds: u64,
+    /// API writes a second (status, labels, creates), across all revisions; 0: no limit.
+    #[arg(long, default_value_t = 100.0)]
+    pub write_qps: f64,
+    /// Writes that may go at once after a quiet spell.
+    #[arg(long, default_value_t = 200)]
+    pub write_burst: u32,
+    /// How often to look for uneven load and move members (0: never).
+    #[arg(long, default_value_t = 60)]
+    pub rebalance_interval_seconds: u64,
+    /// Rebalance only while the most loaded activator has more than this × the mean members.
+    #[arg(long, default_value_t = 1.2)]
+    pub rebalance_threshold: f64,
+    /// Members moved per interval at most (each move costs the app a cold start).
+    #[arg(long, default_value_t = 10)]
+    pub rebalance_max_moves: usize,
+    /// Also keep an EndpointSlice `<revision>-activationendpoints` per revision listing its
+    /// activators, for an ingress that wants one (kube-proxy ignores it).
+    #[arg(long)]
+    pub endpoint_slices: bool,
+    /// A ConfigMap in the subsetter's namespace whose keys (policy, maxNodeSelection,
+    /// writeQPS, writeBurst) override these flags while it exists; re-read when it changes.
+    #[arg(long, env = "SETTINGS_CONFIG_MAP")]
+    pub settings_config_map: Option<String>,
+    /// `/metrics` and `/healthz`.
+    #[arg(long, env = "ADMIN_ADDR", default_value = "0.0.0.0:9091")]
+    pub admin_addr: std::net::SocketAddr,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum Command {
+    /// Runs the subset policy on a synthetic cluster (no API server) and prints what it costs.
+    Bench {
+        #[arg(long, default_value_t = 100_000)]
+        revisions: usize,
+        #[arg(long, default_value_t = 5_000)]
+        activators: usize,
+        #[arg(long, default_value_t = 3)]
+        members: usize,
+        /// random or least-loaded.
+        #[arg(long, default_value = "least-loaded")]
+        policy: String,
+        /// Seed of the random policy.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Also write the figures as JSON here.
+        #[arg(long)]
+        json: Option<std::path::PathBuf>,
+    },
+    /// Reads a cluster's ActivationEndpoints and reports every breach of the contract
+    /// (docs/activation-endpoints-contract.md); exits 1 when there is one.
+    VerifyContract {
+        /// The cluster's kubeconfig (default: KUBECONFIG, then ~/.kube/config, then in-cluster).
+        #[arg(long)]
+        kubeconfig: Option<std::path::PathBuf>,
+    },
+}
