@@ -22,6 +22,9 @@ pub struct Metrics {
     pub members_replaced: Family<ReplacedBy, Counter>,
     /// How long reconciles take (plan and writes), in seconds.
     pub reconcile_seconds: Histogram,
+    /// Reconciles running now, most of them waiting for their turn under the write limit
+    /// when there are many: the backlog of a flood of repairs.
+    pub reconciles_in_flight: Gauge,
     /// Events written on Revisions whose subset turned Degraded.
     pub degraded_events: Counter,
     /// Settings ConfigMap versions put in force, and refused.
@@ -47,6 +50,7 @@ impl Default for Metrics {
             // 100 µs to ~3 s: a plan alone is microseconds, a write an etcd commit or a wait
             // under the write rate limit.
             reconcile_seconds: Histogram::new(exponential_buckets(1e-4, 4.0, 9)),
+            reconciles_in_flight: Gauge::default(),
             degraded_events: Counter::default(),
             settings_applied: Counter::default(),
             settings_refused: Counter::default(),
@@ -94,6 +98,11 @@ impl Default for Metrics {
             "reconcile_seconds",
             "Duration of Revision reconciles",
             m.reconcile_seconds.clone(),
+        );
+        registry.register(
+            "reconciles_in_flight",
+            "Reconciles running now (a backlog under the write limit shows here)",
+            m.reconciles_in_flight.clone(),
         );
         registry.register(
             "degraded_events",

@@ -271,7 +271,9 @@ pub async fn reconcile(rev: Arc<Revision>, ctx: Arc<Context>) -> Result<Action> 
     }
     ctx.metrics.reconciles.inc();
     let started = std::time::Instant::now();
+    ctx.metrics.reconciles_in_flight.inc();
     let r = reconcile_synced(&rev, &ctx).await;
+    ctx.metrics.reconciles_in_flight.dec();
     ctx.metrics
         .reconcile_seconds
         .observe(started.elapsed().as_secs_f64());
