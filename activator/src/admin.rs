@@ -10,6 +10,11 @@ use prometheus_client::registry::Registry;
 
 use crate::answer::{Body, full};
 
+/// The admin port's paths (the DaemonSet's probes name them; a test checks they agree).
+pub const HEALTHZ: &str = "/healthz";
+pub const READYZ: &str = "/readyz";
+pub const METRICS: &str = "/metrics";
+
 /// State the admin endpoints report.
 pub struct Admin {
     pub ready: AtomicBool,
@@ -19,12 +24,10 @@ pub struct Admin {
 impl Admin {
     pub fn handle(self: &Arc<Self>, req: Request<Incoming>) -> Response<Body> {
         match req.uri().path() {
-            "/healthz" => text(StatusCode::OK, "ok\n".into()),
-            "/readyz" if self.ready.load(Ordering::Acquire) => {
-                text(StatusCode::OK, "ready\n".into())
-            }
-            "/readyz" => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n".into()),
-            "/metrics" => {
+            HEALTHZ => text(StatusCode::OK, "ok\n".into()),
+            READYZ if self.ready.load(Ordering::Acquire) => text(StatusCode::OK, "ready\n".into()),
+            READYZ => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n".into()),
+            METRICS => {
                 let mut out = String::new();
                 match prometheus_client::encoding::text::encode(&mut out, &self.registry) {
                     Ok(()) => {

@@ -75,3 +75,44 @@ fn the_manifest_args_and_env_are_the_binarys() {
         );
     }
 }
+
+#[test]
+fn probes_hit_the_admin_ports_paths_and_the_grace_period_covers_the_drain() {
+    let c = container();
+    let admin_port = c["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "admin")
+        .expect("an admin port")["containerPort"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(admin_port, u64::from(crds::contract::ADMIN_PORT));
+    let probe = |kind: &str| c[kind]["httpGet"].clone();
+    assert_eq!(probe("readinessProbe")["path"], activator::admin::READYZ);
+    assert_eq!(probe("livenessProbe")["path"], activator::admin::HEALTHZ);
+    for kind in ["readinessProbe", "livenessProbe"] {
+        assert_eq!(probe(kind)["port"], "admin", "{kind}");
+    }
+    // SIGTERM drains for at most drain_timeout; the kubelet must not kill it sooner.
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/base/activator-daemonset.yaml"
+    );
+    let docs: Vec<Value> =
+        serde_saphyr::from_str_multiple(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let ds = docs.iter().find(|d| d["kind"] == "DaemonSet").unwrap();
+    let grace = ds["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        .as_u64()
+        .unwrap();
+    let cfg = activator::ActivatorConfig::new(
+        "n",
+        "127.0.0.1:8080".parse().unwrap(),
+        "127.0.0.1:9090".parse().unwrap(),
+    );
+    assert!(
+        grace > cfg.drain_timeout.as_secs() + 5,
+        "terminationGracePeriodSeconds {grace} does not cover the drain ({:?})",
+        cfg.drain_timeout
+    );
+}
