@@ -43,6 +43,7 @@ pub const HEADER_SERVED_BY: &str = "x-activator-node";
 // Header names parsed once, not on every request.
 const SERVED_BY: HeaderName = HeaderName::from_static(HEADER_SERVED_BY);
 const HOP: HeaderName = HeaderName::from_static(HEADER_ACTIVATOR_HOP);
+const SERVER_TIMING: HeaderName = HeaderName::from_static(crate::cold_start::HEADER_SERVER_TIMING);
 /// Response header set when the request waited for a slot (a pod starting, or all busy).
 pub const HEADER_COLD_START: &str = "x-activator-cold-start";
 
@@ -382,10 +383,15 @@ impl Handler {
             return match in_span(proxy, sent).await {
                 Ok(mut resp) => {
                     let route = if lease.cold {
-                        self.metrics
-                            .observe_phase(Phase::FirstByte, arrived.elapsed());
-                        resp.headers_mut()
-                            .insert(HEADER_COLD_START, HeaderValue::from_static("true"));
+                        let waited = arrived.elapsed();
+                        self.metrics.observe_phase(Phase::FirstByte, waited);
+                        let h = resp.headers_mut();
+                        h.insert(HEADER_COLD_START, HeaderValue::from_static("true"));
+                        if let Some(t) = lease.timings
+                            && let Ok(v) = HeaderValue::try_from(t.server_timing(waited))
+                        {
+                            h.append(SERVER_TIMING, v);
+                        }
                         Route::Cold
                     } else {
                         Route::Warm

@@ -9,6 +9,7 @@ pub mod answer;
 pub mod body_timeout;
 pub mod cache;
 pub mod cli;
+pub mod cold_start;
 pub mod config;
 pub mod error;
 pub mod events;

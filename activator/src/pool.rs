@@ -22,6 +22,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::cache::pods::PodCache;
+use crate::cold_start::{ColdStart, ColdTimings};
 use crate::metrics::{Metrics, Phase};
 use crate::routing::RevisionKey;
 use crate::throttle::{Admit, PodRef, Slot, Throttle, Ticket};
@@ -199,9 +200,9 @@ pub(crate) struct State {
     next_ticket: Ticket,
     pub spec: Spec,
     pub retired: bool,
-    /// Arrival of the first request that found no pod (cold-start phases are measured
-    /// from it); cleared when a pod becomes usable.
-    pub cold_since: Option<Instant>,
+    /// The cold start in progress: phases measured from the arrival of the first request
+    /// that found no pod; ends when a pod becomes usable.
+    pub cold: Option<ColdStart>,
     /// Which pod each throttle entry is (for pods reported unreachable).
     pub names: HashMap<PodRef, String>,
 }
@@ -240,7 +241,7 @@ impl Pool {
                 next_ticket: 0,
                 spec: Spec { rev, me },
                 retired: false,
-                cold_since: None,
+                cold: None,
                 names: HashMap::new(),
             }),
             wake: Notify::new(),
@@ -314,8 +315,8 @@ impl Pool {
                         s.throttle.queued()
                     ))),
                     Admit::Queued => {
-                        if s.throttle.pods() == 0 && s.cold_since.is_none() {
-                            s.cold_since = Some(arrived);
+                        if s.throttle.pods() == 0 && s.cold.is_none() {
+                            s.cold = Some(ColdStart::new(arrived));
                         }
                         let (tx, rx) = oneshot::channel();
                         s.waiters.insert(ticket, tx);
@@ -328,7 +329,7 @@ impl Pool {
         };
         deliver(changed);
         let (ticket, rx) = match queued? {
-            Ok(slot) => return Ok(self.lease(slot, false)),
+            Ok(slot) => return Ok(self.lease(slot, false, None)),
             Err(waiting) => waiting,
         };
         self.wake.notify_one();
@@ -390,12 +391,13 @@ impl Pool {
         self.take_waiters(s, woken)
     }
 
-    fn lease(self: &Arc<Self>, slot: Slot, cold: bool) -> Lease {
+    fn lease(self: &Arc<Self>, slot: Slot, cold: bool, timings: Option<ColdTimings>) -> Lease {
         self.shared.metrics.in_flight.inc();
         Lease {
             pool: self.clone(),
             slot,
             cold,
+            timings,
         }
     }
 
@@ -406,11 +408,22 @@ impl Pool {
         s: &mut State,
         woken: Vec<(Ticket, Slot)>,
     ) -> Vec<(oneshot::Sender<Grant>, Grant)> {
+        self.take_waiters_timed(s, woken, None)
+    }
+
+    /// As [`Pool::take_waiters`]; the leases of a pod that just ended a cold start carry
+    /// its phases (for the response's `Server-Timing`).
+    fn take_waiters_timed(
+        self: &Arc<Self>,
+        s: &mut State,
+        woken: Vec<(Ticket, Slot)>,
+        timings: Option<ColdTimings>,
+    ) -> Vec<(oneshot::Sender<Grant>, Grant)> {
         let mut out = Vec::with_capacity(woken.len());
         for (ticket, slot) in woken {
             if let Some(tx) = s.waiters.remove(&ticket) {
                 self.dequeued();
-                out.push((tx, Grant::Slot(self.lease(slot, true))));
+                out.push((tx, Grant::Slot(self.lease(slot, true, timings))));
             }
         }
         out
@@ -480,12 +493,13 @@ impl Pool {
     ) -> (PodRef, Vec<(oneshot::Sender<Grant>, Grant)>) {
         let (id, woken) = s.throttle.add_pod(addr);
         s.names.insert(id, name.to_string());
-        if let Some(since) = s.cold_since.take() {
+        let timings = s.cold.take().map(|c| c.ready(Instant::now()));
+        if let Some(t) = timings {
             self.shared
                 .metrics
-                .observe_phase(Phase::PodReadySeen, since.elapsed());
+                .observe_phase(Phase::PodReadySeen, t.ready);
         }
-        (id, self.take_waiters(s, woken))
+        (id, self.take_waiters_timed(s, woken, timings))
     }
 
     pub(crate) fn remove_pod(&self, s: &mut State, id: PodRef) {
@@ -551,6 +565,9 @@ pub struct Lease {
     slot: Slot,
     /// The request waited for its slot (a pod starting, or all busy).
     pub cold: bool,
+    /// The phases of the cold start whose pod this slot is on, for the first requests it
+    /// served.
+    pub timings: Option<ColdTimings>,
 }
 
 impl Lease {

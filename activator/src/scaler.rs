@@ -17,6 +17,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::cache::pods::{LocalPod, RevisionPods};
+use crate::cold_start::ColdStart;
 use crate::metrics::{Phase, PodReason};
 use crate::pool::{Pool, deliver};
 use crate::routing::RevisionKey;
@@ -355,7 +356,7 @@ impl Scaler {
         }
         let (rev, cold_since) = {
             let s = pool.lock();
-            (s.spec.rev.clone(), s.cold_since)
+            (s.spec.rev.clone(), s.cold.map(|c| c.since))
         };
         if let Some((bad, why)) = &self.invalid {
             if Arc::ptr_eq(bad, &rev) {
@@ -380,6 +381,7 @@ impl Scaler {
         if let Some(since) = cold_since {
             sh.metrics
                 .observe_phase(Phase::PodPostSent, since.elapsed());
+            mark_cold(&pool, ColdStart::posted);
         }
         let results = join_all(
             ordinals
@@ -400,6 +402,7 @@ impl Scaler {
                     if let Some(since) = cold_since {
                         sh.metrics
                             .observe_phase(Phase::PodBoundSeen, since.elapsed());
+                        mark_cold(&pool, ColdStart::bound);
                     }
                 }
                 Err(e) => failed = Some(e),
@@ -513,5 +516,12 @@ async fn probe(
         }
         tokio::time::sleep(wait).await;
         wait = (wait * 2).min(max_interval);
+    }
+}
+
+/// Records a phase of the cold start in progress, if one still is.
+fn mark_cold(pool: &Pool, mark: fn(&mut ColdStart, Instant)) {
+    if let Some(c) = pool.lock().cold.as_mut() {
+        mark(c, Instant::now());
     }
 }

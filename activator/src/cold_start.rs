@@ -1,0 +1,123 @@
+//! One cold start's phases, as the activator saw them, for the response's `Server-Timing`
+//! header: a load test (or a person with `curl -v`) reads where the time of *this* cold start
+//! went without scraping histograms, which only give bucketed percentiles per node.
+//! Pure logic, no IO.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// The response header naming the phases (W3C Server Timing).
+pub const HEADER_SERVER_TIMING: &str = "server-timing";
+
+/// The metric names in the header, in phase order. Each `dur` is in milliseconds from the
+/// arrival of the request that found no pod (the cold start's first request); `wait` is this
+/// request's own time from its arrival to its pod's response headers.
+pub const POD_POST: &str = "pod-post";
+pub const POD_BOUND: &str = "pod-bound";
+pub const POD_READY: &str = "pod-ready";
+pub const WAIT: &str = "wait";
+
+/// A cold start in progress: its clock and the phases reached so far.
+#[derive(Debug, Clone, Copy)]
+pub struct ColdStart {
+    pub since: Instant,
+    post: Option<Duration>,
+    bound: Option<Duration>,
+}
+
+impl ColdStart {
+    pub fn new(since: Instant) -> Self {
+        Self {
+            since,
+            post: None,
+            bound: None,
+        }
+    }
+
+    /// The pod's create request is being sent (the first one counts).
+    pub fn posted(&mut self, at: Instant) {
+        self.post
+            .get_or_insert(at.saturating_duration_since(self.since));
+    }
+
+    /// The API server answered the create: the pod exists, bound to this node.
+    pub fn bound(&mut self, at: Instant) {
+        self.bound
+            .get_or_insert(at.saturating_duration_since(self.since));
+    }
+
+    /// A pod became usable: the cold start is over.
+    pub fn ready(self, at: Instant) -> ColdTimings {
+        let ready = at.saturating_duration_since(self.since);
+        ColdTimings {
+            post: self.post.unwrap_or(ready),
+            bound: self.bound.unwrap_or(ready),
+            ready,
+        }
+    }
+}
+
+/// A finished cold start's phases, each from its first request's arrival.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ColdTimings {
+    pub post: Duration,
+    pub bound: Duration,
+    pub ready: Duration,
+}
+
+impl ColdTimings {
+    /// The `Server-Timing` value for a request that waited `wait` for its pod's answer.
+    pub fn server_timing(&self, wait: Duration) -> String {
+        let mut s = String::with_capacity(96);
+        for (name, d) in [
+            (POD_POST, self.post),
+            (POD_BOUND, self.bound),
+            (POD_READY, self.ready),
+            (WAIT, wait),
+        ] {
+            if !s.is_empty() {
+                s.push_str(", ");
+            }
+            let _ = write!(s, "{name};dur={:.3}", d.as_secs_f64() * 1e3);
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn phases_count_from_the_first_arrival_and_keep_the_first_mark() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut c = ColdStart::new(t0);
+        c.posted(t0 + ms(2));
+        c.posted(t0 + ms(50));
+        c.bound(t0 + ms(9));
+        let t = c.ready(t0 + ms(310));
+        assert_eq!(
+            t,
+            ColdTimings {
+                post: ms(2),
+                bound: ms(9),
+                ready: ms(310)
+            }
+        );
+        assert_eq!(
+            t.server_timing(ms(312)),
+            "pod-post;dur=2.000, pod-bound;dur=9.000, pod-ready;dur=310.000, wait;dur=312.000"
+        );
+    }
+
+    #[test]
+    fn a_pod_ready_before_its_create_answered_shows_no_negative_phase() {
+        // Another member's pod, or one adopted from the watch, can be ready first.
+        let t0 = Instant::now();
+        let t = ColdStart::new(t0).ready(t0 + Duration::from_millis(5));
+        assert_eq!((t.post, t.bound), (t.ready, t.ready));
+    }
+}
