@@ -15,7 +15,6 @@ pub mod control;
 mod error;
 pub mod http;
 pub mod loadgen;
-pub mod nginx;
 pub mod process;
 pub mod prom;
 pub mod revisions;

@@ -10,8 +10,8 @@ use crate::Error;
 use crate::cluster::{BenchCluster, ClusterOptions, NAMESPACE, WorkDir, create_revision};
 use crate::http::{get, revision_headers};
 use crate::loadgen::{Generator, LoadGen, LoadResult};
-use crate::nginx::Nginx;
 use crate::process::activator_binary;
+use loadtest::nginx::{self, Nginx};
 
 /// `bench warm`'s knobs.
 #[derive(Debug, Clone)]
@@ -109,7 +109,7 @@ pub async fn run(opts: &WarmOptions) -> Result<WarmReport, Error> {
     let pod = SocketAddr::from((pod_ip, crds::revision::DEFAULT_PORT as u16));
 
     let nginx_dir = WorkDir::new("nginx")?;
-    let nginx = match crate::nginx::find() {
+    let nginx = match nginx::find() {
         None => Err("not found, skipped".to_string()),
         Some(bin) => {
             let listen = SocketAddr::from((ip, crate::cluster::free_port(ip)?));

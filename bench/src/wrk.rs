@@ -2,25 +2,13 @@
 //! `--latency`, its output parsed into a [`LoadResult`].
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use crate::Error;
 use crate::loadgen::{Generator, LoadResult};
 
-/// `name` on `PATH` (an executable file), else one of `fallbacks` that exists.
-pub fn find_program(name: &str, fallbacks: &[&str]) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let executable = |p: &Path| {
-        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    };
-    std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .map(|d| d.join(name))
-        .chain(fallbacks.iter().map(PathBuf::from))
-        .find(|p| executable(p))
-}
+pub use loadtest::nginx::find_program;
 
 /// Runs `wrk -t1 -c<conns> -d<secs>s --latency` against `http://target/` with `headers`.
 pub async fn run(

@@ -16,6 +16,12 @@ pub enum Error {
     Manifest { path: String, message: String },
     #[error("timed out after {secs}s waiting for {what}")]
     Timeout { what: String, secs: u64 },
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("starting {what}: {message}")]
+    Start { what: String, message: String },
+    #[error("invalid options: {0}")]
+    Options(String),
     #[error("kubeconfig: {0}")]
     KubeConfig(String),
 }

@@ -5,6 +5,7 @@ pub mod cluster;
 pub mod demo;
 pub mod driver;
 pub mod error;
+pub mod nginx;
 pub mod report;
 pub mod stats;
 

@@ -12,7 +12,21 @@ use crate::Error;
 
 /// `nginx` on PATH, else `/usr/sbin/nginx`.
 pub fn find() -> Option<PathBuf> {
-    crate::wrk::find_program("nginx", &["/usr/sbin/nginx"])
+    find_program("nginx", &["/usr/sbin/nginx"])
+}
+
+/// The first executable `name` on PATH, else the first executable of `fallbacks`.
+pub fn find_program(name: &str, fallbacks: &[&str]) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|d| d.join(name))
+        .chain(fallbacks.iter().map(PathBuf::from))
+        .find(|p| executable(p))
 }
 
 /// The config: `daemon off`, `worker_processes auto`, an upstream with `keepalive 64` to
