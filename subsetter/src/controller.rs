@@ -456,6 +456,7 @@ async fn watch_endpoints(
             Event::Init => {}
         }
         metrics.subsets.set(ix.len() as i64);
+        metrics.subsets_short.set(ix.short_len() as i64);
     }
 }
 

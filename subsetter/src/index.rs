@@ -124,6 +124,11 @@ impl MembershipIndex {
         self.short.iter().cloned().collect()
     }
 
+    /// How many revisions have fewer members than they want (O(1), for the gauge).
+    pub fn short_len(&self) -> usize {
+        self.short.len()
+    }
+
     /// The activators available now (after every change of the set): the load index is
     /// rebuilt from them, O(A log A).
     pub fn set_available(&mut self, available: &BTreeMap<String, Activator>) {
@@ -186,6 +191,7 @@ mod tests {
         );
         assert_eq!(ix.load("b"), 2);
         assert_eq!(ix.short(), BTreeSet::from([r2.clone()]));
+        assert_eq!(ix.short_len(), 1);
 
         ix.set(&r1, nodes(&["a", "c"]), false);
         assert_eq!(ix.revisions_on("b"), BTreeSet::from([r2.clone()]));
@@ -193,6 +199,7 @@ mod tests {
 
         ix.set(&r2, nodes(&["b", "c", "d"]), false);
         assert!(ix.short().is_empty());
+        assert_eq!(ix.short_len(), 0);
 
         ix.remove(&r1);
         assert_eq!(ix.load("a"), 0);

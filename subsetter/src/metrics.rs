@@ -34,6 +34,9 @@ pub struct Metrics {
     pub settings_reverted: Counter,
     pub activators: Gauge,
     pub subsets: Gauge,
+    /// ActivationEndpoints Degraded for want of members (reason InsufficientActivators), as
+    /// the watch shows them: the revisions running on fewer activators than they want.
+    pub subsets_short: Gauge,
 }
 
 impl Default for Metrics {
@@ -57,6 +60,7 @@ impl Default for Metrics {
             settings_reverted: Counter::default(),
             activators: Gauge::default(),
             subsets: Gauge::default(),
+            subsets_short: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -130,6 +134,11 @@ impl Default for Metrics {
             m.activators.clone(),
         );
         registry.register("subsets", "ActivationEndpoints known", m.subsets.clone());
+        registry.register(
+            "subsets_short",
+            "ActivationEndpoints Degraded with fewer members than wanted (InsufficientActivators)",
+            m.subsets_short.clone(),
+        );
         Self { registry, ..m }
     }
 }

@@ -141,6 +141,9 @@ async fn tainted_and_not_ready_nodes_are_never_members_without_a_toleration() ->
         BTreeSet::from(["n1".into(), "n2".into(), "n3".into()]),
         "the toleration admits n3; n4 is still not-ready"
     );
+    // The gauge an operator alerts on counts `plain` (2 of 3), not `gpu`.
+    c.wait_metrics(&running, |m| counter(m, "subsetter_subsets_short") == 1)
+        .await?;
 
     // A reconcile of `plain` with n4 in the activator set (a new generation, observed in its
     // status) still leaves n4 out.
