@@ -54,6 +54,8 @@ use crate::proxy::Upstream;
 
 /// A running activator.
 pub struct Activator {
+    /// This activator's own pod (from the downward API).
+    pod_name: String,
     data_addr: SocketAddr,
     admin_addr: SocketAddr,
     metrics: Arc<Metrics>,
@@ -249,6 +251,7 @@ impl Activator {
         }));
         tracing::info!(node = %cfg.node_name, %data_addr, %admin_addr, "activator started");
         Ok(Self {
+            pod_name: cfg.pod_name.clone(),
             data_addr,
             admin_addr,
             metrics,
@@ -257,6 +260,10 @@ impl Activator {
             stop_caches,
             tasks,
         })
+    }
+
+    pub fn pod_name(&self) -> &str {
+        &self.pod_name
     }
 
     pub fn data_addr(&self) -> SocketAddr {

@@ -44,6 +44,9 @@ const EXTERNAL_ANNOTATION: &str = "kubesim.local-activator.dev/external";
 /// log-normal tail. See docs/load-testing.md.
 pub const CALIBRATED_WRITE_LATENCY: &str = "lognormal:6ms,0.5";
 
+/// kube-controller-manager's `--node-monitor-grace-period` default.
+pub const DEFAULT_NODE_GRACE: Duration = Duration::from_secs(40);
+
 /// A change to each activator's configuration.
 pub type ConfigureActivator = Arc<dyn Fn(&mut ActivatorConfig) + Send + Sync>;
 
@@ -79,6 +82,10 @@ pub struct ClusterOptions {
     pub revision_namespace: Option<String>,
     /// Adjusts each activator's configuration (tests shorten its clocks and limits).
     pub configure_activator: Option<ConfigureActivator>,
+    /// How long the embedded cluster's node lifecycle controller waits for a node's lease
+    /// before marking it NotReady (kube-controller-manager's default is 40 s). Below 40 s the
+    /// simulated kubelets renew their leases at a quarter of it.
+    pub node_grace: Duration,
 }
 
 impl Default for ClusterOptions {
@@ -97,6 +104,7 @@ impl Default for ClusterOptions {
             max_pods: 110,
             revision_namespace: None,
             configure_activator: None,
+            node_grace: DEFAULT_NODE_GRACE,
         }
     }
 }
@@ -164,12 +172,17 @@ impl SimCluster {
         let configs: Vec<NodeConfig> = block
             .indices()
             .map(|i| {
-                NodeConfig::numbered(i)
+                let cfg = NodeConfig::numbered(i)
                     .with_max_pods(opts.max_pods)
                     .with_delays(StartDelays {
                         container_start: opts.start_delay.clone(),
                         ..StartDelays::default()
-                    })
+                    });
+                if opts.node_grace < DEFAULT_NODE_GRACE {
+                    cfg.with_lease(opts.node_grace, opts.node_grace / 4)
+                } else {
+                    cfg
+                }
             })
             .collect();
         let fleet = Fleet::start_with(
@@ -188,7 +201,7 @@ impl SimCluster {
         // A real cluster runs its own node lifecycle controller.
         let lifecycle = api
             .is_some()
-            .then(|| NodeLifecycleController::start(client.clone(), Duration::from_secs(40)));
+            .then(|| NodeLifecycleController::start(client.clone(), opts.node_grace));
 
         let mut cluster = Self {
             api,
@@ -235,38 +248,111 @@ impl SimCluster {
     /// One activator per node, each represented by a Ready DaemonSet-style pod.
     async fn start_activators(&self, opts: &ClusterOptions) -> Result<Vec<NodeActivator>, Error> {
         let mut activators = Vec::with_capacity(opts.nodes);
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.activator_namespace);
-        for node in self.fleet.nodes() {
-            let ip = node.ip().into();
-            let mut cfg = ActivatorConfig::new(
-                node.name(),
-                SocketAddr::new(ip, DATA_PORT),
-                SocketAddr::new(ip, ADMIN_PORT),
+        let names: Vec<String> = self.fleet.nodes().map(|n| n.name().to_string()).collect();
+        for node in &names {
+            activators.push(
+                self.start_activator(node, opts.configure_activator.as_ref())
+                    .await?,
             );
-            let pod_name = cfg.pod_name.clone();
-            cfg.pod_namespace = self.activator_namespace.clone();
-            if let Some(f) = &opts.configure_activator {
-                f(&mut cfg);
-            }
-            let activator = Activator::start(cfg, self.client.clone())
-                .await
-                .map_err(|source| Error::Activator {
-                    node: node.name().to_string(),
-                    source,
-                })?;
-            let pod = activator_pod(&pod_name, &self.activator_namespace, node.name());
-            match pods.create(&PostParams::default(), &pod).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 409 => {}
-                Err(e) => return Err(e.into()),
-            }
-            activators.push(NodeActivator {
-                node: node.name().to_string(),
-                activator,
-            });
         }
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.activator_namespace);
         wait_ready_pods(&pods, opts.nodes, Duration::from_secs(60)).await?;
         Ok(activators)
+    }
+
+    /// Starts the activator of `node` and creates its pod (not waiting for it to be Ready).
+    async fn start_activator(
+        &self,
+        node: &str,
+        configure: Option<&ConfigureActivator>,
+    ) -> Result<NodeActivator, Error> {
+        let sim = self
+            .fleet
+            .node(node)
+            .ok_or_else(|| Error::Options(format!("no node {node}")))?;
+        let ip = sim.ip().into();
+        let mut cfg = ActivatorConfig::new(
+            node,
+            SocketAddr::new(ip, DATA_PORT),
+            SocketAddr::new(ip, ADMIN_PORT),
+        );
+        let pod_name = cfg.pod_name.clone();
+        cfg.pod_namespace = self.activator_namespace.clone();
+        if let Some(f) = configure {
+            f(&mut cfg);
+        }
+        let activator = Activator::start(cfg, self.client.clone())
+            .await
+            .map_err(|source| Error::Activator {
+                node: node.to_string(),
+                source,
+            })?;
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.activator_namespace);
+        let pod = activator_pod(&pod_name, &self.activator_namespace, node);
+        match pods.create(&PostParams::default(), &pod).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+        Ok(NodeActivator {
+            node: node.to_string(),
+            activator,
+        })
+    }
+
+    /// Kills `node` as a crash would: its kubelet stops renewing, its apps refuse
+    /// connections, and its activator stops at once without draining. The node lifecycle
+    /// controller marks it NotReady after the node grace period.
+    pub async fn kill_node(&mut self, node: &str) -> Result<(), Error> {
+        self.fleet.kill(node).await?;
+        if let Some(i) = self.activators.iter().position(|a| a.node == node) {
+            drop(self.activators.remove(i));
+        }
+        Ok(())
+    }
+
+    /// Takes `node`'s activator out as a DaemonSet scale-down or node removal would: it
+    /// drains and exits, and its pod is deleted.
+    pub async fn remove_activator(&mut self, node: &str) -> Result<(), Error> {
+        let Some(i) = self.activators.iter().position(|a| a.node == node) else {
+            return Err(Error::Options(format!("no activator on {node}")));
+        };
+        let a = self.activators.remove(i);
+        let pod_name = a.activator.pod_name().to_string();
+        a.activator.shutdown().await;
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.activator_namespace);
+        match pods.delete(&pod_name, &Default::default()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Starts an activator on `node` again (after [`SimCluster::remove_activator`]), as a
+    /// node joining the DaemonSet; returns once its pod is Ready.
+    pub async fn add_activator(
+        &mut self,
+        node: &str,
+        configure: Option<&ConfigureActivator>,
+    ) -> Result<(), Error> {
+        if self.activators.iter().any(|a| a.node == node) {
+            return Err(Error::Options(format!("{node} already has an activator")));
+        }
+        let a = self.start_activator(node, configure).await?;
+        let pod_name = a.activator.pod_name().to_string();
+        self.activators.push(a);
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.activator_namespace);
+        let ready = await_condition(pods, &pod_name, |p: Option<&Pod>| {
+            p.is_some_and(crate::observe::is_ready)
+        });
+        tokio::time::timeout(Duration::from_secs(60), ready)
+            .await
+            .map_err(|_| Error::Timeout {
+                what: format!("activator pod {pod_name} to be Ready"),
+                secs: 60,
+            })?
+            .map_err(|e| Error::KubeConfig(e.to_string()))?;
+        Ok(())
     }
 
     /// A number no other live cluster on this machine has (its first node index), for

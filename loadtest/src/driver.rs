@@ -10,6 +10,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
+use crate::anatomy::ColdPhases;
+
 /// Response header set by the activator when the request waited for a pod start.
 const COLD_HEADER: &str = "x-activator-cold-start";
 
@@ -27,6 +29,10 @@ pub struct Sample {
     pub pod: Option<String>,
     /// Transport error or non-2xx body, for the report.
     pub error: Option<String>,
+    /// When the request was sent.
+    pub sent: Instant,
+    /// A cold start's phases, from the response's `Server-Timing`.
+    pub phases: Option<ColdPhases>,
 }
 
 impl Sample {
@@ -124,6 +130,8 @@ impl Driver {
             cold: false,
             pod: None,
             error: None,
+            sent: start,
+            phases: None,
         };
         match self.client.request(req).await {
             Ok(resp) => {
@@ -134,6 +142,10 @@ impl Driver {
                     .get("x-pod-name")
                     .and_then(|v| v.to_str().ok())
                     .map(str::to_string);
+                sample.phases = h
+                    .get(activator::cold_start::HEADER_SERVER_TIMING)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(ColdPhases::parse);
                 let ok = resp.status().is_success();
                 match resp.into_body().collect().await {
                     Ok(body) if !ok => {

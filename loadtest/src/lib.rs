@@ -1,11 +1,14 @@
 //! The load-test harness: composes kubesim, the subsetter and one activator per node in one
 //! process (or targets a real cluster through `KUBECONFIG`), runs scenarios and reports.
 
+pub mod anatomy;
 pub mod cluster;
 pub mod demo;
 pub mod driver;
 pub mod error;
 pub mod nginx;
+pub mod observe;
+pub mod open_loop;
 pub mod report;
 pub mod stats;
 

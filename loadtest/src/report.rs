@@ -222,6 +222,8 @@ mod tests {
             cold,
             pod: Some(pod.into()),
             error: (status >= 400).then(|| "boom".to_string()),
+            sent: std::time::Instant::now(),
+            phases: None,
         }
     }
 

@@ -1,0 +1,226 @@
+//! What the scenarios watch in the API while they load the system: app pods (how many are
+//! live at once, the most ever), and ActivationEndpoints (member changes, repairs). Each is one
+//! watch, as a platform engineer's `kubectl get -w` would see it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use crds::ActivationEndpoints;
+use crds::contract::REVISION_LABEL;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::{Api, Client, ResourceExt};
+use tokio::task::JoinHandle;
+
+use tokio::sync::watch as signal;
+
+/// The pod's Ready condition is True.
+pub fn is_ready(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Not terminating and not finished.
+pub fn is_live(p: &Pod) -> bool {
+    p.metadata.deletion_timestamp.is_none()
+        && !matches!(
+            p.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Failed" | "Succeeded")
+        )
+}
+
+/// The revision a pod belongs to (its revision label).
+fn revision_of(p: &Pod) -> Option<&str> {
+    p.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(REVISION_LABEL))
+        .map(String::as_str)
+}
+
+/// Live app pods of a namespace, per revision, as one watch sees them; remembers the most
+/// that were ever live at once for each revision, and the total live now.
+pub struct PodWatch {
+    store: reflector::Store<Pod>,
+    max_live: Arc<std::sync::Mutex<BTreeMap<String, usize>>>,
+    created: Arc<AtomicU64>,
+    /// Bumped after every event is applied: waiters look again then.
+    changed: signal::Receiver<u64>,
+    task: JoinHandle<()>,
+}
+
+impl PodWatch {
+    pub fn start(client: &Client, namespace: &str) -> Self {
+        let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+        let cfg = watcher::Config::default().labels(REVISION_LABEL);
+        let (store, writer) = reflector::store::<Pod>();
+        let max_live = Arc::new(std::sync::Mutex::new(BTreeMap::<String, usize>::new()));
+        let created = Arc::new(AtomicU64::new(0));
+        let (m, c, reader) = (max_live.clone(), created.clone(), store.clone());
+        let (tx, changed) = signal::channel(0u64);
+        let task = tokio::spawn(async move {
+            let mut seen = BTreeSet::new();
+            let mut events = std::pin::pin!(watcher(api, cfg).reflect(writer).applied_objects());
+            while let Some(ev) = events.next().await {
+                let Ok(pod) = ev else { continue };
+                if seen.insert(pod.uid().unwrap_or_default()) {
+                    c.fetch_add(1, Ordering::Relaxed);
+                }
+                if let Some(rev) = revision_of(&pod) {
+                    let live = reader
+                        .state()
+                        .iter()
+                        .filter(|p| revision_of(p) == Some(rev) && is_live(p))
+                        .count();
+                    let mut max = m.lock().unwrap_or_else(|e| e.into_inner());
+                    let e = max.entry(rev.to_string()).or_default();
+                    *e = (*e).max(live);
+                }
+                tx.send_modify(|v| *v += 1);
+            }
+        });
+        Self {
+            store,
+            max_live,
+            created,
+            changed,
+            task,
+        }
+    }
+
+    /// The most pods of each revision ever live at once.
+    pub fn max_live(&self) -> BTreeMap<String, usize> {
+        self.max_live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Live pods now, all revisions.
+    pub fn live(&self) -> usize {
+        self.store.state().iter().filter(|p| is_live(p)).count()
+    }
+
+    /// Distinct pods seen so far.
+    pub fn created(&self) -> u64 {
+        self.created.load(Ordering::Relaxed)
+    }
+
+    /// Waits until the live pods (all revisions) satisfy `pred`, at most `limit`.
+    pub async fn wait_live(&self, limit: Duration, pred: impl Fn(usize) -> bool) -> bool {
+        let mut changed = self.changed.clone();
+        let waiting = async {
+            let _ = self.store.wait_until_ready().await;
+            loop {
+                if pred(self.live()) || changed.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        tokio::time::timeout(limit, waiting).await.is_ok()
+    }
+}
+
+impl Drop for PodWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The members of every ActivationEndpoints of a namespace as one watch sees them; counts
+/// member changes (a node in or out of a subset).
+pub struct MemberWatch {
+    members: Arc<std::sync::Mutex<BTreeMap<String, BTreeSet<String>>>>,
+    changes: Arc<AtomicU64>,
+    events: Arc<AtomicUsize>,
+    changed: signal::Receiver<u64>,
+    task: JoinHandle<()>,
+}
+
+impl MemberWatch {
+    pub fn start(client: &Client, namespace: &str) -> Self {
+        let api: Api<ActivationEndpoints> = Api::namespaced(client.clone(), namespace);
+        let members = Arc::new(std::sync::Mutex::new(
+            BTreeMap::<String, BTreeSet<String>>::new(),
+        ));
+        let changes = Arc::new(AtomicU64::new(0));
+        let events = Arc::new(AtomicUsize::new(0));
+        let (m, c, n) = (members.clone(), changes.clone(), events.clone());
+        let (tx, changed) = signal::channel(0u64);
+        let task = tokio::spawn(async move {
+            let mut stream =
+                std::pin::pin!(watcher(api, watcher::Config::default()).applied_objects());
+            while let Some(ev) = stream.next().await {
+                let Ok(aep) = ev else { continue };
+                n.fetch_add(1, Ordering::Relaxed);
+                let now: BTreeSet<String> = aep
+                    .status
+                    .map(|s| s.activators.into_iter().map(|a| a.node).collect())
+                    .unwrap_or_default();
+                let mut all = m.lock().unwrap_or_else(|e| e.into_inner());
+                let name = aep.metadata.name.unwrap_or_default();
+                if let Some(before) = all.get(&name) {
+                    let moved = before.symmetric_difference(&now).count() as u64;
+                    c.fetch_add(moved, Ordering::Relaxed);
+                }
+                all.insert(name, now);
+                drop(all);
+                tx.send_modify(|v| *v += 1);
+            }
+        });
+        Self {
+            members,
+            changes,
+            events,
+            changed,
+            task,
+        }
+    }
+
+    /// Member nodes by revision, now.
+    pub fn members(&self) -> BTreeMap<String, BTreeSet<String>> {
+        self.members
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// ActivationEndpoints events seen.
+    pub fn events(&self) -> usize {
+        self.events.load(Ordering::Relaxed)
+    }
+
+    /// Nodes that joined or left a subset since the watch started (each counts once per
+    /// revision).
+    pub fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Relaxed)
+    }
+
+    /// Waits until the members satisfy `pred`, at most `limit`; false on timeout.
+    pub async fn wait(
+        &self,
+        limit: Duration,
+        pred: impl Fn(&BTreeMap<String, BTreeSet<String>>) -> bool,
+    ) -> bool {
+        let mut changed = self.changed.clone();
+        let waiting = async {
+            loop {
+                if pred(&self.members()) || changed.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        tokio::time::timeout(limit, waiting).await.is_ok()
+    }
+}
+
+impl Drop for MemberWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
