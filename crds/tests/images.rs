@@ -173,7 +173,10 @@ fn final_stages_are_distroless_non_root_and_hold_one_binary() {
                 .collect()
         };
         for forbidden in ["RUN", "ADD"] {
-            assert!(of(forbidden).is_empty(), "{name}: {forbidden} in a final stage");
+            assert!(
+                of(forbidden).is_empty(),
+                "{name}: {forbidden} in a final stage"
+            );
         }
         // USER uid[:gid], numeric (a name needs /etc/passwd and cannot be checked by the
         // kubelet's runAsNonRoot) and not root.
@@ -190,7 +193,11 @@ fn final_stages_are_distroless_non_root_and_hold_one_binary() {
         let words: Vec<&str> = copies[0].split_whitespace().collect();
         let (flags, paths): (Vec<&str>, Vec<&str>) =
             words.iter().partition(|w| w.starts_with("--"));
-        assert_eq!(flags, ["--from=build"], "{name}: COPY from the build stage only");
+        assert_eq!(
+            flags,
+            ["--from=build"],
+            "{name}: COPY from the build stage only"
+        );
         assert_eq!(paths.len(), 2, "{name}: one source, one destination");
         assert_eq!(
             Path::new(paths[0]).file_name().unwrap(),
@@ -240,7 +247,10 @@ fn the_build_stage_builds_workspace_binaries_the_final_stages_copy() {
         match *w {
             "-p" | "--package" => {
                 let p = words.next().unwrap();
-                assert!(workspace.contains_key(*p), "no package {p} in the workspace");
+                assert!(
+                    workspace.contains_key(*p),
+                    "no package {p} in the workspace"
+                );
                 package = Some(p);
             }
             "--bin" => {
