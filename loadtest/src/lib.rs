@@ -9,6 +9,7 @@ pub mod error;
 pub mod nginx;
 pub mod observe;
 pub mod open_loop;
+pub mod plot;
 pub mod report;
 pub mod stats;
 
