@@ -86,6 +86,12 @@ pub struct ClusterOptions {
     /// before marking it NotReady (kube-controller-manager's default is 40 s). Below 40 s the
     /// simulated kubelets renew their leases at a quarter of it.
     pub node_grace: Duration,
+    /// Run activator processes on the first this many nodes only (None = all). Every node
+    /// still gets its activator pod in the API, so the subsetter sees a full DaemonSet:
+    /// a sample of real activators against a full-size cluster.
+    pub real_activators: Option<usize>,
+    /// The subsetter's write rate limit (writes per second; 0 = none).
+    pub subsetter_write_qps: f64,
 }
 
 impl Default for ClusterOptions {
@@ -105,6 +111,8 @@ impl Default for ClusterOptions {
             revision_namespace: None,
             configure_activator: None,
             node_grace: DEFAULT_NODE_GRACE,
+            real_activators: None,
+            subsetter_write_qps: subsetter::Config::default().write_qps,
         }
     }
 }
@@ -232,6 +240,7 @@ impl SimCluster {
                 default_activators: opts.default_activators,
                 namespace: opts.revision_namespace.clone(),
                 activator_namespace: Some(cluster.activator_namespace.clone()),
+                write_qps: opts.subsetter_write_qps,
                 ..subsetter::Config::default()
             },
             Arc::new(subsetter::Random::new()),
@@ -245,19 +254,43 @@ impl SimCluster {
         Ok(cluster)
     }
 
-    /// One activator per node, each represented by a Ready DaemonSet-style pod.
+    /// One activator per node (or per sampled node), each represented by a Ready
+    /// DaemonSet-style pod.
     async fn start_activators(&self, opts: &ClusterOptions) -> Result<Vec<NodeActivator>, Error> {
-        let mut activators = Vec::with_capacity(opts.nodes);
+        use futures::StreamExt;
         let names: Vec<String> = self.fleet.nodes().map(|n| n.name().to_string()).collect();
-        for node in &names {
+        let real = opts.real_activators.unwrap_or(names.len()).min(names.len());
+        let mut activators = Vec::with_capacity(real);
+        for node in &names[..real] {
             activators.push(
                 self.start_activator(node, opts.configure_activator.as_ref())
                     .await?,
             );
         }
+        // The other nodes' activators exist only as pods (many, so several creates at once).
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.activator_namespace);
-        wait_ready_pods(&pods, opts.nodes, Duration::from_secs(60)).await?;
+        let created: Vec<Result<(), Error>> = futures::stream::iter(&names[real..])
+            .map(|node| async move {
+                self.create_activator_pod(node, &activator_pod_name(node))
+                    .await
+            })
+            .buffer_unordered(32)
+            .collect()
+            .await;
+        created.into_iter().collect::<Result<Vec<()>, _>>()?;
+        let limit = Duration::from_secs(60 + names.len() as u64 / 50);
+        wait_ready_pods(&pods, opts.nodes, limit).await?;
         Ok(activators)
+    }
+
+    async fn create_activator_pod(&self, node: &str, pod_name: &str) -> Result<(), Error> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.activator_namespace);
+        let pod = activator_pod(pod_name, &self.activator_namespace, node);
+        match pods.create(&PostParams::default(), &pod).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Starts the activator of `node` and creates its pod (not waiting for it to be Ready).
@@ -287,13 +320,7 @@ impl SimCluster {
                 node: node.to_string(),
                 source,
             })?;
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.activator_namespace);
-        let pod = activator_pod(&pod_name, &self.activator_namespace, node);
-        match pods.create(&PostParams::default(), &pod).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(e) => return Err(e.into()),
-        }
+        self.create_activator_pod(node, &pod_name).await?;
         Ok(NodeActivator {
             node: node.to_string(),
             activator,
@@ -576,6 +603,16 @@ async fn wait_default_service_account(client: &Client, namespace: &str) -> Resul
         })?
         .map_err(|e| Error::KubeConfig(e.to_string()))?;
     Ok(())
+}
+
+/// The name of `node`'s activator pod (as the activator's own config names it).
+pub fn activator_pod_name(node: &str) -> String {
+    ActivatorConfig::new(
+        node,
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+    )
+    .pod_name
 }
 
 /// The DaemonSet-style pod that represents an activator on `node`.

@@ -11,6 +11,8 @@ pub mod observe;
 pub mod open_loop;
 pub mod plot;
 pub mod report;
+pub mod scenario;
+pub mod scenarios;
 pub mod stats;
 
 pub use cluster::{ClusterOptions, SimCluster};

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 use kubesim::node::Delay;
 use loadtest::demo::{self, DemoOptions};
+use loadtest::scenario::{self, Ctx, Knobs, Scenario, Target};
 use loadtest::{ClusterOptions, SimCluster};
 
 #[derive(Parser)]
@@ -19,6 +20,32 @@ struct Args {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// A named scenario (see docs/load-testing.md): prints a summary table, and writes JSON
+    /// and SVG pictures when asked.
+    Run {
+        /// The scenario; may be left out when `--config` names one.
+        #[arg(value_enum)]
+        scenario: Option<Scenario>,
+        /// A scenario file (YAML): `scenario:` and any of the knobs below, by their flag
+        /// names. Flags override it.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[command(flatten)]
+        knobs: Box<Knobs>,
+        /// Run against this cluster's API server (the harness registers simulated nodes
+        /// there, works in namespaces of its own and deletes what it created).
+        #[arg(long)]
+        kubeconfig: Option<PathBuf>,
+        /// Write the JSON report here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Write the scenario's main picture here.
+        #[arg(long)]
+        svg: Option<PathBuf>,
+        /// Write the JSON report and every picture into this directory.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Cold starts end to end: kubesim + subsetter + one activator per node, in this process.
     Demo {
         #[arg(long, default_value_t = 20)]
@@ -62,6 +89,57 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match Args::parse().cmd {
+        Cmd::Run {
+            scenario,
+            config,
+            knobs,
+            kubeconfig,
+            json,
+            svg,
+            out,
+        } => {
+            let knobs = match &config {
+                Some(path) => knobs.or(Knobs::from_file(path)?),
+                None => *knobs,
+            };
+            let scenario = scenario.or(knobs.scenario).ok_or_else(|| {
+                anyhow::anyhow!("name a scenario, or a --config file with `scenario:`")
+            })?;
+            let target = match kubeconfig {
+                None => Target::Embedded,
+                Some(path) => {
+                    let kc = kube::config::Kubeconfig::read_from(&path)?;
+                    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+                    Target::Cluster(kube::Client::try_from(cfg)?)
+                }
+            };
+            let progress = indicatif::ProgressBar::new_spinner();
+            progress.enable_steady_tick(std::time::Duration::from_millis(200));
+            let ctx = Ctx {
+                knobs,
+                target,
+                cancel: tokio_util::sync::CancellationToken::new(),
+                progress,
+            };
+            let cancel = ctx.cancel.clone();
+            tokio::spawn(async move {
+                if tokio::signal::ctrl_c().await.is_ok() {
+                    eprintln!("\ninterrupted: ending the run, the report covers what ran");
+                    cancel.cancel();
+                }
+            });
+            let report = scenario::run(scenario, &ctx).await;
+            ctx.progress.finish_and_clear();
+            let report = report?;
+            if report.partial {
+                println!("PARTIAL: interrupted before the end");
+            }
+            print!("{}", report.text);
+            println!("target: {}", report.target);
+            for path in report.write(json.as_deref(), svg.as_deref(), out.as_deref())? {
+                eprintln!("wrote {}", path.display());
+            }
+        }
         Cmd::Demo {
             nodes,
             revisions,

@@ -49,6 +49,8 @@ pub struct PodWatch {
     store: reflector::Store<Pod>,
     max_live: Arc<std::sync::Mutex<BTreeMap<String, usize>>>,
     created: Arc<AtomicU64>,
+    /// Live pods (all revisions) after each event, with its time.
+    history: Arc<std::sync::Mutex<Vec<(std::time::Instant, usize)>>>,
     /// Bumped after every event is applied: waiters look again then.
     changed: signal::Receiver<u64>,
     task: JoinHandle<()>,
@@ -61,7 +63,13 @@ impl PodWatch {
         let (store, writer) = reflector::store::<Pod>();
         let max_live = Arc::new(std::sync::Mutex::new(BTreeMap::<String, usize>::new()));
         let created = Arc::new(AtomicU64::new(0));
-        let (m, c, reader) = (max_live.clone(), created.clone(), store.clone());
+        let history = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (m, c, reader, h) = (
+            max_live.clone(),
+            created.clone(),
+            store.clone(),
+            history.clone(),
+        );
         let (tx, changed) = signal::channel(0u64);
         let task = tokio::spawn(async move {
             let mut seen = BTreeSet::new();
@@ -81,10 +89,15 @@ impl PodWatch {
                     let e = max.entry(rev.to_string()).or_default();
                     *e = (*e).max(live);
                 }
+                let live = reader.state().iter().filter(|p| is_live(p)).count();
+                h.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((std::time::Instant::now(), live));
                 tx.send_modify(|v| *v += 1);
             }
         });
         Self {
+            history,
             store,
             max_live,
             created,
@@ -96,6 +109,14 @@ impl PodWatch {
     /// The most pods of each revision ever live at once.
     pub fn max_live(&self) -> BTreeMap<String, usize> {
         self.max_live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Live pods (all revisions) after each pod event.
+    pub fn history(&self) -> Vec<(std::time::Instant, usize)> {
+        self.history
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()

@@ -35,11 +35,13 @@ fn render(
     Ok(svg)
 }
 
+/// Which percentile of a [`crate::stats::Percentiles`] a bar shows.
+type Pick = fn(&crate::stats::Percentiles) -> f64;
+
 /// Stacked bars of the cold-start segments at p50, p90 and p99 (each segment's own
 /// percentile, so a bar's height is not the total's percentile: the total is drawn as a dot).
 pub fn anatomy(title: &str, a: &Anatomy) -> Result<String, Error> {
-    let bars: [(&str, fn(&crate::stats::Percentiles) -> f64); 3] =
-        [("p50", |p| p.p50), ("p90", |p| p.p90), ("p99", |p| p.p99)];
+    let bars: [(&str, Pick); 3] = [("p50", |p| p.p50), ("p90", |p| p.p90), ("p99", |p| p.p99)];
     let top = bars
         .iter()
         .map(|(_, f)| {

@@ -1,0 +1,446 @@
+//! Named scenarios (`loadtest run SCENARIO`): their knobs (flags, or a YAML scenario file with
+//! the same keys), what every scenario shares (the cluster, revisions, the report), and the
+//! dispatch to each scenario's own module under `scenarios/`.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crds::Revision;
+use kube::Api;
+use kube::api::PostParams;
+use kubesim::node::Delay;
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use crate::Error;
+use crate::cluster::{CALIBRATED_WRITE_LATENCY, ClusterOptions, SimCluster};
+use crate::demo::{echo_revision, host_of, wait_subsets};
+use crate::scenarios;
+
+/// The scenarios.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scenario {
+    /// R revisions all woken at once by C concurrent clients.
+    ColdBurst,
+    /// Warm traffic at a fixed arrival rate (open loop), against direct and nginx.
+    Steady,
+    /// K nodes killed under load: failed requests, time until subsets are repaired.
+    NodeFailure,
+    /// Bursts on revisions with a small maxScale: the most pods ever seen at once.
+    Maxscale,
+    /// Activators leaving and joining under load: member changes, extra cold starts.
+    Churn,
+    /// Revisions go quiet, scale to zero, and wake again.
+    Idle,
+    /// Thousands of nodes × many revisions: memory, watch events, API load, assignment time.
+    Scale,
+    /// Time to a bound pod: the activator's own POST against a Deployment scaled 0 → 1.
+    ControlPath,
+}
+
+impl Scenario {
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::ColdBurst => "cold-burst",
+            Scenario::Steady => "steady",
+            Scenario::NodeFailure => "node-failure",
+            Scenario::Maxscale => "maxscale",
+            Scenario::Churn => "churn",
+            Scenario::Idle => "idle",
+            Scenario::Scale => "scale",
+            Scenario::ControlPath => "control-path",
+        }
+    }
+}
+
+/// Every knob of every scenario; each scenario reads the ones it needs and has its own
+/// defaults for those left unset. Flags override a scenario file's values.
+#[derive(Debug, Clone, Default, PartialEq, clap::Args, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Knobs {
+    /// The scenario (in a scenario file; on the command line it is the positional argument).
+    #[arg(skip)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scenario: Option<Scenario>,
+    /// Simulated nodes, each with an activator (on a real cluster: nodes registered there).
+    #[arg(long, alias = "sim-nodes")]
+    pub nodes: Option<usize>,
+    /// Revisions.
+    #[arg(long)]
+    pub revisions: Option<usize>,
+    /// Concurrent clients (cold-burst, maxscale).
+    #[arg(long)]
+    pub clients: Option<usize>,
+    /// Activators per revision (N).
+    #[arg(long)]
+    pub activators: Option<usize>,
+    /// Simulated pod start delay, ms.
+    #[arg(long)]
+    pub start_delay_ms: Option<u64>,
+    /// The sim app's time per request, ms.
+    #[arg(long)]
+    pub app_delay_ms: Option<u64>,
+    /// The embedded API server's write-latency model (`6ms`, `lognormal:6ms,0.5`, `0ms`).
+    #[arg(long)]
+    pub api_write_latency: Option<String>,
+    /// Length of the measured load, seconds.
+    #[arg(long)]
+    pub duration_secs: Option<f64>,
+    /// Arrival rate, requests per second (open loop).
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Nodes killed (node-failure) or taken out and back (churn).
+    #[arg(long)]
+    pub kill_nodes: Option<usize>,
+    /// The node lifecycle controller's grace period, seconds (node-failure).
+    #[arg(long)]
+    pub node_grace_secs: Option<f64>,
+    /// maxScale of each revision (maxscale).
+    #[arg(long)]
+    pub max_scale: Option<i32>,
+    /// containerConcurrency of each revision.
+    #[arg(long)]
+    pub container_concurrency: Option<i64>,
+    /// idleTimeoutSeconds of each revision (idle).
+    #[arg(long)]
+    pub idle_timeout_secs: Option<i64>,
+    /// Repetitions (bursts in maxscale, sleep/wake cycles in idle, moves in churn,
+    /// sequential pods in control-path).
+    #[arg(long)]
+    pub cycles: Option<usize>,
+    /// Share of revisions that get traffic (scale), 0..1.
+    #[arg(long)]
+    pub active_share: Option<f64>,
+    /// Real activators run in this process (scale); the other nodes' activators are only
+    /// pods in the API.
+    #[arg(long)]
+    pub sample_activators: Option<usize>,
+    /// How requests name their revision: `headers` (as an ingress) or `host`.
+    #[arg(long)]
+    pub routing: Option<String>,
+}
+
+macro_rules! or_fields {
+    ($a:ident, $b:ident, $($f:ident),*) => { Knobs { $($f: $a.$f.or($b.$f)),* } };
+}
+
+impl Knobs {
+    /// These knobs, with `file`'s for those unset.
+    pub fn or(self, file: Knobs) -> Knobs {
+        or_fields!(
+            self,
+            file,
+            scenario,
+            nodes,
+            revisions,
+            clients,
+            activators,
+            start_delay_ms,
+            app_delay_ms,
+            api_write_latency,
+            duration_secs,
+            rate,
+            kill_nodes,
+            node_grace_secs,
+            max_scale,
+            container_concurrency,
+            idle_timeout_secs,
+            cycles,
+            active_share,
+            sample_activators,
+            routing
+        )
+    }
+
+    /// Reads a scenario file (YAML; the keys are the flags' names).
+    pub fn from_file(path: &Path) -> Result<Knobs, Error> {
+        let text = std::fs::read_to_string(path)?;
+        serde_saphyr::from_str(&text).map_err(|e| Error::Manifest {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })
+    }
+
+    pub fn write_latency(&self) -> Result<Delay, Error> {
+        self.api_write_latency
+            .as_deref()
+            .unwrap_or(CALIBRATED_WRITE_LATENCY)
+            .parse()
+            .map_err(|e| Error::Options(format!("api-write-latency: {e}")))
+    }
+
+    pub fn by_host(&self) -> Result<bool, Error> {
+        match self.routing.as_deref().unwrap_or("headers") {
+            "host" => Ok(true),
+            "headers" => Ok(false),
+            other => Err(Error::Options(format!(
+                "routing: {other:?} is neither `host` nor `headers`"
+            ))),
+        }
+    }
+}
+
+/// Where a scenario runs.
+#[derive(Clone, Default)]
+pub enum Target {
+    /// An embedded kubesim API server (with the write-latency model).
+    #[default]
+    Embedded,
+    /// A real API server, through this client (from `--kubeconfig`).
+    Cluster(kube::Client),
+}
+
+/// What a scenario gets to run with.
+pub struct Ctx {
+    pub knobs: Knobs,
+    pub target: Target,
+    /// Ctrl-C: scenarios stop their load and report what they have.
+    pub cancel: CancellationToken,
+    pub progress: indicatif::ProgressBar,
+}
+
+impl Ctx {
+    /// A context for tests and library use: embedded target, no progress output.
+    pub fn new(knobs: Knobs) -> Self {
+        Self {
+            knobs,
+            target: Target::Embedded,
+            cancel: CancellationToken::new(),
+            progress: indicatif::ProgressBar::hidden(),
+        }
+    }
+
+    /// Shows a step of the run on the progress line.
+    pub fn step(&self, msg: impl Into<std::borrow::Cow<'static, str>>) {
+        self.progress.set_message(msg);
+    }
+
+    /// Starts the cluster `k` describes (`nodes`, N, start delay, write latency; `f` adjusts
+    /// the rest) with a namespace of its own, runs `body` on it, shuts it down (on a shared
+    /// API server: deletes what it created) and reports.
+    pub async fn on_cluster(
+        &self,
+        scenario: Scenario,
+        k: &Knobs,
+        f: impl FnOnce(&mut ClusterOptions),
+        body: impl AsyncFnOnce(&mut SimCluster, &str) -> Result<Outcome, Error>,
+    ) -> Result<Report, Error> {
+        let mut opts = ClusterOptions {
+            nodes: k.nodes.unwrap_or(5),
+            start_delay: Delay::fixed_ms(k.start_delay_ms.unwrap_or(300)),
+            default_activators: k.activators.unwrap_or(3),
+            api_write_latency: k.write_latency()?,
+            use_kubeconfig: false,
+            ..ClusterOptions::default()
+        };
+        if let Target::Cluster(client) = &self.target {
+            opts.shared_client = Some(client.clone());
+        }
+        let namespace = namespace_for(scenario);
+        opts.revision_namespace = Some(namespace.clone());
+        f(&mut opts);
+        self.step(format!("starting a cluster of {} nodes", opts.nodes));
+        let mut cluster = SimCluster::start(opts).await?;
+        let outcome = match cluster.ensure_own_namespace(&namespace).await {
+            Ok(()) => body(&mut cluster, &namespace).await,
+            Err(e) => Err(e),
+        };
+        let target = cluster.api_description().to_string();
+        self.step("shutting the cluster down");
+        cluster.shutdown().await;
+        let o = outcome?;
+        Ok(Report {
+            scenario,
+            partial: self.cancel.is_cancelled(),
+            target,
+            knobs: serde_json::to_value(k).map_err(|e| Error::Options(e.to_string()))?,
+            figures: o.figures,
+            text: o.text,
+            plots: o.plots,
+        })
+    }
+}
+
+/// What a scenario's body produces.
+pub struct Outcome {
+    pub figures: serde_json::Value,
+    pub text: String,
+    pub plots: Vec<(&'static str, String)>,
+}
+
+/// A namespace of the scenario's own (never one it did not create).
+pub fn namespace_for(scenario: Scenario) -> String {
+    format!(
+        "lt-{}-{:06x}",
+        scenario.name(),
+        rand::random::<u32>() & 0xff_ffff
+    )
+}
+
+/// Creates the revisions (the sim echo app, shaped by `f`), at most 32 creates in flight, and
+/// waits until each has an ActivationEndpoints with members.
+pub async fn create_revisions(
+    cluster: &SimCluster,
+    namespace: &str,
+    names: &[String],
+    f: impl Fn(&mut Revision),
+) -> Result<Duration, Error> {
+    use futures::StreamExt;
+    let api: Api<Revision> = Api::namespaced(cluster.client.clone(), namespace);
+    let t = std::time::Instant::now();
+    let revs: Vec<Revision> = names
+        .iter()
+        .map(|name| {
+            let mut rev = echo_revision(name, namespace, vec![host_of(name, namespace)]);
+            f(&mut rev);
+            rev
+        })
+        .collect();
+    let results: Vec<Result<(), kube::Error>> = futures::stream::iter(revs)
+        .map(|rev| {
+            let api = api.clone();
+            async move {
+                match api.create(&PostParams::default(), &rev).await {
+                    Ok(_) => Ok(()),
+                    Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+                    Err(e) => Err(e),
+                }
+            }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    results.into_iter().collect::<Result<Vec<()>, _>>()?;
+    let limit = Duration::from_secs(60 + names.len() as u64 / 100);
+    wait_subsets(&cluster.client, namespace, names, limit).await?;
+    Ok(t.elapsed())
+}
+
+/// Sets the sim app's env (`SIM_DELAY_MS`, `SIM_CONCURRENCY`) in a revision's template.
+pub fn app_env(rev: &mut Revision, env: &[(&str, String)]) {
+    let env: Vec<serde_json::Value> = env
+        .iter()
+        .map(|(k, v)| serde_json::json!({"name": k, "value": v}))
+        .collect();
+    rev.spec.template.0["spec"]["containers"][0]["env"] = serde_json::Value::Array(env);
+}
+
+/// Revision names `rev-0000`….
+pub fn revision_names(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("rev-{i:04}")).collect()
+}
+
+/// A scenario's result.
+pub struct Report {
+    pub scenario: Scenario,
+    /// Ctrl-C ended the run early: the figures cover what ran.
+    pub partial: bool,
+    /// Which API server, under which model.
+    pub target: String,
+    /// The knobs as the scenario used them (its defaults filled in).
+    pub knobs: serde_json::Value,
+    /// The scenario's figures (documented per scenario in docs/load-testing.md).
+    pub figures: serde_json::Value,
+    /// The human-readable summary table.
+    pub text: String,
+    /// Pictures: (name, SVG). The first is the scenario's main picture.
+    pub plots: Vec<(&'static str, String)>,
+}
+
+impl Report {
+    /// The JSON report; `plots` names the files the pictures were written to.
+    pub fn to_json(&self, plots: &[PathBuf]) -> serde_json::Value {
+        serde_json::json!({
+            "scenario": self.scenario.name(),
+            "partial": self.partial,
+            "target": self.target,
+            "knobs": self.knobs,
+            "figures": self.figures,
+            "plots": plots.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
+        })
+    }
+
+    /// Writes the pictures (`--svg PATH`: the main one; `--out DIR`: all of them, and the
+    /// JSON) and the JSON (`--json PATH`); returns the files written.
+    pub fn write(
+        &self,
+        json: Option<&Path>,
+        svg: Option<&Path>,
+        out: Option<&Path>,
+    ) -> Result<Vec<PathBuf>, Error> {
+        let mut plots = Vec::new();
+        if let (Some(path), Some((_, main))) = (svg, self.plots.first()) {
+            std::fs::write(path, main)?;
+            plots.push(path.to_path_buf());
+        }
+        if let Some(dir) = out {
+            std::fs::create_dir_all(dir)?;
+            for (name, s) in &self.plots {
+                let path = dir.join(format!("{}-{name}.svg", self.scenario.name()));
+                std::fs::write(&path, s)?;
+                plots.push(path);
+            }
+        }
+        let mut written = plots.clone();
+        let body = serde_json::to_string_pretty(&self.to_json(&plots))
+            .map_err(|e| Error::Options(e.to_string()))?;
+        for path in json
+            .map(Path::to_path_buf)
+            .into_iter()
+            .chain(out.map(|d| d.join(format!("{}.json", self.scenario.name()))))
+        {
+            std::fs::write(&path, &body)?;
+            written.push(path);
+        }
+        Ok(written)
+    }
+}
+
+/// Runs a scenario.
+pub async fn run(scenario: Scenario, ctx: &Ctx) -> Result<Report, Error> {
+    match scenario {
+        Scenario::ColdBurst => scenarios::cold_burst::run(ctx).await,
+        Scenario::Steady => scenarios::steady::run(ctx).await,
+        Scenario::NodeFailure => scenarios::node_failure::run(ctx).await,
+        Scenario::Maxscale => scenarios::maxscale::run(ctx).await,
+        Scenario::Churn => scenarios::churn::run(ctx).await,
+        Scenario::Idle => scenarios::idle::run(ctx).await,
+        Scenario::Scale => scenarios::scale::run(ctx).await,
+        Scenario::ControlPath => scenarios::control_path::run(ctx).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_override_the_file_and_the_file_fills_the_rest() {
+        let file: Knobs = serde_saphyr::from_str(
+            "scenario: cold-burst\nnodes: 50\nrevisions: 7\napi-write-latency: 0ms\n",
+        )
+        .unwrap();
+        let flags = Knobs {
+            nodes: Some(9),
+            ..Knobs::default()
+        };
+        let k = flags.or(file);
+        assert_eq!(k.scenario, Some(Scenario::ColdBurst));
+        assert_eq!((k.nodes, k.revisions), (Some(9), Some(7)));
+        assert_eq!(k.write_latency().unwrap().to_string(), "0ms");
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_refused_with_the_reason() {
+        let bad: Result<Knobs, _> = serde_saphyr::from_str("nodez: 5\n");
+        assert!(bad.unwrap_err().to_string().contains("nodez"));
+        let k = Knobs {
+            routing: Some("dns".into()),
+            api_write_latency: Some("soon".into()),
+            ..Knobs::default()
+        };
+        assert!(k.by_host().unwrap_err().to_string().contains("dns"));
+        assert!(k.write_latency().is_err());
+    }
+}

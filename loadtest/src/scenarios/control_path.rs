@@ -1,0 +1,272 @@
+//! `control-path`: how long until a pod is bound to a node, as that node's kubelet sees it (a
+//! watch with `spec.nodeName=<node>`), (a) when the activator's way is used — one POST with
+//! `spec.nodeName` set — and (b) the standard way, a Deployment scaled 0 → 1 (ReplicaSet
+//! controller, then kube-scheduler). One at a time (`cycles`) and in bursts (`clients` at
+//! once). (b) needs a real control plane (`--kubeconfig`): the embedded kubesim has no
+//! scheduler and no controller-manager, and the report says so.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use futures::future::join_all;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+
+use crate::Error;
+use crate::scenario::{Ctx, Knobs, Outcome, Report, Scenario, Target};
+use crate::stats::Percentiles;
+
+pub fn defaults() -> Knobs {
+    Knobs {
+        nodes: Some(3),
+        cycles: Some(20),
+        clients: Some(50),
+        ..Knobs::default()
+    }
+}
+
+const LABEL: &str = "loadtest.local-activator.dev/control-path";
+const LIMIT: Duration = Duration::from_secs(120);
+
+fn pod(name: &str, node: Option<&str>) -> serde_json::Value {
+    json!({
+        "metadata": {"name": name, "labels": {LABEL: name}},
+        "spec": {
+            "nodeName": node,
+            "containers": [{"name": "app", "image": "kubesim/echo:latest"}],
+        },
+    })
+}
+
+/// Watches pods of `namespace` as the kubelets would and tells when each label value was
+/// first seen with a node.
+struct BoundWatch {
+    seen: tokio::sync::watch::Receiver<BTreeMap<String, Instant>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl BoundWatch {
+    async fn start(client: &Client, namespace: &str) -> Self {
+        let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+        let (tx, seen) = tokio::sync::watch::channel(BTreeMap::new());
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(async move {
+            let mut ready = Some(ready_tx);
+            let cfg = watcher::Config::default().labels(LABEL);
+            let mut events = std::pin::pin!(watcher(api, cfg).default_backoff());
+            while let Some(ev) = events.next().await {
+                let pods = match ev {
+                    Ok(watcher::Event::InitDone) => {
+                        if let Some(r) = ready.take() {
+                            let _ = r.send(());
+                        }
+                        continue;
+                    }
+                    Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => vec![p],
+                    _ => continue,
+                };
+                for p in pods {
+                    let bound = p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some();
+                    let key = p
+                        .labels()
+                        .get(LABEL)
+                        .cloned()
+                        .unwrap_or_else(|| p.name_any());
+                    if bound {
+                        tx.send_if_modified(|m| {
+                            if m.contains_key(&key) {
+                                return false;
+                            }
+                            m.insert(key, Instant::now());
+                            true
+                        });
+                    }
+                }
+            }
+        });
+        let _ = ready_rx.await;
+        Self { seen, task }
+    }
+
+    async fn wait(&self, keys: &[String]) -> Result<BTreeMap<String, Instant>, Error> {
+        let mut rx = self.seen.clone();
+        tokio::time::timeout(
+            LIMIT,
+            rx.wait_for(|m| keys.iter().all(|k| m.contains_key(k))),
+        )
+        .await
+        .map_err(|_| Error::Timeout {
+            what: format!("{} pods bound", keys.len()),
+            secs: LIMIT.as_secs(),
+        })?
+        .map_err(|_| Error::Options("the pod watch ended".into()))?;
+        Ok(self.seen.borrow().clone())
+    }
+}
+
+impl Drop for BoundWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Pods POSTed with `spec.nodeName`, `n` at once; each one's time from its POST to its bound
+/// pod in the node's watch.
+async fn direct(
+    client: &Client,
+    ns: &str,
+    node: &str,
+    tag: &str,
+    n: usize,
+) -> Result<Vec<Duration>, Error> {
+    let watch = BoundWatch::start(client, ns).await;
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let keys: Vec<String> = (0..n).map(|i| format!("{tag}-{i}")).collect();
+    let sent = join_all(keys.iter().map(|k| {
+        let api = api.clone();
+        async move {
+            let p: Pod = serde_json::from_value(pod(k, Some(node))).expect("a static pod");
+            let t = Instant::now();
+            api.create(&PostParams::default(), &p).await.map(|_| t)
+        }
+    }))
+    .await;
+    let seen = watch.wait(&keys).await?;
+    keys.iter()
+        .zip(sent)
+        .map(|(k, t)| Ok(seen[k].saturating_duration_since(t?)))
+        .collect()
+}
+
+/// Deployments with 0 replicas scaled to 1, `n` at once; each one's time from the scale
+/// request to its pod bound by the scheduler.
+async fn deployment(
+    client: &Client,
+    ns: &str,
+    tag: &str,
+    n: usize,
+) -> Result<Vec<Duration>, Error> {
+    let api: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let keys: Vec<String> = (0..n).map(|i| format!("{tag}-{i}")).collect();
+    for k in &keys {
+        let p = pod(k, None);
+        let d: Deployment = serde_json::from_value(json!({
+            "metadata": {"name": k},
+            "spec": {
+                "replicas": 0,
+                "selector": {"matchLabels": {LABEL: k}},
+                "template": {"metadata": p["metadata"], "spec": p["spec"]},
+            },
+        }))
+        .map_err(|e| Error::Options(e.to_string()))?;
+        api.create(&PostParams::default(), &d).await?;
+    }
+    let watch = BoundWatch::start(client, ns).await;
+    let scaled = join_all(keys.iter().map(|k| {
+        let api = api.clone();
+        async move {
+            let t = Instant::now();
+            api.patch(
+                k,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"replicas": 1}})),
+            )
+            .await
+            .map(|_| t)
+        }
+    }))
+    .await;
+    let seen = watch.wait(&keys).await?;
+    keys.iter()
+        .zip(scaled)
+        .map(|(k, t)| Ok(seen[k].saturating_duration_since(t?)))
+        .collect()
+}
+
+pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
+    let k = ctx.knobs.clone().or(defaults());
+    let seq = k.cycles.unwrap_or(1).max(1);
+    let burst = k.clients.unwrap_or(1).max(1);
+    let real = matches!(ctx.target, Target::Cluster(_));
+    ctx.on_cluster(Scenario::ControlPath, &k, |_| {}, async |cluster, ns| {
+        let node = cluster
+            .activators
+            .first()
+            .map(|a| a.node.clone())
+            .ok_or_else(|| Error::Options("no nodes".into()))?;
+        let client = cluster.client.clone();
+        let mut local_seq = Vec::new();
+        for i in 0..seq {
+            ctx.step(format!("local: pod {} of {seq}", i + 1));
+            local_seq.extend(direct(&client, ns, &node, &format!("local-{i}"), 1).await?);
+        }
+        ctx.step(format!("local: a burst of {burst}"));
+        let local_burst = direct(&client, ns, &node, "local-burst", burst).await?;
+        let (mut std_seq, mut std_burst) = (Vec::new(), Vec::new());
+        if real {
+            for i in 0..seq {
+                ctx.step(format!("Deployment 0 → 1: {} of {seq}", i + 1));
+                std_seq.extend(deployment(&client, ns, &format!("std-{i}"), 1).await?);
+            }
+            ctx.step(format!("Deployments 0 → 1: a burst of {burst}"));
+            std_burst = deployment(&client, ns, "std-burst", burst).await?;
+        }
+        let p = |v: &[Duration]| Percentiles::of(v);
+        let note = if real {
+            "standard path measured on this cluster's kube-controller-manager and kube-scheduler"
+                .to_string()
+        } else {
+            "the standard path was NOT measured: the embedded kubesim has no kube-scheduler and no \
+             kube-controller-manager (run with --kubeconfig against a real control plane)"
+                .to_string()
+        };
+        let mut text = format!(
+            "control-path: time from the request to a bound pod in the node's watch, {}\n",
+            cluster.api_description()
+        );
+        let rows = [
+            ("local, one at a time", &local_seq),
+            ("local, burst", &local_burst),
+            ("Deployment, one at a time", &std_seq),
+            ("Deployment, burst", &std_burst),
+        ];
+        for (name, v) in rows {
+            text += &super::common::pct_line(name, &p(v));
+        }
+        let ratio = |a: &[Duration], b: &[Duration]| {
+            (!a.is_empty() && !b.is_empty()).then(|| p(b).p50 / p(a).p50.max(1e-9))
+        };
+        let (r_seq, r_burst) = (ratio(&local_seq, &std_seq), ratio(&local_burst, &std_burst));
+        if let (Some(s), Some(b)) = (r_seq, r_burst) {
+            text += &format!("Deployment ÷ local, p50: one at a time {s:.1}×, burst {b:.1}×\n");
+        }
+        text += &format!("{note}\n");
+        let cdf = plot_series(&rows);
+        Ok(Outcome {
+            figures: json!({
+                "local_sequential_ms": p(&local_seq),
+                "local_burst_ms": p(&local_burst),
+                "deployment_sequential_ms": real.then(|| p(&std_seq)),
+                "deployment_burst_ms": real.then(|| p(&std_burst)),
+                "ratio_p50_sequential": r_seq,
+                "ratio_p50_burst": r_burst,
+                "standard_path": note,
+            }),
+            text,
+            plots: vec![("cdf", crate::plot::cdf("control-path: request → bound pod seen by the kubelet", &cdf)?)],
+        })
+    })
+    .await
+}
+
+fn plot_series<'a>(rows: &[(&'a str, &Vec<Duration>)]) -> Vec<(&'a str, Vec<f64>)> {
+    rows.iter()
+        .filter(|(_, v)| !v.is_empty())
+        .map(|(n, v)| (*n, v.iter().map(|d| d.as_secs_f64() * 1e3).collect()))
+        .collect()
+}

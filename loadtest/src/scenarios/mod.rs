@@ -1,0 +1,13 @@
+//! One module per scenario; each starts its own cluster, runs, and returns a [`Report`].
+//!
+//! [`Report`]: crate::scenario::Report
+
+pub mod churn;
+pub mod cold_burst;
+pub mod common;
+pub mod control_path;
+pub mod idle;
+pub mod maxscale;
+pub mod node_failure;
+pub mod scale;
+pub mod steady;

@@ -1,0 +1,179 @@
+//! `node-failure`: open-loop traffic to every revision through a random member of its subset
+//! (as an ingress following the ActivationEndpoints would), K nodes killed a quarter of the way
+//! in (kubelet, apps and activator stop at once). Reports every failed request, and the time
+//! from the kill until no subset lists a killed node and each is back to N members.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rand::RngExt;
+use serde_json::json;
+
+use super::common::{SampleSummary, Sender, events_since};
+use crate::Error;
+use crate::driver::Sample;
+use crate::observe::MemberWatch;
+use crate::open_loop::OpenLoop;
+use crate::plot::{self, Line};
+use crate::scenario::{Ctx, Knobs, Outcome, Report, Scenario, create_revisions, revision_names};
+
+pub fn defaults() -> Knobs {
+    Knobs {
+        nodes: Some(10),
+        revisions: Some(20),
+        activators: Some(3),
+        rate: Some(200.0),
+        duration_secs: Some(12.0),
+        kill_nodes: Some(1),
+        node_grace_secs: Some(3.0),
+        start_delay_ms: Some(200),
+        ..Knobs::default()
+    }
+}
+
+pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
+    let k = ctx.knobs.clone().or(defaults());
+    let grace = Duration::from_secs_f64(k.node_grace_secs.unwrap_or(3.0).max(0.5));
+    let n = k.activators.unwrap_or(3);
+    let kills = k.kill_nodes.unwrap_or(1);
+    let duration = Duration::from_secs_f64(k.duration_secs.unwrap_or(12.0).max(1.0));
+    ctx.on_cluster(
+        Scenario::NodeFailure,
+        &k,
+        |o| o.node_grace = grace,
+        async |cluster, ns| {
+            let names = revision_names(k.revisions.unwrap_or(1).max(1));
+            let members = MemberWatch::start(&cluster.client, ns);
+            create_revisions(cluster, ns, &names, |_| {}).await?;
+            let sender = Sender::new(ns, k.by_host()?);
+            let entries = cluster.entries();
+            let addr_of = |node: &str| entries.iter().find(|(n, _)| n == node).cloned();
+            ctx.step("waking every revision");
+            for name in &names {
+                let m = members.members();
+                let node = m.get(name).and_then(|s| s.iter().next().cloned());
+                if let Some(e) = node.as_deref().and_then(addr_of) {
+                    sender.send(&e, name, &[]).await;
+                }
+            }
+            // The nodes in the most subsets: their loss hurts most.
+            let mut load: Vec<(usize, String)> = entries
+                .iter()
+                .map(|(node, _)| {
+                    let count = members.members().values().filter(|s| s.contains(node)).count();
+                    (count, node.clone())
+                })
+                .collect();
+            load.sort_by(|a, b| b.cmp(a));
+            let victims: Vec<String> = load.iter().take(kills).map(|(_, n)| n.clone()).collect();
+            let affected = members
+                .members()
+                .values()
+                .filter(|s| victims.iter().any(|v| s.contains(v)))
+                .count();
+            let alive = entries.len() - victims.len();
+
+            let samples = Arc::new(Mutex::new(Vec::<Sample>::new()));
+            let schedule = OpenLoop {
+                rate: k.rate.unwrap_or(200.0).max(1.0),
+                duration,
+                max_in_flight: 10_000,
+            };
+            let t0 = Instant::now();
+            let traffic = schedule.run(&ctx.cancel, |i| {
+                let rev = names[i as usize % names.len()].clone();
+                let subset = members.members().get(&rev).cloned().unwrap_or_default();
+                let pick: Vec<&String> = subset.iter().collect();
+                let entry = (!pick.is_empty())
+                    .then(|| pick[rand::rng().random_range(0..pick.len())].clone())
+                    .and_then(|node| addr_of(&node));
+                let (sender, samples) = (sender.clone(), samples.clone());
+                async move {
+                    let Some(entry) = entry else { return false };
+                    let s = sender.send(&entry, &rev, &[]).await;
+                    let ok = s.ok();
+                    samples.lock().unwrap_or_else(|e| e.into_inner()).push(s);
+                    ok
+                }
+            });
+            let failure = async {
+                // The kill is part of the scenario's script, a quarter of the way in.
+                tokio::time::sleep(duration / 4).await;
+                ctx.step(format!("killing {}", victims.join(",")));
+                let killed_at = t0.elapsed();
+                for v in &victims {
+                    cluster.kill_node(v).await?;
+                }
+                let limit = grace + Duration::from_secs(60);
+                let repaired = members
+                    .wait(limit, |m| {
+                        m.values().all(|s: &BTreeSet<String>| {
+                            !victims.iter().any(|v| s.contains(v)) && s.len() >= n.min(alive)
+                        })
+                    })
+                    .await;
+                Ok::<_, Error>((killed_at, repaired.then(|| t0.elapsed())))
+            };
+            let (run, killed) = tokio::join!(traffic, failure);
+            let (killed_at, repaired_at) = killed?;
+            let samples = std::mem::take(&mut *samples.lock().unwrap_or_else(|e| e.into_inner()));
+            let summary = SampleSummary::of(&samples);
+            let after_repair = repaired_at.map(|r| {
+                samples
+                    .iter()
+                    .filter(|s| s.sent.saturating_duration_since(t0) > r && !s.ok())
+                    .count()
+            });
+            let repair_ms = repaired_at.map(|r| (r - killed_at).as_secs_f64() * 1e3);
+            let bins = plot::bucket(events_since(&samples, t0), 0.1);
+            let lines = vec![
+                Line { name: "answered".into(), points: bins.iter().map(|b| (b.0, b.1)).collect() },
+                Line { name: "failed".into(), points: bins.iter().map(|b| (b.0, b.2)).collect() },
+            ];
+            let mut marks = vec![(killed_at.as_secs_f64(), format!("{} killed", victims.len()))];
+            if let Some(r) = repaired_at {
+                marks.push((r.as_secs_f64(), "subsets repaired".into()));
+            }
+            let text = format!(
+                "node-failure: {} nodes, {} revisions × N={n}, {} req/s for {:.1} s; killed {} at {:.2} s ({} subsets affected); node grace {:.1} s\n\
+                 failed requests {} of {} ({} overflowed)\n\
+                 subsets repaired {} after the kill; failures after the repair: {}\n{}",
+                entries.len(),
+                names.len(),
+                schedule.rate,
+                duration.as_secs_f64(),
+                victims.join(","),
+                killed_at.as_secs_f64(),
+                affected,
+                grace.as_secs_f64(),
+                run.errors(),
+                run.sent() as u64 + run.overflow,
+                run.overflow,
+                repair_ms.map_or("NOT within the limit".into(), |ms| format!("{ms:.0} ms")),
+                after_repair.map_or("-".into(), |n| n.to_string()),
+                summary.lines(),
+            );
+            Ok(Outcome {
+                figures: json!({
+                    "killed": victims,
+                    "affected_revisions": affected,
+                    "killed_at_s": killed_at.as_secs_f64(),
+                    "node_grace_s": grace.as_secs_f64(),
+                    "requests": run.sent() as u64 + run.overflow,
+                    "failed_requests": run.errors(),
+                    "failed_after_repair": after_repair,
+                    "repaired_after_ms": repair_ms,
+                    "latency_ms": run.latency(),
+                    "samples": summary,
+                }),
+                text,
+                plots: vec![(
+                    "timeline",
+                    plot::timeline("node-failure: requests per 100 ms", "requests", &lines, &marks)?,
+                )],
+            })
+        },
+    )
+    .await
+}

@@ -1,0 +1,227 @@
+//! `steady`: warm traffic at a fixed arrival rate (open loop: requests leave on schedule,
+//! latency counts from the intended send time) through the revision's member activator, and
+//! in the same run the same schedule sent straight to the app pod and through nginx (when an
+//! `nginx` binary is installed), reported as ratios.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Empty;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde_json::json;
+
+use super::common::Sender;
+use crate::Error;
+use crate::nginx::{self, Nginx};
+use crate::open_loop::{Latency, OpenLoop, Run};
+use crate::plot;
+use crate::scenario::{Ctx, Knobs, Outcome, Report, Scenario, create_revisions, revision_names};
+
+pub fn defaults() -> Knobs {
+    Knobs {
+        nodes: Some(3),
+        revisions: Some(1),
+        activators: Some(1),
+        rate: Some(500.0),
+        duration_secs: Some(5.0),
+        start_delay_ms: Some(100),
+        ..Knobs::default()
+    }
+}
+
+/// One target's figures.
+fn figures(run: &Run) -> serde_json::Value {
+    json!({
+        "sent": run.sent(),
+        "errors": run.errors(),
+        "overflow": run.overflow,
+        "throughput_rps": run.throughput(),
+        "latency_ms": run.latency(),
+        "send_lag_ms": run.send_lag(),
+    })
+}
+
+fn line(name: &str, run: &Run) -> String {
+    let l = run.latency();
+    format!(
+        "{name:<10} sent {:>6}  errors {:>4}  p50 {:>7.3}  p90 {:>7.3}  p99 {:>7.3}  p99.9 {:>7.3}  max {:>8.3} ms  ({:.0} req/s answered)\n",
+        run.sent(),
+        run.errors(),
+        l.p50,
+        l.p90,
+        l.p99,
+        l.p999,
+        l.max,
+        run.throughput()
+    )
+}
+
+fn ratio(a: &Latency, b: &Latency) -> serde_json::Value {
+    json!({ "p50": a.p50 / b.p50.max(1e-9), "p99": a.p99 / b.p99.max(1e-9) })
+}
+
+pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
+    let k = ctx.knobs.clone().or(defaults());
+    let schedule = OpenLoop {
+        rate: k.rate.unwrap_or(1.0).max(1.0),
+        duration: Duration::from_secs_f64(k.duration_secs.unwrap_or(1.0).max(0.1)),
+        max_in_flight: 10_000,
+    };
+    ctx.on_cluster(Scenario::Steady, &k, |_| {}, async |cluster, ns| {
+        let names = revision_names(k.revisions.unwrap_or(1).max(1));
+        create_revisions(cluster, ns, &names, |_| {}).await?;
+        let sender = Sender::new(ns, k.by_host()?);
+        // A member of the first revision, so the activator path has no forward in it.
+        let aep: kube::Api<crds::ActivationEndpoints> =
+            kube::Api::namespaced(cluster.client.clone(), ns);
+        let member = aep
+            .get(&names[0])
+            .await?
+            .status
+            .and_then(|s| s.activators.first().map(|m| m.node.clone()))
+            .ok_or_else(|| Error::Options("the first revision has no member".into()))?;
+        let entry = cluster
+            .entries()
+            .into_iter()
+            .find(|(n, _)| *n == member)
+            .ok_or_else(|| Error::Options(format!("no activator on {member}")))?;
+        ctx.step("waking the revisions");
+        let mut pod = None;
+        for name in &names {
+            let s = sender.send(&entry, name, &[]).await;
+            if !s.ok() {
+                return Err(Error::Options(format!("warm-up of {name} failed: {:?}", s.error)));
+            }
+            pod = pod.or(s.pod);
+        }
+        let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+            kube::Api::namespaced(cluster.client.clone(), ns);
+        let pod_name = pod.ok_or_else(|| Error::Options("no x-pod-name in the answer".into()))?;
+        let pod_ip: std::net::IpAddr = pods
+            .get(&pod_name)
+            .await?
+            .status
+            .and_then(|s| s.pod_ip)
+            .and_then(|ip| ip.parse().ok())
+            .ok_or_else(|| Error::Options(format!("pod {pod_name} has no IP")))?;
+        let pod_addr = SocketAddr::new(pod_ip, crds::revision::DEFAULT_PORT as u16);
+
+        let mut http = HttpConnector::new();
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(Duration::from_secs(2)));
+        let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new()).build(http);
+        let get = |addr: SocketAddr| {
+            let client = client.clone();
+            move |_| {
+                let client = client.clone();
+                async move {
+                    let uri = format!("http://{addr}/").parse().expect("a valid URI");
+                    match client.get(uri).await {
+                        Ok(r) => {
+                            let ok = r.status().is_success();
+                            ok && http_body_util::BodyExt::collect(r.into_body()).await.is_ok()
+                        }
+                        Err(_) => false,
+                    }
+                }
+            }
+        };
+        let mut runs: Vec<(&'static str, Run)> = Vec::new();
+        ctx.step(format!("direct to the pod at {} req/s", schedule.rate));
+        runs.push(("direct", schedule.run(&ctx.cancel, get(pod_addr)).await));
+
+        let nginx_dir = std::env::temp_dir().join(format!("loadtest-nginx-{ns}"));
+        let nginx = match nginx::find() {
+            None => Err("no nginx binary on PATH or at /usr/sbin/nginx: not measured".to_string()),
+            Some(bin) => {
+                std::fs::create_dir_all(&nginx_dir)?;
+                let ip = entry.1.ip();
+                let port = std::net::TcpListener::bind((ip, 0))?.local_addr()?.port();
+                Nginx::start(&bin, &nginx_dir, SocketAddr::new(ip, port), pod_addr)
+                    .await
+                    .map_err(|e| format!("nginx did not start, not measured: {e}"))
+            }
+        };
+        if let Ok(n) = &nginx
+            && !ctx.cancel.is_cancelled()
+        {
+            ctx.step("through nginx");
+            runs.push(("nginx", schedule.run(&ctx.cancel, get(n.addr)).await));
+        }
+        let nginx_note = nginx.as_ref().err().cloned();
+        if let Ok(n) = nginx {
+            n.stop().await;
+        }
+        let _ = std::fs::remove_dir_all(&nginx_dir);
+
+        if !ctx.cancel.is_cancelled() {
+            ctx.step("through the activator");
+            let rev_count = names.len();
+            let run = schedule
+                .run(&ctx.cancel, |i| {
+                    let (sender, entry) = (sender.clone(), entry.clone());
+                    let rev = names[i as usize % rev_count].clone();
+                    async move { sender.send(&entry, &rev, &[]).await.ok() }
+                })
+                .await;
+            runs.push(("activator", run));
+        }
+
+        let find = |n: &str| runs.iter().find(|(name, _)| *name == n).map(|(_, r)| r);
+        let mut targets = serde_json::Map::new();
+        let mut text = format!(
+            "steady: {} req/s for {:.1} s per target, open loop (latency from the intended send time)\n",
+            schedule.rate,
+            schedule.duration.as_secs_f64()
+        );
+        for (name, run) in &runs {
+            targets.insert(name.to_string(), figures(run));
+            text += &line(name, run);
+        }
+        if let Some(note) = &nginx_note {
+            text += &format!("nginx      {note}\n");
+        }
+        let mut ratios = serde_json::Map::new();
+        if let Some(a) = find("activator") {
+            for base in ["direct", "nginx"] {
+                if let Some(b) = find(base) {
+                    let r = ratio(&a.latency(), &b.latency());
+                    text += &format!(
+                        "activator ÷ {base:<6}  latency p50 {:.2}×  p99 {:.2}×\n",
+                        r["p50"].as_f64().unwrap_or(0.0),
+                        r["p99"].as_f64().unwrap_or(0.0)
+                    );
+                    ratios.insert(format!("activator_over_{base}"), r);
+                }
+            }
+        }
+        let series: Vec<(&str, Vec<f64>)> = runs
+            .iter()
+            .map(|(name, run)| {
+                let ms = run
+                    .outcomes
+                    .iter()
+                    .filter(|o| o.ok)
+                    .map(|o| o.latency.as_secs_f64() * 1e3)
+                    .collect();
+                (*name, ms)
+            })
+            .collect();
+        Ok(Outcome {
+            figures: json!({
+                "rate": schedule.rate,
+                "duration_secs": schedule.duration.as_secs_f64(),
+                "targets": targets,
+                "ratios": ratios,
+                "nginx": nginx_note.unwrap_or_else(|| "measured".into()),
+                "errors": runs.iter().map(|(_, r)| r.errors()).sum::<u64>(),
+            }),
+            text,
+            plots: vec![("cdf", plot::cdf("steady: warm latency CDF, open loop", &series)?)],
+        })
+    })
+    .await
+}
