@@ -526,6 +526,8 @@ pub async fn apply_crds(client: &Client) -> Result<(), Error> {
         })?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        // kustomize's own file lists the CRDs; it is not one.
+        .filter(|p| p.file_name().is_some_and(|n| n != "kustomization.yaml"))
         .collect();
     files.sort();
     for path in files {

@@ -1,0 +1,239 @@
+//! Every scenario in a small configuration (seconds each), on the embedded kubesim: its
+//! report has the documented keys with sane values, and its pictures are SVG.
+
+use loadtest::scenario::{self, Ctx, Knobs, Report, Scenario};
+
+fn small() -> Knobs {
+    Knobs {
+        nodes: Some(4),
+        revisions: Some(3),
+        activators: Some(2),
+        start_delay_ms: Some(50),
+        api_write_latency: Some("1ms".into()),
+        ..Knobs::default()
+    }
+}
+
+async fn run(scenario: Scenario, knobs: Knobs) -> (Report, serde_json::Value) {
+    let report = scenario::run(scenario, &Ctx::new(knobs.or(small())))
+        .await
+        .unwrap_or_else(|e| panic!("{} failed: {e}", scenario.name()));
+    assert!(!report.partial);
+    assert!(report.target.contains("kubesim"), "{}", report.target);
+    for (name, svg) in &report.plots {
+        assert!(svg.starts_with("<svg"), "{name} is not SVG");
+    }
+    let dir = std::env::temp_dir().join(format!(
+        "lt-test-{}-{}",
+        scenario.name(),
+        std::process::id()
+    ));
+    let written = report.write(None, None, Some(&dir)).unwrap();
+    let json_path = dir.join(format!("{}.json", scenario.name()));
+    assert!(written.contains(&json_path));
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap()).unwrap();
+    assert_eq!(json["scenario"], scenario.name());
+    assert_eq!(json["plots"].as_array().unwrap().len(), report.plots.len());
+    let _ = std::fs::remove_dir_all(&dir);
+    (report, json["figures"].clone())
+}
+
+fn num(v: &serde_json::Value, key: &str) -> f64 {
+    v[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{key} missing or not a number in {v}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cold_burst_wakes_every_revision_and_reports_each_phase() {
+    let (_, f) = run(
+        Scenario::ColdBurst,
+        Knobs {
+            clients: Some(12),
+            ..Knobs::default()
+        },
+    )
+    .await;
+    assert_eq!(num(&f, "requests"), 24.0, "the burst and the same again");
+    assert_eq!(num(&f, "errors"), 0.0, "{f}");
+    assert!(
+        num(&f, "cold_starts") >= 3.0,
+        "one per revision at least: {f}"
+    );
+    let a = &f["burst"]["anatomy"];
+    for seg in [
+        "arrival_to_post_ms",
+        "post_to_bound_ms",
+        "bound_to_ready_ms",
+        "ready_to_first_byte_ms",
+        "total_ms",
+    ] {
+        assert!(a[seg]["p50"].as_f64().is_some(), "{seg} in {a}");
+    }
+    // The phases follow each other: the whole wait is at least the start delay.
+    assert!(num(&a["total_ms"], "p50") >= 50.0, "{a}");
+    assert!(num(&f["warm_again"]["warm_ms"], "count") >= 1.0, "{f}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steady_compares_the_activator_with_direct_in_one_run() {
+    let (report, f) = run(
+        Scenario::Steady,
+        Knobs {
+            rate: Some(100.0),
+            duration_secs: Some(1.0),
+            revisions: Some(1),
+            ..Knobs::default()
+        },
+    )
+    .await;
+    assert_eq!(num(&f, "errors"), 0.0, "{}", report.text);
+    for target in ["direct", "activator"] {
+        let t = &f["targets"][target];
+        assert_eq!(num(t, "sent"), 100.0, "{target}: {t}");
+        assert!(num(&t["latency_ms"], "p50") > 0.0);
+    }
+    assert!(num(&f["ratios"]["activator_over_direct"], "p50") > 0.0);
+    // nginx is measured when installed, and said so when not.
+    let nginx = f["nginx"].as_str().unwrap();
+    assert!(
+        nginx == "measured" || nginx.contains("not measured"),
+        "{nginx}"
+    );
+    assert_eq!(f["targets"].get("nginx").is_some(), nginx == "measured");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_failure_counts_failed_requests_and_times_the_repair() {
+    let (report, f) = run(
+        Scenario::NodeFailure,
+        Knobs {
+            nodes: Some(5),
+            revisions: Some(6),
+            rate: Some(100.0),
+            duration_secs: Some(4.0),
+            node_grace_secs: Some(1.0),
+            ..Knobs::default()
+        },
+    )
+    .await;
+    assert_eq!(f["killed"].as_array().unwrap().len(), 1);
+    assert!(num(&f, "affected_revisions") >= 1.0, "{f}");
+    assert_eq!(num(&f, "requests"), 400.0);
+    // Requests to the dead member before the repair fail, and are counted, not hidden.
+    let failed = num(&f, "failed_requests");
+    assert_eq!(
+        failed,
+        num(&f["samples"], "errors") + (400.0 - num(&f["samples"], "requests")),
+        "{}",
+        report.text
+    );
+    assert!(num(&f, "repaired_after_ms") > 0.0, "{}", report.text);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maxscale_never_sees_more_pods_than_max_scale() {
+    let (report, f) = run(
+        Scenario::Maxscale,
+        Knobs {
+            clients: Some(24),
+            cycles: Some(2),
+            max_scale: Some(2),
+            app_delay_ms: Some(50),
+            ..Knobs::default()
+        },
+    )
+    .await;
+    assert_eq!(num(&f, "errors"), 0.0, "{}", report.text);
+    let most = num(&f, "max_pods_observed");
+    assert!(most >= 1.0 && most <= 2.0, "{}", report.text);
+    assert_eq!(num(&f, "max_scale"), 2.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn churn_counts_member_changes_and_extra_cold_starts() {
+    let (report, f) = run(
+        Scenario::Churn,
+        Knobs {
+            rate: Some(50.0),
+            duration_secs: Some(4.0),
+            kill_nodes: Some(1),
+            ..Knobs::default()
+        },
+    )
+    .await;
+    assert!(
+        num(&f, "member_changes") >= 1.0,
+        "a member left and was replaced: {}",
+        report.text
+    );
+    assert!(f["extra_cold_starts"].as_u64().is_some());
+    assert!(num(&f, "failed_requests") <= num(&f, "requests"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_revisions_go_to_zero_and_wake_cold_again() {
+    let (report, f) = run(
+        Scenario::Idle,
+        Knobs {
+            idle_timeout_secs: Some(1),
+            cycles: Some(2),
+            ..Knobs::default()
+        },
+    )
+    .await;
+    let cycles = f["cycles"].as_array().unwrap();
+    assert_eq!(cycles.len(), 2, "{}", report.text);
+    for c in cycles {
+        assert_eq!(num(c, "cold"), 3.0, "every revision woke cold: {c}");
+        assert_eq!(num(c, "errors"), 0.0, "{c}");
+        assert!(
+            num(c, "to_zero_ms") >= 1_000.0,
+            "not before idleTimeoutSeconds: {c}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scale_samples_real_activators_against_every_node() {
+    let (report, f) = run(
+        Scenario::Scale,
+        Knobs {
+            nodes: Some(30),
+            revisions: Some(200),
+            sample_activators: Some(3),
+            active_share: Some(0.05),
+            rate: Some(50.0),
+            duration_secs: Some(1.0),
+            ..Knobs::default()
+        },
+    )
+    .await;
+    assert_eq!(num(&f, "assigned_revisions"), 200.0, "{}", report.text);
+    assert_eq!(num(&f, "sampled_activators"), 3.0);
+    assert!(num(&f, "api_requests_per_s") > 0.0);
+    assert!(
+        num(&f["one_change"], "repaired_ms") > 0.0,
+        "{}",
+        report.text
+    );
+    assert_eq!(num(&f, "errors"), 0.0, "{}", report.text);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_path_on_kubesim_measures_local_binding_and_says_what_it_cannot() {
+    let (report, f) = run(
+        Scenario::ControlPath,
+        Knobs {
+            cycles: Some(3),
+            clients: Some(5),
+            ..Knobs::default()
+        },
+    )
+    .await;
+    assert_eq!(num(&f["local_sequential_ms"], "count"), 3.0);
+    assert_eq!(num(&f["local_burst_ms"], "count"), 5.0);
+    assert!(f["deployment_sequential_ms"].is_null());
+    assert!(report.text.contains("NOT measured"), "{}", report.text);
+}
