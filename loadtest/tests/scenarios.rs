@@ -147,7 +147,7 @@ async fn maxscale_never_sees_more_pods_than_max_scale() {
     .await;
     assert_eq!(num(&f, "errors"), 0.0, "{}", report.text);
     let most = num(&f, "max_pods_observed");
-    assert!(most >= 1.0 && most <= 2.0, "{}", report.text);
+    assert!((1.0..=2.0).contains(&most), "{}", report.text);
     assert_eq!(num(&f, "max_scale"), 2.0);
 }
 

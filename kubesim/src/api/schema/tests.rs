@@ -738,7 +738,10 @@ fn generated_crds_compile_and_validate() {
     let mut count = 0;
     for entry in std::fs::read_dir(&dir).expect("deploy/crds exists") {
         let path = entry.unwrap().path();
-        if path.extension().and_then(|e| e.to_str()) != Some("yaml") {
+        // kustomize's file lists the CRDs; it is not one.
+        if path.extension().and_then(|e| e.to_str()) != Some("yaml")
+            || path.ends_with("kustomization.yaml")
+        {
             continue;
         }
         let text = std::fs::read_to_string(&path).unwrap();
