@@ -56,15 +56,21 @@ pub fn anatomy(title: &str, a: &Anatomy) -> Result<String, Error> {
             .margin(15)
             .x_label_area_size(35)
             .y_label_area_size(60)
-            .build_cartesian_2d(0.0..3.0, 0.0..top)
+            .build_cartesian_2d(-0.5..2.5, 0.0..top)
             .map_err(err)?;
         chart
             .configure_mesh()
             .disable_x_mesh()
-            .x_labels(3)
+            .x_labels(7)
             .x_label_formatter(&|x: &f64| {
-                let i = x.floor() as usize;
-                bars.get(i).map(|b| b.0.to_string()).unwrap_or_default()
+                // Ticks fall between bars too; only the bars' own get a name.
+                let i = x.round();
+                if (x - i).abs() > 1e-6 || i < 0.0 {
+                    return String::new();
+                }
+                bars.get(i as usize)
+                    .map(|b| b.0.to_string())
+                    .unwrap_or_default()
             })
             .y_desc("ms since the first request arrived")
             .draw()
@@ -78,7 +84,7 @@ pub fn anatomy(title: &str, a: &Anatomy) -> Result<String, Error> {
                     let below: f64 = a.segments()[..s].iter().map(|p| f(p)).sum();
                     let h = f(a.segments()[s]);
                     let x = i as f64;
-                    Rectangle::new([(x + 0.25, below), (x + 0.75, below + h)], color.filled())
+                    Rectangle::new([(x - 0.25, below), (x + 0.25, below + h)], color.filled())
                 })
                 .collect();
             chart
@@ -90,9 +96,11 @@ pub fn anatomy(title: &str, a: &Anatomy) -> Result<String, Error> {
                 });
         }
         chart
-            .draw_series(bars.iter().enumerate().map(|(i, (_, f))| {
-                Circle::new((i as f64 + 0.5, f(&a.total_ms)), 5, BLACK.filled())
-            }))
+            .draw_series(
+                bars.iter()
+                    .enumerate()
+                    .map(|(i, (_, f))| Circle::new((i as f64, f(&a.total_ms)), 5, BLACK.filled())),
+            )
             .map_err(err)?
             .label("arrival→first byte (whole)")
             .legend(|(x, y)| Circle::new((x + 6, y), 5, BLACK.filled()));
@@ -125,6 +133,7 @@ pub fn cdf(title: &str, series: &[(&str, Vec<f64>)]) -> Result<String, Error> {
             .map_err(err)?;
         chart
             .configure_mesh()
+            .x_labels(12)
             .x_desc("latency, ms (log scale)")
             .y_desc("fraction of requests")
             .draw()

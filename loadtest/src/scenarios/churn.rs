@@ -42,6 +42,22 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
         let sender = Sender::new(ns, k.by_host()?);
         let entries = cluster.entries();
         let addr_of = |node: &str| entries.iter().find(|(n, _)| n == node).cloned();
+        ctx.step("warming every member of every revision");
+        let warm_up: Vec<(String, (String, std::net::SocketAddr))> = members
+            .members()
+            .into_iter()
+            .flat_map(|(rev, nodes)| {
+                nodes
+                    .into_iter()
+                    .filter_map(|n| addr_of(&n))
+                    .map(move |e| (rev.clone(), e))
+            })
+            .collect();
+        let warmed = futures::future::join_all(
+            warm_up.iter().map(|(rev, e)| sender.send(e, rev, &[])),
+        )
+        .await;
+        let warm_up_errors = warmed.iter().filter(|s| !s.ok()).count();
         let changes_before = members.changes();
         let samples = Arc::new(Mutex::new(Vec::<Sample>::new()));
         let schedule = OpenLoop {
@@ -99,14 +115,8 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
         let marks = marks?;
         let samples = std::mem::take(&mut *samples.lock().unwrap_or_else(|e| e.into_inner()));
         let summary = SampleSummary::of(&samples);
-        // Every revision is cold once at the start; any further cold start came from a move.
-        let cold_revisions: BTreeSet<&str> = samples
-            .iter()
-            .filter(|s| s.ok() && s.phases.is_some())
-            .map(|s| s.revision.as_str())
-            .collect();
-        let cold_starts = samples.iter().filter(|s| s.ok() && s.phases.is_some()).count();
-        let extra = cold_starts.saturating_sub(cold_revisions.len());
+        // Every member was warm before the load: each cold start in it came from a move.
+        let extra = summary.cold_starts;
         let changes = members.changes() - changes_before;
         let bins = plot::bucket(events_since(&samples, t0), 0.1);
         let lines = vec![
@@ -115,7 +125,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
         ];
         let text = format!(
             "churn: {} nodes, {} revisions, {} req/s for {:.1} s, {moves} activators out and back in\n\
-             member changes {changes}; cold starts {cold_starts} ({extra} beyond the first of each revision); failed requests {} of {}\n{}",
+             member changes {changes}; cold starts under load {extra} (every member was warm before); failed requests {} of {}\n{}",
             entries.len(),
             names.len(),
             schedule.rate,
@@ -128,7 +138,8 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
             figures: json!({
                 "moves": moves,
                 "member_changes": changes,
-                "cold_starts": cold_starts,
+                "warm_up_requests": warmed.len(),
+                "warm_up_errors": warm_up_errors,
                 "extra_cold_starts": extra,
                 "requests": run.sent() as u64 + run.overflow,
                 "failed_requests": run.errors(),

@@ -75,7 +75,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                 "revisions_created_ms": created.as_secs_f64() * 1e3,
                 "requests": total.requests,
                 "errors": total.errors,
-                "cold_starts": cold.anatomy.count,
+                "cold_starts": cold.cold_starts,
                 "burst_wall_ms": burst_ms,
                 "burst": cold,
                 "warm_again": again,

@@ -62,6 +62,8 @@ pub struct SampleSummary {
     pub errors: usize,
     /// Requests that waited for a slot (a pod starting or all busy).
     pub cold: usize,
+    /// Cold starts: distinct pods that answered requests which waited for them to start.
+    pub cold_starts: usize,
     pub cold_ms: Percentiles,
     pub warm_ms: Percentiles,
     pub anatomy: Anatomy,
@@ -79,6 +81,11 @@ impl SampleSummary {
             requests: samples.len(),
             errors: samples.iter().filter(|s| !s.ok()).count(),
             cold: cold.len(),
+            cold_starts: ok()
+                .filter(|s| s.phases.is_some())
+                .filter_map(|s| s.pod.as_deref())
+                .collect::<std::collections::BTreeSet<_>>()
+                .len(),
             cold_ms: Percentiles::of(&cold),
             warm_ms: Percentiles::of(&warm),
             anatomy: Anatomy::of(&phases),
@@ -101,8 +108,8 @@ impl SampleSummary {
     /// Table lines.
     pub fn lines(&self) -> String {
         let mut o = format!(
-            "requests {}  errors {}  cold {}\n",
-            self.requests, self.errors, self.cold
+            "requests {}  errors {}  waited (cold) {}  cold starts (pods) {}\n",
+            self.requests, self.errors, self.cold, self.cold_starts
         );
         o += &pct_line("cold ms", &self.cold_ms);
         o += &pct_line("warm ms", &self.warm_ms);
