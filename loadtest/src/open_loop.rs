@@ -79,6 +79,29 @@ impl Latency {
 }
 
 impl Run {
+    /// An empty run, to [`Run::absorb`] slices into.
+    pub fn empty() -> Self {
+        Self {
+            outcomes: Vec::new(),
+            overflow: 0,
+            cancelled: false,
+            elapsed: Duration::ZERO,
+        }
+    }
+
+    /// Adds a later slice of the same target's load (interleaved runs).
+    pub fn absorb(&mut self, other: Run) {
+        let offset = self.elapsed;
+        self.outcomes
+            .extend(other.outcomes.into_iter().map(|mut o| {
+                o.intended += offset;
+                o
+            }));
+        self.overflow += other.overflow;
+        self.cancelled |= other.cancelled;
+        self.elapsed += other.elapsed;
+    }
+
     pub fn sent(&self) -> usize {
         self.outcomes.len()
     }

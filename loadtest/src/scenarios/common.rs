@@ -115,7 +115,7 @@ impl SampleSummary {
         o += &pct_line("warm ms", &self.warm_ms);
         if self.anatomy.count > 0 {
             o += &format!(
-                "cold-start anatomy ({} cold starts), ms:\n",
+                "cold-start anatomy ({} requests that waited for a pod start), ms:\n",
                 self.anatomy.count
             );
             for (name, p) in crate::anatomy::SEGMENTS.iter().zip(self.anatomy.segments()) {

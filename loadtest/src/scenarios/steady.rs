@@ -20,6 +20,9 @@ use crate::open_loop::{Latency, OpenLoop, Run};
 use crate::plot;
 use crate::scenario::{Ctx, Knobs, Outcome, Report, Scenario, create_revisions, revision_names};
 
+/// Slices per target, taken in turns.
+const ROUNDS: u32 = 5;
+
 pub fn defaults() -> Knobs {
     Knobs {
         nodes: Some(3),
@@ -47,7 +50,7 @@ fn figures(run: &Run) -> serde_json::Value {
 fn line(name: &str, run: &Run) -> String {
     let l = run.latency();
     format!(
-        "{name:<10} sent {:>6}  errors {:>4}  p50 {:>7.3}  p90 {:>7.3}  p99 {:>7.3}  p99.9 {:>7.3}  max {:>8.3} ms  ({:.0} req/s answered)\n",
+        "{name:<10} sent {:>6}  errors {:>4}  p50 {:>7.3}  p90 {:>7.3}  p99 {:>7.3}  p99.9 {:>7.3}  max {:>8.3} ms  ({:.0} req/s answered; send lag p50 {:.3} ms)\n",
         run.sent(),
         run.errors(),
         l.p50,
@@ -55,7 +58,8 @@ fn line(name: &str, run: &Run) -> String {
         l.p99,
         l.p999,
         l.max,
-        run.throughput()
+        run.throughput(),
+        run.send_lag().p50
     )
 }
 
@@ -129,10 +133,6 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                 }
             }
         };
-        let mut runs: Vec<(&'static str, Run)> = Vec::new();
-        ctx.step(format!("direct to the pod at {} req/s", schedule.rate));
-        runs.push(("direct", schedule.run(&ctx.cancel, get(pod_addr)).await));
-
         let nginx_dir = std::env::temp_dir().join(format!("loadtest-nginx-{ns}"));
         let nginx = match nginx::find() {
             None => Err("no nginx binary on PATH or at /usr/sbin/nginx: not measured".to_string()),
@@ -145,11 +145,43 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                     .map_err(|e| format!("nginx did not start, not measured: {e}"))
             }
         };
-        if let Ok(n) = &nginx
-            && !ctx.cancel.is_cancelled()
-        {
-            ctx.step("through nginx");
-            runs.push(("nginx", schedule.run(&ctx.cancel, get(n.addr)).await));
+        let nginx_addr = nginx.as_ref().ok().map(|n| n.addr);
+        // The targets take turns in short slices, so that a warmer machine, a fuller cache or
+        // a noisy neighbour late in the run does not favour whichever target ran last.
+        let mut runs: Vec<(&'static str, Run)> = vec![("direct", Run::empty())];
+        if nginx_addr.is_some() {
+            runs.push(("nginx", Run::empty()));
+        }
+        runs.push(("activator", Run::empty()));
+        let slice = OpenLoop {
+            duration: schedule.duration / ROUNDS,
+            ..schedule
+        };
+        let rev_count = names.len();
+        for round in 0..ROUNDS {
+            for (name, total) in runs.iter_mut() {
+                if ctx.cancel.is_cancelled() {
+                    break;
+                }
+                ctx.step(format!("round {} of {ROUNDS}: {name}", round + 1));
+                let run = match *name {
+                    "direct" => slice.run(&ctx.cancel, get(pod_addr)).await,
+                    "nginx" => match nginx_addr {
+                        Some(addr) => slice.run(&ctx.cancel, get(addr)).await,
+                        None => continue,
+                    },
+                    _ => {
+                        slice
+                            .run(&ctx.cancel, |i| {
+                                let (sender, entry) = (sender.clone(), entry.clone());
+                                let rev = names[i as usize % rev_count].clone();
+                                async move { sender.send(&entry, &rev, &[]).await.ok() }
+                            })
+                            .await
+                    }
+                };
+                total.absorb(run);
+            }
         }
         let nginx_note = nginx.as_ref().err().cloned();
         if let Ok(n) = nginx {
@@ -157,23 +189,10 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
         }
         let _ = std::fs::remove_dir_all(&nginx_dir);
 
-        if !ctx.cancel.is_cancelled() {
-            ctx.step("through the activator");
-            let rev_count = names.len();
-            let run = schedule
-                .run(&ctx.cancel, |i| {
-                    let (sender, entry) = (sender.clone(), entry.clone());
-                    let rev = names[i as usize % rev_count].clone();
-                    async move { sender.send(&entry, &rev, &[]).await.ok() }
-                })
-                .await;
-            runs.push(("activator", run));
-        }
-
         let find = |n: &str| runs.iter().find(|(name, _)| *name == n).map(|(_, r)| r);
         let mut targets = serde_json::Map::new();
         let mut text = format!(
-            "steady: {} req/s for {:.1} s per target, open loop (latency from the intended send time)\n",
+            "steady: {} req/s for {:.1} s per target in {ROUNDS} interleaved slices, open loop (latency from the intended send time)\n",
             schedule.rate,
             schedule.duration.as_secs_f64()
         );
