@@ -5,6 +5,8 @@
 
 #[path = "../../crds/tests/support/chart_args.rs"]
 mod chart_args;
+// Only `check` is used here.
+#[allow(dead_code)]
 #[path = "../../crds/tests/support/manifest_check.rs"]
 mod manifest_check;
 #[path = "../../crds/tests/support/render.rs"]
