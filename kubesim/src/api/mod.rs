@@ -22,5 +22,5 @@ mod store;
 mod watch;
 
 pub use server::{ApiServer, ApiServerConfig};
-pub use stats::{RequestKey, Stats, WatchInfo};
+pub use stats::{RequestKey, Stats, UserRequestKey, WatchInfo};
 pub use watch::WatchStat;

@@ -24,7 +24,7 @@ use super::handlers::{self, Ctx, Reply};
 use super::http::{Body, Query, error_response, json_response, text_response, value_response};
 use super::list::Selectors;
 use super::resource::ResourceDef;
-use super::stats::{Stats, StatsInner, metrics_text};
+use super::stats::{Stats, StatsInner, UserRequestKey, metrics_text};
 use super::status::{ApiError, Cause};
 use super::store::State;
 use super::watch::{WatchStat, Watcher, bookmark_line, event_line, next_bookmark};
@@ -186,6 +186,15 @@ impl ApiServer {
     /// A real kube client for this server.
     pub fn client(&self) -> kube::Client {
         kube::Client::try_from(self.kube_config()).expect("client for a plain http url")
+    }
+
+    /// A kube client for this server that names itself `user` (the `Impersonate-User`
+    /// header): kubesim authorizes nothing, but counts each request under its user in
+    /// [`Stats::requests_by_user`], so a test can tell apart what each component asked for.
+    pub fn client_as(&self, user: &str) -> kube::Client {
+        let mut cfg = self.kube_config();
+        cfg.auth_info.impersonate = Some(user.to_string());
+        kube::Client::try_from(cfg).expect("client for a plain http url")
     }
 
     /// Writes a kubeconfig (cluster `kubesim`, no auth) that kube-rs and kubectl can use.
@@ -493,7 +502,23 @@ async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Response<Body> {
         Some(sub) => format!("{plural}/{sub}"),
         None => plural.to_string(),
     };
-    inner.stats().count(verb, group, &resource);
+    {
+        let user = req
+            .headers()
+            .get("impersonate-user")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        let mut stats = inner.stats();
+        stats.count(verb, group, &resource);
+        stats.count_by_user(UserRequestKey {
+            user,
+            verb: verb.to_string(),
+            group: group.to_string(),
+            resource: resource.clone(),
+            namespace: ns.map(String::from),
+        });
+    }
     let content_type = req
         .headers()
         .get(header::CONTENT_TYPE)

@@ -24,6 +24,23 @@ pub struct RequestKey {
     pub resource: String,
 }
 
+/// A request as an authorizer sees it: who asked, and what for. kubesim has no
+/// authentication; a client names itself with the `Impersonate-User` header (kube-rs sets it
+/// from `AuthInfo::impersonate`), so a test can give each component its own identity and
+/// compare what each one asked for with the RBAC it is granted.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct UserRequestKey {
+    /// The `Impersonate-User` header, or "" without one.
+    pub user: String,
+    pub verb: String,
+    pub group: String,
+    /// `pods`, or `pods/status` for a subresource
+    pub resource: String,
+    /// The request's namespace; None for a cluster-scoped resource or an all-namespaces
+    /// list or watch.
+    pub namespace: Option<String>,
+}
+
 /// One watch and what it was sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WatchInfo {
@@ -41,6 +58,9 @@ pub struct WatchInfo {
 #[derive(Debug, Clone, Default)]
 pub struct Stats {
     pub requests: BTreeMap<RequestKey, u64>,
+    /// The same requests by the identity that made them and their namespace (for checking
+    /// RBAC against what each component does).
+    pub requests_by_user: BTreeMap<UserRequestKey, u64>,
     /// Open watches and recently closed ones, each with its own event count.
     pub watches: Vec<WatchInfo>,
     /// Older closed watches, folded per resource: (watches, events delivered).
@@ -80,6 +100,7 @@ const WATCHES_LISTED: usize = 20_000;
 #[derive(Default)]
 pub(crate) struct StatsInner {
     pub requests: BTreeMap<RequestKey, u64>,
+    requests_by_user: BTreeMap<UserRequestKey, u64>,
     watches: Vec<Arc<WatchStat>>,
     closed: BTreeMap<String, (u64, u64)>,
 }
@@ -110,9 +131,15 @@ impl StatsInner {
         *self.requests.entry(k).or_default() += 1;
     }
 
+    /// Counts a request by its identity too (see [`UserRequestKey`]).
+    pub fn count_by_user(&mut self, key: UserRequestKey) {
+        *self.requests_by_user.entry(key).or_default() += 1;
+    }
+
     pub fn snapshot(&self) -> Stats {
         Stats {
             requests: self.requests.clone(),
+            requests_by_user: self.requests_by_user.clone(),
             watches: self
                 .watches
                 .iter()
