@@ -115,6 +115,17 @@ impl Run {
         Latency::of(self.outcomes.iter().filter(|o| o.ok).map(|o| o.latency))
     }
 
+    /// Latency of the answered requests from their actual send times: the open-loop figure
+    /// minus the generator's own timer lag (tokio's timer has millisecond resolution).
+    pub fn service(&self) -> Latency {
+        Latency::of(
+            self.outcomes
+                .iter()
+                .filter(|o| o.ok)
+                .map(|o| o.latency.saturating_sub(o.send_lag)),
+        )
+    }
+
     pub fn send_lag(&self) -> Latency {
         Latency::of(self.outcomes.iter().map(|o| o.send_lag))
     }

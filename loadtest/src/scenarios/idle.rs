@@ -83,21 +83,25 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
         for c in &cycles {
             text += &format!(
                 "{:<6} {:>6} {:>5} {:>7} {:>11.1} {:>11.2} {:>12}\n",
-                c["cycle"],
-                c["woken"],
-                c["cold"],
-                c["errors"],
+                c["cycle"].as_u64().unwrap_or(0),
+                c["woken"].as_u64().unwrap_or(0),
+                c["cold"].as_u64().unwrap_or(0),
+                c["errors"].as_u64().unwrap_or(0),
                 c["cold_ms"]["p50"].as_f64().unwrap_or(0.0),
                 c["warm_ms"]["p50"].as_f64().unwrap_or(0.0),
                 c["to_zero_ms"].as_f64().map_or("never".into(), |v| format!("{v:.0}")),
             );
         }
         text += &summary.lines();
-        let history: Vec<(f64, f64)> = pods
-            .history()
-            .into_iter()
-            .map(|(t, n)| (t.saturating_duration_since(t0).as_secs_f64(), n as f64))
-            .collect();
+        // A step line: the count holds until the next pod event.
+        let mut history: Vec<(f64, f64)> = Vec::new();
+        for (t, n) in pods.history() {
+            let t = t.saturating_duration_since(t0).as_secs_f64();
+            if let Some(&(_, before)) = history.last() {
+                history.push((t, before));
+            }
+            history.push((t, n as f64));
+        }
         Ok(Outcome {
             figures: json!({
                 "idle_timeout_secs": idle,
