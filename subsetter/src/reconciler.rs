@@ -381,12 +381,27 @@ async fn reconcile_synced(rev: &Arc<Revision>, ctx: &Arc<Context>) -> Result<Act
                 ..Default::default()
             };
             ctx.write_turn(lane).await;
-            let created = endpoints.create(&post, &ae).await?;
             ctx.metrics.writes.inc();
+            let (created, adopted) = match endpoints.create(&post, &ae).await {
+                Ok(created) => (created, false),
+                // It exists though the store has not seen it: an earlier attempt's create
+                // landed but its answer was lost, or the watch lags. Take it over rather than
+                // retrying a create that can never succeed.
+                Err(kube::Error::Api(s)) if s.code == 409 => (endpoints.get(&name).await?, true),
+                Err(e) => return Err(e.into()),
+            };
             stale.push(created.resource_version());
             ctx.write_turn(lane).await;
-            wrote = Some(endpoints.patch_status(&name, &pp, &status_patch).await?);
+            let mut o = endpoints.patch_status(&name, &pp, &status_patch).await?;
             ctx.metrics.writes.inc();
+            if adopted && o.metadata.labels.as_ref() != Some(&plan.labels) {
+                stale.push(o.resource_version());
+                ctx.write_turn(lane).await;
+                let labels = json!({ "metadata": { "labels": plan.labels } });
+                o = endpoints.patch(&name, &pp, &Patch::Merge(labels)).await?;
+                ctx.metrics.writes.inc();
+            }
+            wrote = Some(o);
         }
         Some(_) => {
             // Status first: an activator that starts matching the new label then already
