@@ -150,13 +150,14 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
 
             // One cluster-wide change: an activator (not sampled) leaves; the subsetter
             // repairs every subset it was in.
-            let leaving = nodes
+            // The node (not sampled) in the most subsets: the largest repair one node causes.
+            let now = members.members();
+            let (in_subsets, leaving) = nodes
                 .iter()
-                .rev()
-                .find(|n| !sampled.contains(n))
-                .cloned()
+                .filter(|n| !sampled.contains(n))
+                .map(|n| (now.values().filter(|s| s.contains(n)).count(), n.clone()))
+                .max()
                 .unwrap_or_default();
-            let in_subsets = members.members().values().filter(|s| s.contains(&leaving)).count();
             ctx.step(format!("{leaving} leaves ({in_subsets} subsets)"));
             let t = Instant::now();
             let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
