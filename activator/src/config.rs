@@ -32,6 +32,10 @@ pub struct ActivatorConfig {
     pub host_ttl: Duration,
     /// How long a Host no revision claims is answered 404 without asking again.
     pub host_miss_ttl: Duration,
+    /// Whether a request that names no revision by headers is routed by its Host header.
+    /// Off: it is answered 404 and no Host lookup reaches the API server (for clusters where
+    /// an ingress in front names every request's revision).
+    pub host_routing: bool,
     /// Buffering, throttling and local scaling.
     pub pool: PoolConfig,
     /// Threads serving the data port, each with its own single-threaded runtime and listener
@@ -68,6 +72,7 @@ impl ActivatorConfig {
             drain_timeout: Duration::from_secs(90),
             host_ttl: Duration::from_secs(10),
             host_miss_ttl: Duration::from_secs(1),
+            host_routing: true,
             pool: PoolConfig::default(),
             io_threads: 0,
             body_idle_timeout: Duration::from_secs(30),

@@ -1,11 +1,10 @@
 //! The activator binary: configuration from flags and the downward-API environment.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
+use activator::Activator;
 use activator::cli::Args;
 use activator::telemetry::{self, Identity};
-use activator::{Activator, ActivatorConfig};
 use clap::Parser;
 
 /// Longest wait for the trace exporter's last flush on exit.
@@ -34,17 +33,7 @@ async fn run_with_telemetry(args: Args) -> anyhow::Result<()> {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
-    let mut cfg = ActivatorConfig::new(
-        args.node_name,
-        SocketAddr::new(args.pod_ip, args.data_port),
-        SocketAddr::new(args.pod_ip, args.admin_port),
-    );
-    cfg.pod_name = args.pod_name;
-    cfg.pod_namespace = args.pod_namespace;
-    cfg.io_threads = match args.io_threads {
-        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-        n => n,
-    };
+    let cfg = args.config();
     let client = kube::Client::try_default().await?;
     let activator = Activator::start(cfg, client).await?;
     shutdown_signal().await;
