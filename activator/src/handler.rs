@@ -59,7 +59,8 @@ pub struct Handler {
     pub node: String,
     pub node_header: HeaderValue,
     pub revisions: RevisionCache,
-    pub hosts: HostCache,
+    /// Host lookups; None when Host routing is off (`--host-routing=false`).
+    pub hosts: Option<HostCache>,
     pub endpoints: EndpointsCache,
     pub pools: Pools,
     pub upstream: Upstream,
@@ -153,22 +154,30 @@ impl Handler {
         let authority = req.uri().authority().map(|a| a.as_str());
         let (key, host) = match named(req.headers(), authority) {
             Ok(Named::Revision(key)) => (key, None),
-            Ok(Named::Host(host)) => match bounded(self.hosts.resolve(&host)).await {
-                Ok(Ok(Some(key))) => (key, Some(host)),
-                Ok(Ok(None)) => {
+            Ok(Named::Host(host)) => {
+                let Some(hosts) = &self.hosts else {
                     return Err(Refusal::unknown_revision(format!(
-                        "no revision serves host {host}"
+                        "Host routing is off on this activator: name the revision with the \
+                         x-revision-namespace and x-revision-name headers (host {host})"
                     )));
+                };
+                match bounded(hosts.resolve(&host)).await {
+                    Ok(Ok(Some(key))) => (key, Some((host, hosts))),
+                    Ok(Ok(None)) => {
+                        return Err(Refusal::unknown_revision(format!(
+                            "no revision serves host {host}"
+                        )));
+                    }
+                    Ok(Err(e)) => {
+                        return Err(Refusal::unavailable(format!("looking up host {host}: {e}")));
+                    }
+                    Err(()) => {
+                        return Err(Refusal::unavailable(format!(
+                            "looking up host {host}: the API server did not answer"
+                        )));
+                    }
                 }
-                Ok(Err(e)) => {
-                    return Err(Refusal::unavailable(format!("looking up host {host}: {e}")));
-                }
-                Err(()) => {
-                    return Err(Refusal::unavailable(format!(
-                        "looking up host {host}: the API server did not answer"
-                    )));
-                }
-            },
+            }
             Err(Unnamed::BadName(why)) => return Err(Refusal::bad_request(why)),
             Err(Unnamed::Nothing) => {
                 return Err(Refusal::unknown_revision(
@@ -179,8 +188,8 @@ impl Handler {
         let rev = match bounded(self.revisions.get_or_fetch(&key)).await {
             Ok(Ok(Some(rev))) => rev,
             Ok(Ok(None)) => {
-                if let Some(h) = &host {
-                    self.hosts.forget(h);
+                if let Some((h, hosts)) = &host {
+                    hosts.forget(h);
                 }
                 return Err(Refusal::unknown_revision(&key));
             }
@@ -194,10 +203,10 @@ impl Handler {
             }
         };
         // A cached host whose revision no longer claims it (hosts moved): look again next time.
-        if let Some(h) = &host {
+        if let Some((h, hosts)) = &host {
             let h = normalize_host(h);
             if !rev.spec.hosts.iter().any(|c| normalize_host(c) == h) {
-                self.hosts.forget(&h);
+                hosts.forget(&h);
                 return Err(Refusal::unknown_revision(format!(
                     "no revision serves host {h}"
                 )));
@@ -349,7 +358,11 @@ impl Handler {
                         Box::pin(self.forward(key, &spec.rev, req, starters())).await?,
                     ));
                 }
-                Err(NoSlot::Elsewhere(why) | NoSlot::Full(why)) => {
+                Err(NoSlot::Full(why)) => {
+                    self.metrics.buffer_full.inc();
+                    return Err(Refusal::unavailable(why));
+                }
+                Err(NoSlot::Elsewhere(why)) => {
                     return Err(Refusal::unavailable(why));
                 }
                 Err(NoSlot::Retired) => {

@@ -88,7 +88,10 @@ impl Activator {
         let stop_caches = CancellationToken::new();
         let metrics = Arc::new(Metrics::default());
         let revisions = RevisionCache::new(client.clone());
-        let hosts = HostCache::new(client.clone(), cfg.host_ttl, cfg.host_miss_ttl);
+        // Off, no Host lookup is ever made (requests must name their revision by headers).
+        let hosts = cfg
+            .host_routing
+            .then(|| HostCache::new(client.clone(), cfg.host_ttl, cfg.host_miss_ttl));
         let (keep_warm_tx, mut keep_warm) = tokio::sync::mpsc::unbounded_channel();
         let endpoints = EndpointsCache::start(
             client.clone(),

@@ -129,6 +129,9 @@ pub struct Metrics {
     pub drained_to_peers: Counter,
     /// Times this node found itself unable to start a revision's pod.
     pub node_full: Counter,
+    /// Requests refused 503 + Retry-After because the buffer was full (the revision's
+    /// `--queue-limit` or the node's `--queue-limit-total`).
+    pub buffer_full: Counter,
 }
 
 impl Default for Metrics {
@@ -144,6 +147,7 @@ impl Default for Metrics {
             forwards: Counter::default(),
             drained_to_peers: Counter::default(),
             node_full: Counter::default(),
+            buffer_full: Counter::default(),
         }
     }
 }
@@ -238,6 +242,12 @@ impl Metrics {
             "node_full",
             "Times this node could not start a revision's pod and sent its requests elsewhere",
             self.node_full.clone(),
+        );
+        r.register(
+            "buffer_full",
+            "Requests refused 503 with Retry-After because the buffer was full (a revision's \
+             --queue-limit or the node's --queue-limit-total)",
+            self.buffer_full.clone(),
         );
         r
     }
