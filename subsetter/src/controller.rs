@@ -1,7 +1,10 @@
 //! Wiring: watches, caches and triggers around the reconciler.
 //!
-//! - Revisions drive a kube-runtime `Controller` (filtered on generation, so the subsetter's
-//!   own status writes do not re-trigger it).
+//! - The watches and caches run whether this replica leads or not ([`Caches`]): a standby
+//!   that takes over reconciles from warm caches instead of relisting the cluster.
+//! - Revisions are watched by the caches; a generation change (not the subsetter's own status
+//!   writes) triggers the leader's kube-runtime `Controller`, which takes its objects from the
+//!   cached store. Taking the lead triggers every cached revision once.
 //! - ActivationEndpoints are watched once: the reflector store gives the reconciler the current
 //!   members, the membership index is updated from the same events, and each change triggers
 //!   the owning Revision (what `.owns()` does, without a second watch).
@@ -23,10 +26,10 @@ use crds::{ActivationEndpoints, Revision};
 use futures::channel::mpsc::{UnboundedSender, unbounded};
 use futures::{FutureExt, StreamExt, stream};
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use kube::runtime::WatchStreamExt;
 use kube::runtime::controller::Controller;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
-use kube::runtime::{WatchStreamExt, predicates};
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
@@ -42,8 +45,9 @@ use crate::rebalance;
 use crate::reconciler::{self, Config, Context};
 use crate::settings::{self, Settings};
 
-/// The subsetter controller. `run` may be called again after it returns (leader election
-/// starts it each time this replica becomes leader).
+/// The subsetter controller: [`Subsetter::run`] alone, or with leader election
+/// [`Subsetter::start_caches`] once and [`Subsetter::lead`] each time this replica becomes
+/// leader.
 pub struct Subsetter {
     client: Client,
     config: Config,
@@ -78,10 +82,18 @@ impl Subsetter {
         Arc::clone(&self.metrics)
     }
 
-    /// Runs until `stop` resolves or a watch ends. A stop lets reconciles in flight finish,
-    /// for at most `Config::shutdown_grace`, and returns at once when none can be in flight.
+    /// Runs until `stop` resolves: starts the caches, then leads.
     pub async fn run(&self, stop: impl Future<Output = ()> + Send + Sync + 'static) -> Result<()> {
-        let stop = stop.shared();
+        let caches = self.start_caches();
+        let r = self.lead(&caches, stop).await;
+        caches.stop();
+        r
+    }
+
+    /// Starts the watches and caches (ActivationEndpoints, activator pods and nodes,
+    /// Revisions). A standby replica keeps them running, so that taking over is a reconcile of
+    /// what is cached, not a relist of the cluster (100,000 revisions take seconds to list).
+    pub fn start_caches(&self) -> Caches {
         let client = self.client.clone();
         let (revisions, endpoints): (Api<Revision>, Api<ActivationEndpoints>) =
             match &self.config.namespace {
@@ -95,65 +107,93 @@ impl Subsetter {
             Some(ns) => Api::namespaced(client.clone(), ns),
             None => Api::all(client.clone()),
         };
-        let nodes: Api<Node> = Api::all(client.clone());
+        let nodes: Api<Node> = Api::all(client);
 
         let index = Arc::new(Mutex::new(MembershipIndex::default()));
         let hosts = Arc::new(Mutex::new(HostIndex::default()));
         let available = Arc::new(RwLock::new(Arc::new(BTreeMap::new())));
         let (synced_tx, synced_rx) = watch::channel(false);
         let synced = Arc::new(watch::Sender::new(Synced::default()));
+        let mut tasks = Vec::new();
         {
             // Fold the three flags into the one the reconciler waits on.
             let mut rx = synced.subscribe();
-            tokio::spawn(async move {
+            tasks.push(tokio::spawn(async move {
                 if rx.wait_for(|s| s.all()).await.is_ok() {
                     let _ = synced_tx.send(true);
                 }
                 // Keep the sender alive (reconcilers treat a dropped sender as shutdown).
                 synced_tx.closed().await;
-            });
+            }));
         }
-        let (trigger_tx, trigger_rx) = unbounded::<ObjectRef<Revision>>();
-        let mut claims = HostClaims::new(Arc::clone(&hosts), trigger_tx.clone());
-        let rebalance_trigger = trigger_tx.clone();
-        let (owned_tx, owned_rx) = unbounded::<ActivationEndpoints>();
+        let triggers = Triggers::default();
+        let claims = HostClaims::new(Arc::clone(&hosts), triggers.clone());
 
         let (ae_reader, ae_writer) = reflector::store();
-        let ae_task = tokio::spawn(watch_endpoints(
+        tasks.push(tokio::spawn(watch_endpoints(
             endpoints,
             ae_writer,
             Arc::clone(&index),
             claims.clone(),
             Arc::clone(&synced),
-            owned_tx,
+            triggers.clone(),
             Arc::clone(&self.metrics),
-        ));
-        let act_task = tokio::spawn(watch_activators(
+        )));
+        tasks.push(tokio::spawn(watch_activators(
             pods,
             nodes,
             Arc::clone(&index),
             Arc::clone(&available),
             Arc::clone(&synced),
-            trigger_tx,
+            triggers.clone(),
             Arc::clone(&self.metrics),
-        ));
-
-        let ctx = Arc::new(Context::new(
-            client,
-            self.config.clone(),
-            Arc::clone(&self.policy),
-            Arc::clone(&self.metrics),
+        )));
+        let (rev_reader, rev_writer) = reflector::store();
+        tasks.push(tokio::spawn(watch_revisions(
+            revisions,
+            rev_writer,
+            claims,
+            triggers.clone(),
+        )));
+        Caches {
             index,
             hosts,
             available,
+            synced: synced_rx,
             ae_reader,
-            synced_rx,
-        ));
+            rev_reader,
+            triggers,
+            tasks,
+        }
+    }
 
+    /// Reconciles as the leader, from `caches`, until `stop` resolves. Every cached revision
+    /// is reconciled first (as a new controller's initial list would), then each change. A
+    /// stop lets reconciles in flight finish, for at most `Config::shutdown_grace`, and
+    /// returns at once when none can be in flight.
+    pub async fn lead(
+        &self,
+        caches: &Caches,
+        stop: impl Future<Output = ()> + Send + Sync + 'static,
+    ) -> Result<()> {
+        let stop = stop.shared();
+        let ctx = Arc::new(Context::new(
+            self.client.clone(),
+            self.config.clone(),
+            Arc::clone(&self.policy),
+            Arc::clone(&self.metrics),
+            Arc::clone(&caches.index),
+            Arc::clone(&caches.hosts),
+            Arc::clone(&caches.available),
+            caches.ae_reader.clone(),
+            caches.synced.clone(),
+        ));
+        let (trigger_tx, trigger_rx) = unbounded::<ObjectRef<Revision>>();
+        caches.triggers.lead(trigger_tx.clone());
         let rebalance_task = (!self.config.rebalance_interval.is_zero()).then(|| {
             tokio::spawn(rebalance_loop(
                 Arc::clone(&ctx),
-                rebalance_trigger,
+                trigger_tx.clone(),
                 self.config.rebalance_interval,
                 self.config.rebalance,
             ))
@@ -168,22 +208,28 @@ impl Subsetter {
             let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &ns);
             tokio::spawn(watch_settings(api, name, base, Arc::clone(&ctx)))
         });
-
-        let (rev_reader, rev_writer) = reflector::store();
-        let revision_stream = watcher::watcher(revisions, watcher::Config::default())
-            .default_backoff()
-            .reflect(rev_writer)
-            .inspect(move |e| {
-                if let Ok(e) = e {
-                    claims.observe(e);
+        // Everything cached, once the Revision store has its first list.
+        let everything = {
+            let reader = caches.rev_reader.clone();
+            let tx = trigger_tx;
+            tokio::spawn(async move {
+                if reader.wait_until_ready().await.is_ok() {
+                    for r in reader.state() {
+                        let _ = tx.unbounded_send(ObjectRef::from_obj(&*r));
+                    }
                 }
             })
-            .applied_objects()
-            .predicate_filter(predicates::generation, Default::default());
-        info!(namespace = ?self.config.namespace, policy = self.policy.name(), "subsetter starting");
-        let forced = forced_stop(stop.clone(), rev_reader.clone(), self.config.shutdown_grace);
-        let controller = Controller::for_stream(revision_stream, rev_reader)
-            .owns_stream(owned_rx.map(Ok))
+        };
+        info!(namespace = ?self.config.namespace, policy = self.policy.name(), "subsetter leading");
+        let forced = forced_stop(
+            stop.clone(),
+            caches.rev_reader.clone(),
+            self.config.shutdown_grace,
+        );
+        // The Revision watch is the caches' (it runs on a standby too): the controller takes
+        // its work from the triggers alone, and its objects from the cached store.
+        let no_watch = stream::pending::<std::result::Result<Revision, watcher::Error>>();
+        let controller = Controller::for_stream(no_watch, caches.rev_reader.clone())
             .reconcile_on(trigger_rx)
             .graceful_shutdown_on(stop)
             .run(reconciler::reconcile, reconciler::error_policy, ctx)
@@ -196,13 +242,113 @@ impl Subsetter {
             () = controller => {}
             () = forced => {}
         }
-        ae_task.abort();
-        act_task.abort();
+        caches.triggers.follow();
+        everything.abort();
         for t in [settings_task, rebalance_task].into_iter().flatten() {
             t.abort();
         }
-        info!("subsetter stopped");
+        info!("subsetter stopped leading");
         Ok(())
+    }
+}
+
+/// The watches and caches a replica keeps whether it leads or not (see
+/// [`Subsetter::start_caches`]).
+pub struct Caches {
+    index: Arc<Mutex<MembershipIndex>>,
+    hosts: Arc<Mutex<HostIndex>>,
+    available: Arc<RwLock<Arc<BTreeMap<String, Activator>>>>,
+    synced: watch::Receiver<bool>,
+    ae_reader: Store<ActivationEndpoints>,
+    rev_reader: Store<Revision>,
+    triggers: Triggers,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Caches {
+    /// Whether every cache has had its first list.
+    pub fn is_synced(&self) -> bool {
+        *self.synced.borrow() && self.rev_reader.wait_until_ready().now_or_never().is_some()
+    }
+
+    /// Waits until every cache has had its first list.
+    pub async fn wait_synced(&self) {
+        let mut synced = self.synced.clone();
+        let _ = synced.wait_for(|s| *s).await;
+        let _ = self.rev_reader.wait_until_ready().await;
+    }
+
+    /// Stops the watches.
+    pub fn stop(&self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl Drop for Caches {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Where the caches send the revisions a change concerns: to the leading controller, or
+/// nowhere while this replica is a standby (taking the lead reconciles everything anyway).
+#[derive(Clone, Default)]
+struct Triggers(Arc<Mutex<Option<UnboundedSender<ObjectRef<Revision>>>>>);
+
+impl Triggers {
+    fn send(&self, r: ObjectRef<Revision>) {
+        if let Some(tx) = &*self.0.lock().unwrap_or_else(|p| p.into_inner()) {
+            let _ = tx.unbounded_send(r);
+        }
+    }
+
+    fn lead(&self, tx: UnboundedSender<ObjectRef<Revision>>) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
+    }
+
+    fn follow(&self) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+}
+
+/// The Revision watch: keeps the store, the host claims, and triggers a reconcile when a
+/// revision's generation changes (the subsetter's own status writes do not).
+async fn watch_revisions(
+    api: Api<Revision>,
+    writer: reflector::store::Writer<Revision>,
+    mut claims: HostClaims,
+    triggers: Triggers,
+) {
+    let mut generations: HashMap<ObjectRef<Revision>, Option<i64>> = HashMap::new();
+    let mut events = std::pin::pin!(
+        watcher::watcher(api, watcher::Config::default())
+            .default_backoff()
+            .reflect(writer)
+    );
+    while let Some(event) = events.next().await {
+        let event = match event {
+            Ok(e) => e,
+            Err(e) => {
+                warn!(error = %e, "Revision watch");
+                continue;
+            }
+        };
+        claims.observe(&event);
+        match event {
+            Event::Apply(r) | Event::InitApply(r) => {
+                let key = ObjectRef::from_obj(&r);
+                let generation = r.metadata.generation;
+                if generations.insert(key.clone(), generation) != Some(generation) {
+                    triggers.send(key);
+                }
+            }
+            Event::Delete(r) => {
+                generations.remove(&ObjectRef::from_obj(&r));
+            }
+            Event::Init | Event::InitDone => {}
+        }
     }
 }
 
@@ -322,13 +468,19 @@ async fn forced_stop(
     );
 }
 
+/// The Revision an ActivationEndpoints belongs to (same name and namespace), as `.owns()`
+/// would map it.
+fn owner_of(ae: &ActivationEndpoints) -> ObjectRef<Revision> {
+    ObjectRef::new(&ae.name_any()).within(&ae.namespace().unwrap_or_default())
+}
+
 fn key_of(ae: &ActivationEndpoints) -> Key {
     Key::new(ae.namespace().unwrap_or_default(), ae.name_any())
 }
 
-fn trigger(triggers: &UnboundedSender<ObjectRef<Revision>>, keys: BTreeSet<Key>) {
+fn trigger(triggers: &Triggers, keys: BTreeSet<Key>) {
     for key in keys {
-        let _ = triggers.unbounded_send(ObjectRef::new(&key.name).within(&key.namespace));
+        triggers.send(ObjectRef::new(&key.name).within(&key.namespace));
     }
 }
 
@@ -338,13 +490,13 @@ fn trigger(triggers: &UnboundedSender<ObjectRef<Revision>>, keys: BTreeSet<Key>)
 #[derive(Clone)]
 struct HostClaims {
     index: Arc<Mutex<HostIndex>>,
-    triggers: UnboundedSender<ObjectRef<Revision>>,
+    triggers: Triggers,
     /// The revisions a relist in progress has shown so far.
     relist: Option<HashSet<Key>>,
 }
 
 impl HostClaims {
-    fn new(index: Arc<Mutex<HostIndex>>, triggers: UnboundedSender<ObjectRef<Revision>>) -> Self {
+    fn new(index: Arc<Mutex<HostIndex>>, triggers: Triggers) -> Self {
         Self {
             index,
             triggers,
@@ -408,7 +560,7 @@ async fn watch_endpoints(
     index: Arc<Mutex<MembershipIndex>>,
     claims: HostClaims,
     synced: Arc<watch::Sender<Synced>>,
-    owned: UnboundedSender<ActivationEndpoints>,
+    owners: Triggers,
     metrics: Arc<Metrics>,
 ) {
     let reader = writer.as_reader();
@@ -438,11 +590,11 @@ async fn watch_endpoints(
                     let (nodes, short) = crate::index::entry_of(&ae);
                     ix.set(&key, nodes, short);
                 }
-                let _ = owned.unbounded_send(ae);
+                owners.send(owner_of(&ae));
             }
             Event::Delete(ae) => {
                 ix.remove(&key_of(&ae));
-                let _ = owned.unbounded_send(ae);
+                owners.send(owner_of(&ae));
             }
             Event::InitApply(ae) => {
                 let (nodes, short) = crate::index::entry_of(&ae);
@@ -483,7 +635,7 @@ async fn watch_activators(
     index: Arc<Mutex<MembershipIndex>>,
     available: Arc<RwLock<Arc<BTreeMap<String, Activator>>>>,
     synced: Arc<watch::Sender<Synced>>,
-    triggers: UnboundedSender<ObjectRef<Revision>>,
+    triggers: Triggers,
     metrics: Arc<Metrics>,
 ) {
     let (pod_reader, pod_writer) = reflector::store::<Pod>();
@@ -572,8 +724,6 @@ async fn watch_activators(
             revisions = targets.len(),
             "activator set changed"
         );
-        for key in targets {
-            let _ = triggers.unbounded_send(ObjectRef::new(&key.name).within(&key.namespace));
-        }
+        trigger(&triggers, targets);
     }
 }

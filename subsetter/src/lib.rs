@@ -29,5 +29,5 @@ pub mod controller;
 pub mod leader;
 pub mod reconciler;
 
-pub use controller::Subsetter;
+pub use controller::{Caches, Subsetter};
 pub use reconciler::Config;

@@ -127,9 +127,11 @@ async fn main() -> anyhow::Result<()> {
         grace_seconds: args.lease_grace_seconds,
         release_timeout: subsetter::leader::DEFAULT_RELEASE_TIMEOUT,
     };
+    // The standby keeps its caches warm: a hand-over reconciles what is cached.
+    let caches = Arc::new(subsetter.start_caches());
     run_as_leader(client, lease, shutdown, |stop| {
-        let subsetter = Arc::clone(&subsetter);
-        async move { subsetter.run(stop).await }
+        let (subsetter, caches) = (Arc::clone(&subsetter), Arc::clone(&caches));
+        async move { subsetter.lead(&caches, stop).await }
     })
     .await?;
     Ok(())

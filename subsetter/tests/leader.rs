@@ -12,22 +12,28 @@ use kube::Api;
 use kube::runtime::wait::await_condition;
 use kubesim::delay::Delay;
 use subsetter::leader::{LeaseConfig, run_as_leader};
-use subsetter::{Config, Random, Subsetter};
+use subsetter::{Caches, Config, Random, Subsetter};
 use support::*;
 use tokio::sync::oneshot;
 
 struct Replica {
     subsetter: Arc<Subsetter>,
+    /// Kept whether this replica leads or not, as the binary does.
+    caches: Arc<Caches>,
     shutdown: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<subsetter::Result<()>>,
 }
 
+/// A replica as the binary runs one: its own identity (kubesim counts its requests under
+/// it), caches started at once, leading whenever it holds the Lease.
 fn replica(c: &Cluster, identity: &str) -> Replica {
+    let client = c.server.client_as(identity);
     let subsetter = Arc::new(Subsetter::new(
-        c.client.clone(),
+        client.clone(),
         Config::default(),
         Arc::new(Random::seeded(5)),
     ));
+    let caches = Arc::new(subsetter.start_caches());
     let (tx, rx) = oneshot::channel::<()>();
     let lease = LeaseConfig {
         name: "subsetter".into(),
@@ -37,8 +43,7 @@ fn replica(c: &Cluster, identity: &str) -> Replica {
         grace_seconds: 1,
         release_timeout: Duration::from_millis(500),
     };
-    let s = Arc::clone(&subsetter);
-    let client = c.client.clone();
+    let (s, cs) = (Arc::clone(&subsetter), Arc::clone(&caches));
     let task = tokio::spawn(async move {
         run_as_leader(
             client,
@@ -47,17 +52,32 @@ fn replica(c: &Cluster, identity: &str) -> Replica {
                 let _ = rx.await;
             },
             move |stop| {
-                let s = Arc::clone(&s);
-                async move { s.run(stop).await }
+                let (s, cs) = (Arc::clone(&s), Arc::clone(&cs));
+                async move { s.lead(&cs, stop).await }
             },
         )
         .await
     });
     Replica {
         subsetter,
+        caches,
         shutdown: Some(tx),
         task,
     }
+}
+
+/// LISTs `user` made of the resources a subsetter caches.
+fn lists_by(c: &Cluster, user: &str) -> u64 {
+    c.server
+        .stats()
+        .requests_by_user
+        .iter()
+        .filter(|(k, _)| k.user == user && k.verb == "list")
+        .filter(|(k, _)| {
+            ["revisions", "activationendpoints", "pods", "nodes"].contains(&k.resource.as_str())
+        })
+        .map(|(_, n)| n)
+        .sum()
 }
 
 fn reconciles(r: &Replica) -> u64 {
@@ -116,6 +136,46 @@ async fn only_the_leader_reconciles_and_the_standby_takes_over() -> Result<()> {
     c.create_revision("two", spec(0, 0, None)).await?;
     c.wait_endpoints("two", |ae| members(ae).len() == 3).await?;
     assert!(reconciles(standby) > 0);
+
+    let _ = standby.shutdown.take().unwrap().send(());
+    (&mut standby.task).await??;
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_standby_keeps_its_caches_warm_and_takes_over_without_a_relist() -> Result<()> {
+    let c = Cluster::start().await?;
+    for i in 1..=3 {
+        c.add_activator(&format!("node-{i}"), &format!("127.0.3.{i}"))
+            .await?;
+    }
+    let mut a = replica(&c, "replica-a");
+    let mut b = replica(&c, "replica-b");
+    let first = holder(&c, |h| h == "replica-a" || h == "replica-b").await?;
+    let (leader, standby, standby_name) = if first == "replica-a" {
+        (&mut a, &mut b, "replica-b")
+    } else {
+        (&mut b, &mut a, "replica-a")
+    };
+    c.create_revision("one", spec(0, 0, None)).await?;
+    c.wait_endpoints("one", |ae| members(ae).len() == 3).await?;
+    tokio::time::timeout(WAIT, standby.caches.wait_synced()).await?;
+    assert!(standby.caches.is_synced());
+    let listed = lists_by(&c, standby_name);
+    assert!(listed >= 4, "the standby listed what it caches: {listed}");
+    assert_eq!(reconciles(standby), 0, "the standby reconciled");
+
+    let _ = leader.shutdown.take().unwrap().send(());
+    (&mut leader.task).await??;
+    holder(&c, move |h| h == standby_name).await?;
+    c.create_revision("two", spec(0, 0, None)).await?;
+    c.wait_endpoints("two", |ae| members(ae).len() == 3).await?;
+    assert!(reconciles(standby) > 0);
+    assert_eq!(
+        lists_by(&c, standby_name),
+        listed,
+        "taking over reconciled from the warm caches, without listing again"
+    );
 
     let _ = standby.shutdown.take().unwrap().send(());
     (&mut standby.task).await??;
