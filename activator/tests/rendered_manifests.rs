@@ -1,7 +1,8 @@
 //! The activator's container in every rendering of deploy/ (base, the small and large
 //! overlays, the Helm chart with its default, small and large values) runs a command line the
 //! activator's own parser accepts; the chart and the overlay of each size run the same one;
-//! and the chart has a value for every flag that reaches the command line.
+//! the chart has a value for every flag that reaches the command line; and each rendering's
+//! grace period covers the drain its command line asks for.
 
 #[path = "../../crds/tests/support/chart_args.rs"]
 mod chart_args;
@@ -13,6 +14,7 @@ mod manifest_check;
 mod render;
 
 use activator::cli::{Args, OTHER_ENV};
+use clap::Parser;
 
 const BIN: &str = "activator";
 const KIND: &str = "DaemonSet";
@@ -53,4 +55,32 @@ fn the_chart_and_the_overlay_of_each_size_run_the_same_command_line() {
 fn the_chart_has_a_value_for_every_activator_flag() {
     let keys = chart_args::values_cover_every_flag::<Args>(BIN, KIND);
     assert!(keys.contains(&"ioThreads".to_string()), "{keys:?}");
+}
+
+#[test]
+fn every_renderings_grace_period_covers_its_drain() {
+    for (what, docs) in render::all_renderings() {
+        let ds = render::find(&docs, KIND, BIN);
+        let c = render::first_container(ds);
+        let mut argv = vec![BIN.to_string(), "--node-name=n".to_string()];
+        argv.extend(
+            c["args"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|a| a.as_str().unwrap().to_string()),
+        );
+        let drain = Args::try_parse_from(&argv)
+            .unwrap_or_else(|e| panic!("{what}: {e}"))
+            .config()
+            .drain_timeout;
+        let grace = ds["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{what}: no terminationGracePeriodSeconds"));
+        // SIGTERM drains for at most the drain timeout, then flushes traces (5 s).
+        assert!(
+            grace > drain.as_secs() + 5,
+            "{what}: terminationGracePeriodSeconds {grace} does not cover --drain-timeout {drain:?}"
+        );
+    }
 }

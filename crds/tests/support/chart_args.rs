@@ -106,8 +106,14 @@ fn changed(v: &Value) -> Value {
     match v {
         Value::Bool(b) => Value::Bool(!b),
         Value::Number(n) if n.is_u64() => Value::from(n.as_u64().unwrap() + 1),
-        Value::Number(n) => Value::from(n.as_f64().unwrap() + 0.5),
+        // Halved: a fraction (0.7) stays a fraction, a factor (1.2) a positive number.
+        Value::Number(n) => Value::from(n.as_f64().unwrap() / 2.0),
         Value::String(s) if s.is_empty() => Value::from("changed"),
+        // A duration (`30s`, `250ms`): one more of its unit.
+        Value::String(s) if duration_parts(s).is_some() => {
+            let (n, unit) = duration_parts(s).unwrap();
+            Value::from(format!("{}{unit}", n + 1))
+        }
         Value::String(s) => match s.rsplit_once(':') {
             Some((host, port)) if port.parse::<u16>().is_ok() => {
                 Value::from(format!("{host}:{}", port.parse::<u16>().unwrap() + 1))
@@ -115,6 +121,17 @@ fn changed(v: &Value) -> Value {
             _ => Value::from(format!("{s}-changed")),
         },
         other => panic!("a flag value must be a scalar, not {other}"),
+    }
+}
+
+/// `30s` → (30, "s"): digits, then a unit of letters only.
+fn duration_parts(s: &str) -> Option<(u64, &str)> {
+    let split = s.find(|c: char| !c.is_ascii_digit())?;
+    let (n, unit) = s.split_at(split);
+    if unit.chars().all(|c| c.is_ascii_alphabetic()) {
+        Some((n.parse().ok()?, unit))
+    } else {
+        None
     }
 }
 
