@@ -539,6 +539,9 @@ pub fn check_all(fams: &BTreeMap<String, Family>, prefix: &str) -> Vec<String> {
         "docs/configuration.md",
         "docs/installation.md",
         "docs/comparison.md",
+        "docs/activator.md",
+        "docs/subsetter.md",
+        "docs/benchmarks.md",
     ] {
         problems.extend(check_doc_names(doc, &read(doc), fams, prefix));
     }
