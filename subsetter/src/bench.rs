@@ -14,6 +14,7 @@ use serde::Serialize;
 
 use crate::activators::Activator;
 use crate::index::{Key, MembershipIndex};
+use crate::knative_hash;
 use crate::plan::{self, SubsetInputs};
 use crate::policy::{self, SubsetPolicy};
 
@@ -171,9 +172,21 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, String> {
     }
     let policy: Box<dyn SubsetPolicy> = match opts.policy.as_str() {
         "random" => Box::new(policy::Random::seeded(opts.seed)),
-        other => policy::by_name(other)
-            .ok_or_else(|| format!("unknown policy {other:?} (random, least-loaded)"))?,
+        knative_hash::NAME if opts.activators + 1 > knative_hash::UNIVERSE as usize => {
+            return Err(format!(
+                "knative-hash places at most {} activators (its buckets); with more, Knative's \
+                 own loop never returns",
+                knative_hash::UNIVERSE
+            ));
+        }
+        knative_hash::NAME => Box::new(knative_hash::KnativeHash),
+        other => policy::by_name(other).ok_or_else(|| {
+            format!("unknown policy {other:?} (random, least-loaded, knative-hash)")
+        })?,
     };
+    // Knative's subsets are recomputed from the whole activator set: any change may move
+    // any revision's members, so every revision is planned again (and its churn counted).
+    let stateless = opts.policy == knative_hash::NAME;
     let mut w = World {
         names: (0..opts.revisions)
             .map(|i| format!("bench/rev-{i:06}"))
@@ -201,7 +214,7 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, String> {
     w.available.remove(&victim);
     w.set_available();
     let touched = World::numbers(w.ix.revisions_on(&victim));
-    let churn_on_remove = w.plan_all(&touched);
+    let churn_on_remove = w.plan_all(if stateless { &all } else { &touched });
     let repair_ms = ms(t);
 
     // A new activator: only short subsets are planned again (none, with enough activators);
@@ -211,7 +224,7 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, String> {
     w.available.insert(node, a);
     w.set_available();
     let short = World::numbers(w.ix.short());
-    let churn_on_add = w.plan_all(&short);
+    let churn_on_add = w.plan_all(if stateless { &all } else { &short });
     let add_ms = ms(t);
     let (max_over_mean_after, _, _) = balance(&w.ix, &w.available);
 
@@ -269,6 +282,22 @@ mod tests {
         assert!(r.max_over_mean >= 1.0);
         assert_eq!(r.churn_on_remove, r.min_churn_on_remove);
         assert_eq!(r.churn_on_add, 0);
+    }
+
+    #[test]
+    fn knative_hash_is_measured_beside_ours_and_refused_past_its_buckets() {
+        let r = run(&opts("knative-hash")).unwrap();
+        assert_eq!(r.policy, "knative-hash");
+        // Load-blind: less even than least-loaded's exact 1.0.
+        assert!(r.max_over_mean > 1.0, "{r:?}");
+        // Every revision is recomputed; at least the lost activator's subsets change.
+        assert!(r.churn_on_remove >= r.min_churn_on_remove, "{r:?}");
+        let e = run(&BenchOptions {
+            activators: knative_hash::UNIVERSE as usize,
+            ..opts("knative-hash")
+        })
+        .unwrap_err();
+        assert!(e.contains("never returns"), "{e}");
     }
 
     #[test]

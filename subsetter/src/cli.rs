@@ -77,7 +77,8 @@ pub enum Command {
         activators: usize,
         #[arg(long, default_value_t = 3)]
         members: usize,
-        /// random or least-loaded.
+        /// random, least-loaded, or knative-hash (Knative's subsetting, re-implemented as a
+        /// baseline; at most 2,048 activators).
         #[arg(long, default_value = "least-loaded")]
         policy: String,
         /// Seed of the random policy.

@@ -13,6 +13,7 @@ pub mod endpoint_slice;
 pub mod error;
 pub mod hosts;
 pub mod index;
+pub mod knative_hash;
 pub mod load_index;
 pub mod metrics;
 pub mod plan;
