@@ -45,6 +45,10 @@ pub struct Args {
     /// Writes that may go at once after a quiet spell.
     #[arg(long, default_value_t = 200)]
     pub write_burst: u32,
+    /// Reconciles running at once (each holds at most one API request in flight); 0: no
+    /// bound.
+    #[arg(long, default_value_t = crate::reconciler::DEFAULT_CONCURRENCY)]
+    pub concurrency: u16,
     /// How often to look for uneven load and move members (0: never).
     #[arg(long, default_value_t = 60)]
     pub rebalance_interval_seconds: u64,

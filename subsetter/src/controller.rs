@@ -230,6 +230,9 @@ impl Subsetter {
         // its work from the triggers alone, and its objects from the cached store.
         let no_watch = stream::pending::<std::result::Result<Revision, watcher::Error>>();
         let controller = Controller::for_stream(no_watch, caches.rev_reader.clone())
+            .with_config(
+                kube::runtime::controller::Config::default().concurrency(self.config.concurrency),
+            )
             .reconcile_on(trigger_rx)
             .graceful_shutdown_on(stop)
             .run(reconciler::reconcile, reconciler::error_policy, ctx)

@@ -94,6 +94,7 @@ async fn main() -> anyhow::Result<()> {
         default_activators: usize::from(args.default_activators),
         write_qps: args.write_qps,
         write_burst: args.write_burst,
+        concurrency: args.concurrency,
         endpoint_slices: args.endpoint_slices,
         rebalance_interval: std::time::Duration::from_secs(args.rebalance_interval_seconds),
         rebalance: subsetter::rebalance::Limits {

@@ -46,6 +46,9 @@ pub struct Config {
     /// once after a quiet spell.
     pub write_qps: f64,
     pub write_burst: u32,
+    /// Reconciles running at once (0: no bound). Unbounded, a burst of new revisions on a
+    /// busy API server opens a connection per reconcile in flight: thousands of sockets.
+    pub concurrency: u16,
     /// Also keep an EndpointSlice `{revision}-activationendpoints` per revision, for an
     /// ingress that wants one (`endpoint_slice.rs`).
     pub endpoint_slices: bool,
@@ -67,6 +70,7 @@ impl Default for Config {
             shutdown_grace: Duration::from_secs(10),
             write_qps: 100.0,
             write_burst: 200,
+            concurrency: DEFAULT_CONCURRENCY,
             settings_config_map: None,
             endpoint_slices: false,
             rebalance_interval: Duration::from_secs(60),
@@ -86,6 +90,10 @@ struct Written {
     stale: Vec<Option<String>>,
     object: ActivationEndpoints,
 }
+
+/// Reconciles at once by default: with a write's round trip of a few ms, 32 keep well ahead of
+/// the default write rate (100/s) and of a large cluster's (a few hundred a second).
+pub const DEFAULT_CONCURRENCY: u16 = 32;
 
 /// Shared state of the reconciler.
 pub struct Context {
