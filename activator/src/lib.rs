@@ -56,6 +56,8 @@ use crate::proxy::Upstream;
 pub struct Activator {
     /// This activator's own pod (from the downward API).
     pod_name: String,
+    /// The caches, for [`Activator::cached_objects`].
+    caches: (RevisionCache, Option<HostCache>, EndpointsCache, PodCache),
     data_addr: SocketAddr,
     admin_addr: SocketAddr,
     metrics: Arc<Metrics>,
@@ -101,6 +103,12 @@ impl Activator {
             keep_warm_tx,
         );
         let pods = PodCache::start(client.clone(), &cfg.node_name, stop_caches.child_token());
+        let caches = (
+            revisions.clone(),
+            hosts.clone(),
+            endpoints.clone(),
+            pods.clone(),
+        );
         let events = crate::events::EventSink::new(
             client.clone(),
             cfg.pod_name.clone(),
@@ -254,6 +262,7 @@ impl Activator {
         }));
         tracing::info!(node = %cfg.node_name, %data_addr, %admin_addr, "activator started");
         Ok(Self {
+            caches,
             pod_name: cfg.pod_name.clone(),
             data_addr,
             admin_addr,
@@ -263,6 +272,21 @@ impl Activator {
             stop_caches,
             tasks,
         })
+    }
+
+    /// How many objects the caches hold now.
+    pub fn cached_objects(&self) -> cache::CachedObjects {
+        let (revisions, hosts, endpoints, pods) = &self.caches;
+        let (subsets, other_subsets) = endpoints.counts();
+        let (pod_count, pod_revisions) = pods.counts();
+        cache::CachedObjects {
+            subsets,
+            other_subsets,
+            revisions: revisions.len(),
+            hosts: hosts.as_ref().map_or(0, HostCache::len),
+            pods: pod_count,
+            pod_revisions,
+        }
     }
 
     pub fn pod_name(&self) -> &str {

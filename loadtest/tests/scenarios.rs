@@ -212,6 +212,10 @@ async fn scale_samples_real_activators_against_every_node() {
     .await;
     assert_eq!(num(&f, "assigned_revisions"), 200.0, "{}", report.text);
     assert_eq!(num(&f, "sampled_activators"), 3.0);
+    // An activator caches its own node's subsets, not the cluster's 200.
+    let cached = &f["cached_per_activator"];
+    assert!(num(cached, "subsets_mean") > 0.0, "{cached}");
+    assert!(num(cached, "subsets_max") < 200.0, "{cached}");
     assert!(num(&f, "api_requests_per_s") > 0.0);
     assert!(
         num(&f["one_change"], "repaired_ms") > 0.0,

@@ -108,6 +108,11 @@ impl EndpointsCache {
         }
     }
 
+    /// (subsets listing this node, other revisions' subsets looked up) cached now.
+    pub fn counts(&self) -> (usize, usize) {
+        (self.mine.state().len(), self.others.len())
+    }
+
     pub async fn synced(&self) {
         let _ = self.mine.wait_until_ready().await;
     }

@@ -54,6 +54,15 @@ impl HostCache {
         }
     }
 
+    /// Hosts remembered now (found or missing).
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
     /// The revision serving `host` (any spelling: port, case and trailing dot are ignored).
     pub async fn resolve(&self, host: &str) -> Result<Option<RevisionKey>, Arc<kube::Error>> {
         let host = normalize_host(host);

@@ -11,6 +11,23 @@ pub mod hosts;
 pub mod pods;
 pub mod revisions;
 
+/// How many objects the caches hold now: what an activator costs grows with these, not with
+/// the cluster (load tests report them; an operator sizing memory can compare).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CachedObjects {
+    /// ActivationEndpoints listing this node (the label-selected watch).
+    pub subsets: usize,
+    /// Other revisions' subsets looked up for forwarding.
+    pub other_subsets: usize,
+    /// Revisions read on demand.
+    pub revisions: usize,
+    /// Hosts resolved (Host routing).
+    pub hosts: usize,
+    /// App pods on this node, and the revisions they belong to.
+    pub pods: usize,
+    pub pod_revisions: usize,
+}
+
 use futures::{Stream, StreamExt};
 use kube::runtime::watcher;
 use tokio_util::sync::CancellationToken;

@@ -124,6 +124,16 @@ impl PodCache {
     }
 
     /// The revision's pods on this node now.
+    /// (pods, revisions) cached now.
+    pub fn counts(&self) -> (usize, usize) {
+        let pods = self
+            .by_revision
+            .iter()
+            .map(|e| e.value().borrow().len())
+            .sum();
+        (pods, self.by_revision.len())
+    }
+
     pub fn snapshot(&self, key: &RevisionKey) -> RevisionPods {
         self.by_revision
             .get(key)

@@ -51,6 +51,15 @@ impl RevisionCache {
         }
     }
 
+    /// Revisions remembered now (found or missing).
+    pub fn len(&self) -> usize {
+        self.fetched.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.fetched.is_empty()
+    }
+
     /// The revision, from an earlier read or a new one. Reads are remembered:
     /// a revision for [`FETCHED_TTL`] (then refreshed in the background), a missing one for
     /// [`MISS_TTL`], so requests naming an unknown revision cost the API server one read per

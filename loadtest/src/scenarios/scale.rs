@@ -188,6 +188,19 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                 .map(|(a, b)| a - b)
                 .collect();
             let mean = |v: &[u64]| v.iter().sum::<u64>() as f64 / v.len().max(1) as f64;
+            // What each sampled activator holds: its own subsets and pods, not the cluster.
+            let cached: Vec<activator::cache::CachedObjects> = cluster
+                .activators
+                .iter()
+                .map(|a| a.activator.cached_objects())
+                .collect();
+            let col = |f: fn(&activator::cache::CachedObjects) -> usize| {
+                let v: Vec<u64> = cached.iter().map(|c| f(c) as u64).collect();
+                (mean(&v), v.iter().copied().max().unwrap_or(0))
+            };
+            let (subsets_mean, subsets_max) = col(|c| c.subsets);
+            let (revisions_mean, revisions_max) = col(|c| c.revisions);
+            let (pods_mean, pods_max) = col(|c| c.pods);
             let summary = SampleSummary::of(&samples);
             let latency = run.as_ref().map(|r| r.latency());
             let text = format!(
@@ -198,6 +211,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                  memory: process {rss_cluster:.0} MiB with the cluster, {rss_revisions:.0} MiB with the revisions, \
                  {rss_activators:.0} MiB with the sampled activators: {per_activator:.1} MiB per activator\n\
                  sampled activators ready in {:.1} s\n\
+                 cached per sampled activator: subsets {subsets_mean:.1} (max {subsets_max}), revisions {revisions_mean:.1} (max {revisions_max}), pods {pods_mean:.1} (max {pods_max}) — of {} revisions in the cluster\n\
                  steady state ({} active revisions, {:.0} req/s for {:.1} s): {api_rps:.0} API requests/s in all \
                  (kubelet leases and status included); watch events per sampled activator {:.1} (max {})\n\
                  one activator leaving ({in_subsets} subsets repaired in {}): watch events per sampled activator {:.2} (max {})\n\
@@ -210,6 +224,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                 names.len(),
                 assign.as_secs_f64(),
                 activators_ready.as_secs_f64(),
+                names.len(),
                 active.len(),
                 k.rate.unwrap_or(200.0),
                 duration.as_secs_f64(),
@@ -230,6 +245,12 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                     "assignment_s": assign.as_secs_f64(),
                     "rss_mib": {"cluster": rss_cluster, "with_revisions": rss_revisions, "with_activators": rss_activators},
                     "per_activator_mib": per_activator,
+                    "cached_per_activator": {
+                        "subsets_mean": subsets_mean, "subsets_max": subsets_max,
+                        "revisions_mean": revisions_mean, "revisions_max": revisions_max,
+                        "pods_mean": pods_mean, "pods_max": pods_max,
+                        "each": cached,
+                    },
                     "active_revisions": active.len(),
                     "api_requests_per_s": api_rps,
                     "watch_events_per_activator_steady": mean(&steady_events),
