@@ -97,20 +97,7 @@ impl Summary {
             api_server: String::new(),
             wall_ms,
             per_revision,
-            error_samples: samples
-                .iter()
-                .filter(|s| !s.ok())
-                .take(5)
-                .map(|s| {
-                    format!(
-                        "{} via {}: {} {}",
-                        s.revision,
-                        s.entry,
-                        s.status,
-                        s.error.as_deref().unwrap_or("")
-                    )
-                })
-                .collect(),
+            error_samples: crate::scenarios::common::errors(samples),
         }
     }
 

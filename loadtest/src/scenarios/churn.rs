@@ -7,15 +7,14 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rand::RngExt;
 use serde_json::json;
 
-use super::common::{SampleSummary, Sender, events_since};
+use super::common::{SampleSummary, Sender, request_lines, via_a_member};
 use crate::Error;
 use crate::driver::Sample;
 use crate::observe::MemberWatch;
 use crate::open_loop::OpenLoop;
-use crate::plot::{self, Line};
+use crate::plot;
 use crate::scenario::{Ctx, Knobs, Outcome, Report, Scenario, create_revisions, revision_names};
 
 pub fn defaults() -> Knobs {
@@ -68,22 +67,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
         let t0 = Instant::now();
         let traffic = schedule.run(&ctx.cancel, |i| {
             let rev = names[i as usize % names.len()].clone();
-            let subset: Vec<String> = members
-                .members()
-                .get(&rev)
-                .map(|s| s.iter().cloned().collect())
-                .unwrap_or_default();
-            let entry = (!subset.is_empty())
-                .then(|| subset[rand::rng().random_range(0..subset.len())].clone())
-                .and_then(|node| addr_of(&node));
-            let (sender, samples) = (sender.clone(), samples.clone());
-            async move {
-                let Some(entry) = entry else { return false };
-                let s = sender.send(&entry, &rev, &[]).await;
-                let ok = s.ok();
-                samples.lock().unwrap_or_else(|e| e.into_inner()).push(s);
-                ok
-            }
+            via_a_member(&members, &entries, &sender, &samples, rev)
         });
         let churn = async {
             let mut marks = Vec::new();
@@ -118,11 +102,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
         // Every member was warm before the load: each cold start in it came from a move.
         let extra = summary.cold_starts;
         let changes = members.changes() - changes_before;
-        let bins = plot::bucket(events_since(&samples, t0), 0.1);
-        let lines = vec![
-            Line { name: "answered".into(), points: bins.iter().map(|b| (b.0, b.1)).collect() },
-            Line { name: "failed".into(), points: bins.iter().map(|b| (b.0, b.2)).collect() },
-        ];
+        let lines = request_lines(&samples, t0);
         let text = format!(
             "churn: {} nodes, {} revisions, {} req/s for {:.1} s, {moves} activators out and back in\n\
              member changes {changes}; cold starts under load {extra} (every member was warm before); failed requests {} of {}\n{}",

@@ -7,10 +7,14 @@ use std::time::Instant;
 use rand::RngExt;
 use serde::Serialize;
 
+use std::sync::{Arc, Mutex};
+
 use crate::anatomy::{Anatomy, ColdPhases};
 use crate::cluster::SimCluster;
 use crate::demo::host_of;
 use crate::driver::{Driver, Sample};
+use crate::observe::MemberWatch;
+use crate::plot::{self, Line};
 use crate::stats::Percentiles;
 
 /// How requests reach the activators.
@@ -173,10 +177,48 @@ pub fn api_delta(cluster: &SimCluster, before: &BTreeMap<String, u64>) -> BTreeM
         .collect()
 }
 
-/// Samples as a timeline of (seconds since `t0`, ok).
-pub fn events_since(samples: &[Sample], t0: Instant) -> Vec<(f64, bool)> {
-    samples
+/// Answered and failed requests per 100 ms since `t0`, as timeline lines.
+pub fn request_lines(samples: &[Sample], t0: Instant) -> Vec<Line> {
+    let events = samples
         .iter()
-        .map(|s| (s.sent.saturating_duration_since(t0).as_secs_f64(), s.ok()))
-        .collect()
+        .map(|s| (s.sent.saturating_duration_since(t0).as_secs_f64(), s.ok()));
+    let bins = plot::bucket(events, 0.1);
+    vec![
+        Line {
+            name: "answered".into(),
+            points: bins.iter().map(|b| (b.0, b.1)).collect(),
+        },
+        Line {
+            name: "failed".into(),
+            points: bins.iter().map(|b| (b.0, b.2)).collect(),
+        },
+    ]
+}
+
+/// Sends a request for `rev` through a random member of its subset as `members` sees it now
+/// (as an ingress following the ActivationEndpoints would), and records the sample; false when
+/// it failed or the revision has no member with an address.
+pub fn via_a_member(
+    members: &MemberWatch,
+    entries: &[(String, SocketAddr)],
+    sender: &Sender,
+    samples: &Arc<Mutex<Vec<Sample>>>,
+    rev: String,
+) -> impl std::future::Future<Output = bool> + Send + 'static {
+    let subset: Vec<String> = members
+        .members()
+        .get(&rev)
+        .map(|s| s.iter().cloned().collect())
+        .unwrap_or_default();
+    let entry = (!subset.is_empty())
+        .then(|| &subset[rand::rng().random_range(0..subset.len())])
+        .and_then(|node| entries.iter().find(|(n, _)| n == node).cloned());
+    let (sender, samples) = (sender.clone(), samples.clone());
+    async move {
+        let Some(entry) = entry else { return false };
+        let s = sender.send(&entry, &rev, &[]).await;
+        let ok = s.ok();
+        samples.lock().unwrap_or_else(|e| e.into_inner()).push(s);
+        ok
+    }
 }

@@ -7,15 +7,14 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rand::RngExt;
 use serde_json::json;
 
-use super::common::{SampleSummary, Sender, events_since};
+use super::common::{SampleSummary, Sender, request_lines, via_a_member};
 use crate::Error;
 use crate::driver::Sample;
 use crate::observe::MemberWatch;
 use crate::open_loop::OpenLoop;
-use crate::plot::{self, Line};
+use crate::plot;
 use crate::scenario::{Ctx, Knobs, Outcome, Report, Scenario, create_revisions, revision_names};
 
 pub fn defaults() -> Knobs {
@@ -83,19 +82,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
             let t0 = Instant::now();
             let traffic = schedule.run(&ctx.cancel, |i| {
                 let rev = names[i as usize % names.len()].clone();
-                let subset = members.members().get(&rev).cloned().unwrap_or_default();
-                let pick: Vec<&String> = subset.iter().collect();
-                let entry = (!pick.is_empty())
-                    .then(|| pick[rand::rng().random_range(0..pick.len())].clone())
-                    .and_then(|node| addr_of(&node));
-                let (sender, samples) = (sender.clone(), samples.clone());
-                async move {
-                    let Some(entry) = entry else { return false };
-                    let s = sender.send(&entry, &rev, &[]).await;
-                    let ok = s.ok();
-                    samples.lock().unwrap_or_else(|e| e.into_inner()).push(s);
-                    ok
-                }
+                via_a_member(&members, &entries, &sender, &samples, rev)
             });
             let failure = async {
                 // The kill is part of the scenario's script, a quarter of the way in.
@@ -126,11 +113,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                     .count()
             });
             let repair_ms = repaired_at.map(|r| (r - killed_at).as_secs_f64() * 1e3);
-            let bins = plot::bucket(events_since(&samples, t0), 0.1);
-            let lines = vec![
-                Line { name: "answered".into(), points: bins.iter().map(|b| (b.0, b.1)).collect() },
-                Line { name: "failed".into(), points: bins.iter().map(|b| (b.0, b.2)).collect() },
-            ];
+            let lines = request_lines(&samples, t0);
             let mut marks = vec![(killed_at.as_secs_f64(), format!("{} killed", victims.len()))];
             if let Some(r) = repaired_at {
                 marks.push((r.as_secs_f64(), "subsets repaired".into()));
