@@ -71,15 +71,23 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
         });
         let churn = async {
             let mut marks = Vec::new();
-            let nodes: Vec<String> = entries.iter().map(|(n, _)| n.clone()).collect();
             let gap = duration / (moves as u32 + 1);
-            for m in 0..moves {
+            for _ in 0..moves {
                 // The script: a move every `gap`, the node back once its subsets are repaired.
                 tokio::time::sleep(gap / 2).await;
                 if ctx.cancel.is_cancelled() {
                     break;
                 }
-                let node = &nodes[m % nodes.len()];
+                // The node in the most subsets now: the move that costs the most.
+                let now = members.members();
+                let Some((_, node)) = entries
+                    .iter()
+                    .map(|(n, _)| (now.values().filter(|s| s.contains(n)).count(), n.clone()))
+                    .max()
+                else {
+                    break;
+                };
+                let node = &node;
                 ctx.step(format!("{node} leaves"));
                 marks.push((t0.elapsed().as_secs_f64(), format!("{node} out")));
                 cluster.remove_activator(node).await?;
