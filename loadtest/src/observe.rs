@@ -211,6 +211,18 @@ impl MemberWatch {
             .clone()
     }
 
+    /// `nodes` with the number of subsets each is in now, most first (ties by name,
+    /// descending): the nodes whose loss costs the most.
+    pub fn busiest<'a>(&self, nodes: impl IntoIterator<Item = &'a String>) -> Vec<(usize, String)> {
+        let now = self.members();
+        let mut ranked: Vec<(usize, String)> = nodes
+            .into_iter()
+            .map(|n| (now.values().filter(|s| s.contains(n)).count(), n.clone()))
+            .collect();
+        ranked.sort_by(|a, b| b.cmp(a));
+        ranked
+    }
+
     /// ActivationEndpoints events seen.
     pub fn events(&self) -> usize {
         self.events.load(Ordering::Relaxed)

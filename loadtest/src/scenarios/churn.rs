@@ -79,11 +79,10 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                     break;
                 }
                 // The node in the most subsets now: the move that costs the most.
-                let now = members.members();
-                let Some((_, node)) = entries
-                    .iter()
-                    .map(|(n, _)| (now.values().filter(|s| s.contains(n)).count(), n.clone()))
-                    .max()
+                let Some((_, node)) = members
+                    .busiest(entries.iter().map(|(n, _)| n))
+                    .into_iter()
+                    .next()
                 else {
                     break;
                 };

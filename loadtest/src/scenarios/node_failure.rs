@@ -57,15 +57,12 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                 }
             }
             // The nodes in the most subsets: their loss hurts most.
-            let mut load: Vec<(usize, String)> = entries
-                .iter()
-                .map(|(node, _)| {
-                    let count = members.members().values().filter(|s| s.contains(node)).count();
-                    (count, node.clone())
-                })
+            let victims: Vec<String> = members
+                .busiest(entries.iter().map(|(n, _)| n))
+                .into_iter()
+                .take(kills)
+                .map(|(_, n)| n)
                 .collect();
-            load.sort_by(|a, b| b.cmp(a));
-            let victims: Vec<String> = load.iter().take(kills).map(|(_, n)| n.clone()).collect();
             let affected = members
                 .members()
                 .values()

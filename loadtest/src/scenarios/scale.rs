@@ -151,12 +151,10 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
             // One cluster-wide change: an activator (not sampled) leaves; the subsetter
             // repairs every subset it was in.
             // The node (not sampled) in the most subsets: the largest repair one node causes.
-            let now = members.members();
-            let (in_subsets, leaving) = nodes
-                .iter()
-                .filter(|n| !sampled.contains(n))
-                .map(|n| (now.values().filter(|s| s.contains(n)).count(), n.clone()))
-                .max()
+            let (in_subsets, leaving) = members
+                .busiest(nodes.iter().filter(|n| !sampled.contains(n)))
+                .into_iter()
+                .next()
                 .unwrap_or_default();
             ctx.step(format!("{leaving} leaves ({in_subsets} subsets)"));
             let t = Instant::now();
