@@ -282,15 +282,27 @@ async fn an_idle_revision_goes_to_zero_and_its_next_request_is_cold_again() {
     .await;
     let driver = Driver::new();
     let (m, addr) = entry(&c, &members[0]);
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), &ns);
+    // Pod names are deterministic (a new pod may take the old one's name): tell pods apart
+    // by UID.
+    let uid_of = |name: Option<String>| {
+        let pods = pods.clone();
+        async move { pods.get(&name.expect("x-pod-name")).await.unwrap().uid() }
+    };
     let first = driver.get_named((&m, addr), &ns, "sleepy", "/").await;
     assert!(first.ok() && first.cold, "{first:?}");
+    let first_uid = uid_of(first.pod.clone()).await;
     let warm = driver.get_named((&m, addr), &ns, "sleepy", "/").await;
     assert!(warm.ok() && !warm.cold, "{warm:?}");
     // No request for idleTimeoutSeconds: the member deletes its pod.
     wait_live(&c, &ns, "sleepy", |n| n == 0).await;
     let again = driver.get_named((&m, addr), &ns, "sleepy", "/").await;
     assert!(again.ok() && again.cold, "asleep, so cold again: {again:?}");
-    assert_ne!(again.pod, first.pod, "a new pod served");
+    assert_ne!(
+        uid_of(again.pod.clone()).await,
+        first_uid,
+        "a new pod served"
+    );
     c.shutdown().await;
 }
 
