@@ -27,7 +27,7 @@ use futures::channel::mpsc::{UnboundedSender, unbounded};
 use futures::{FutureExt, StreamExt, stream};
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use kube::runtime::WatchStreamExt;
-use kube::runtime::controller::Controller;
+use kube::runtime::controller::{Controller, Error as ControllerError};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, ResourceExt};
@@ -41,6 +41,7 @@ use crate::hosts::HostIndex;
 use crate::index::{Key, MembershipIndex};
 use crate::metrics::Metrics;
 use crate::policy::SubsetPolicy;
+use crate::queue::Queued;
 use crate::rebalance;
 use crate::reconciler::{self, Config, Context};
 use crate::settings::{self, Settings};
@@ -126,7 +127,9 @@ impl Subsetter {
                 synced_tx.closed().await;
             }));
         }
-        let triggers = Triggers::default();
+        let triggers = Triggers::new(Arc::new(Queued::new(
+            self.metrics.reconciles_queued.clone(),
+        )));
         let claims = HostClaims::new(Arc::clone(&hosts), triggers.clone());
 
         let (ae_reader, ae_writer) = reflector::store();
@@ -187,13 +190,14 @@ impl Subsetter {
             Arc::clone(&caches.available),
             caches.ae_reader.clone(),
             caches.synced.clone(),
+            Arc::clone(&caches.triggers.queued),
         ));
         let (trigger_tx, trigger_rx) = unbounded::<ObjectRef<Revision>>();
-        caches.triggers.lead(trigger_tx.clone());
+        caches.triggers.lead(trigger_tx);
         let rebalance_task = (!self.config.rebalance_interval.is_zero()).then(|| {
             tokio::spawn(rebalance_loop(
                 Arc::clone(&ctx),
-                trigger_tx.clone(),
+                caches.triggers.clone(),
                 self.config.rebalance_interval,
                 self.config.rebalance,
             ))
@@ -211,11 +215,11 @@ impl Subsetter {
         // Everything cached, once the Revision store has its first list.
         let everything = {
             let reader = caches.rev_reader.clone();
-            let tx = trigger_tx;
+            let tx = caches.triggers.clone();
             tokio::spawn(async move {
                 if reader.wait_until_ready().await.is_ok() {
                     for r in reader.state() {
-                        let _ = tx.unbounded_send(ObjectRef::from_obj(&*r));
+                        tx.send(ObjectRef::from_obj(&*r));
                     }
                 }
             })
@@ -229,6 +233,7 @@ impl Subsetter {
         // The Revision watch is the caches' (it runs on a standby too): the controller takes
         // its work from the triggers alone, and its objects from the cached store.
         let no_watch = stream::pending::<std::result::Result<Revision, watcher::Error>>();
+        let queued = Arc::clone(&caches.triggers.queued);
         let controller = Controller::for_stream(no_watch, caches.rev_reader.clone())
             .with_config(
                 kube::runtime::controller::Config::default().concurrency(self.config.concurrency),
@@ -236,10 +241,16 @@ impl Subsetter {
             .reconcile_on(trigger_rx)
             .graceful_shutdown_on(stop)
             .run(reconciler::reconcile, reconciler::error_policy, ctx)
-            .for_each(|res| async move {
-                if let Err(e) = res {
-                    debug!(error = %e, "controller event");
+            .for_each(|res| {
+                match res {
+                    // A trigger for a Revision deleted meanwhile: it never starts.
+                    Err(ControllerError::ObjectNotFound(r)) => {
+                        queued.left(&Key::new(r.namespace.unwrap_or_default(), r.name));
+                    }
+                    Err(e) => debug!(error = %e, "controller event"),
+                    Ok(_) => {}
                 }
+                std::future::ready(())
             });
         tokio::select! {
             () = controller => {}
@@ -297,22 +308,41 @@ impl Drop for Caches {
 
 /// Where the caches send the revisions a change concerns: to the leading controller, or
 /// nowhere while this replica is a standby (taking the lead reconciles everything anyway).
-#[derive(Clone, Default)]
-struct Triggers(Arc<Mutex<Option<UnboundedSender<ObjectRef<Revision>>>>>);
+/// What is sent is counted as queued until its reconcile starts (`queue.rs`).
+#[derive(Clone)]
+struct Triggers {
+    tx: Arc<Mutex<Option<UnboundedSender<ObjectRef<Revision>>>>>,
+    queued: Arc<Queued>,
+}
 
 impl Triggers {
+    fn new(queued: Arc<Queued>) -> Self {
+        Self {
+            tx: Arc::default(),
+            queued,
+        }
+    }
+
     fn send(&self, r: ObjectRef<Revision>) {
-        if let Some(tx) = &*self.0.lock().unwrap_or_else(|p| p.into_inner()) {
-            let _ = tx.unbounded_send(r);
+        if let Some(tx) = &*self.tx.lock().unwrap_or_else(|p| p.into_inner()) {
+            // Counted before it is sent: the reconcile that takes it out may start at once.
+            let key = Key::new(r.namespace.clone().unwrap_or_default(), r.name.clone());
+            self.queued.entered(key.clone());
+            if tx.unbounded_send(r).is_err() {
+                self.queued.left(&key);
+            }
         }
     }
 
     fn lead(&self, tx: UnboundedSender<ObjectRef<Revision>>) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
+        *self.tx.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
     }
 
+    /// The controller stopped: its queue is gone with it.
     fn follow(&self) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        let mut tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+        *tx = None;
+        self.queued.clear();
     }
 }
 
@@ -361,7 +391,7 @@ async fn watch_revisions(
 /// goes through the write limit like any other.
 async fn rebalance_loop(
     ctx: Arc<Context>,
-    triggers: UnboundedSender<ObjectRef<Revision>>,
+    triggers: Triggers,
     every: std::time::Duration,
     limits: rebalance::Limits,
 ) {
@@ -395,7 +425,7 @@ async fn rebalance_loop(
             // Recorded before the trigger: the reconcile it starts must find it.
             let target = ObjectRef::new(&key.name).within(&key.namespace);
             evictions.insert(key, node);
-            let _ = triggers.unbounded_send(target);
+            triggers.send(target);
         }
     }
 }

@@ -18,6 +18,7 @@ pub mod load_index;
 pub mod metrics;
 pub mod plan;
 pub mod policy;
+pub mod queue;
 pub mod rebalance;
 pub mod settings;
 pub mod shares;

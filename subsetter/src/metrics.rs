@@ -25,6 +25,8 @@ pub struct Metrics {
     /// Reconciles running now, most of them waiting for their turn under the write limit
     /// when there are many: the backlog of a flood of repairs.
     pub reconciles_in_flight: Gauge,
+    /// Revisions waiting for a reconcile: triggered, not started yet (`queue.rs`).
+    pub reconciles_queued: Gauge,
     /// Events written on Revisions whose subset turned Degraded.
     pub degraded_events: Counter,
     /// Settings ConfigMap versions put in force, and refused.
@@ -54,6 +56,7 @@ impl Default for Metrics {
             // under the write rate limit.
             reconcile_seconds: Histogram::new(exponential_buckets(1e-4, 4.0, 9)),
             reconciles_in_flight: Gauge::default(),
+            reconciles_queued: Gauge::default(),
             degraded_events: Counter::default(),
             settings_applied: Counter::default(),
             settings_refused: Counter::default(),
@@ -107,6 +110,11 @@ impl Default for Metrics {
             "reconciles_in_flight",
             "Reconciles running now (a backlog under the write limit shows here)",
             m.reconciles_in_flight.clone(),
+        );
+        registry.register(
+            "reconciles_queued",
+            "Revisions waiting for a reconcile (triggered, not started yet)",
+            m.reconciles_queued.clone(),
         );
         registry.register(
             "degraded_events",

@@ -21,6 +21,7 @@ use crate::index::{Key, MembershipIndex};
 use crate::metrics::Metrics;
 use crate::plan::{self, SubsetInputs};
 use crate::policy::SubsetPolicy;
+use crate::queue::Queued;
 use crate::write_limit::{Lane, WriteLimiter};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -107,6 +108,8 @@ pub struct Context {
     pub(crate) activators: Arc<RwLock<Arc<BTreeMap<String, Activator>>>>,
     pub(crate) ae_store: Store<ActivationEndpoints>,
     pub(crate) synced: watch::Receiver<bool>,
+    /// Revisions triggered and not started yet (`queue.rs`).
+    queued: Arc<Queued>,
     written: Mutex<HashMap<Key, Written>>,
     failures: Mutex<HashMap<Key, u32>>,
     writes: WriteLimiter,
@@ -162,6 +165,7 @@ impl Context {
         activators: Arc<RwLock<Arc<BTreeMap<String, Activator>>>>,
         ae_store: Store<ActivationEndpoints>,
         synced: watch::Receiver<bool>,
+        queued: Arc<Queued>,
     ) -> Self {
         let writes = WriteLimiter::new(config.write_qps, config.write_burst);
         let tuned = RwLock::new(Tuned {
@@ -178,6 +182,7 @@ impl Context {
             activators,
             ae_store,
             synced,
+            queued,
             writes,
             written: Mutex::default(),
             failures: Mutex::default(),
@@ -270,6 +275,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// Reconciles one Revision.
 pub async fn reconcile(rev: Arc<Revision>, ctx: Arc<Context>) -> Result<Action> {
+    ctx.queued.left(&Key::new(
+        rev.namespace().unwrap_or_default(),
+        rev.name_any(),
+    ));
     // Before the activator, node and ActivationEndpoints caches are synced, an empty cache
     // would look like "no activators" and wipe every subset.
     let mut synced = ctx.synced.clone();
