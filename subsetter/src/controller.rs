@@ -35,7 +35,6 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::activators::{self, Activator};
-use crate::eligibility::NodeFacts;
 use crate::error::Result;
 use crate::hosts::HostIndex;
 use crate::index::{Key, MembershipIndex};
@@ -645,23 +644,17 @@ async fn watch_endpoints(
     }
 }
 
-/// What a pod or node event means for the activator set (the objects are in the stores).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Change {
-    PodsListed,
-    NodesListed,
-    Changed,
-    Other,
+/// An event of the activator pod watch or of the Node watch.
+enum Watched {
+    Pod(Box<Event<Pod>>),
+    Node(Box<Event<Node>>),
 }
 
-fn change<K>(e: &Event<K>, listed: Change) -> Change {
-    match e {
-        Event::InitDone => listed,
-        Event::Apply(_) | Event::Delete(_) => Change::Changed,
-        Event::Init | Event::InitApply(_) => Change::Other,
-    }
-}
-
+/// Keeps the usable activator set from the activator pod and Node watches, one event at a
+/// time (`activators::ActivatorSet`): a pod event recomputes that pod's node, a Node event that
+/// node, and only a (re)list recomputes everything. What changed is published (the shared
+/// `available` map and the membership index's load index, both updated only where the set
+/// changed) and triggers the revisions it concerns.
 async fn watch_activators(
     pods: Api<Pod>,
     nodes: Api<Node>,
@@ -676,14 +669,14 @@ async fn watch_activators(
     let pod_events = watcher::watcher(pods, watcher::Config::default().labels(ACTIVATOR_SELECTOR))
         .default_backoff()
         .reflect(pod_writer)
-        .map(|e| e.map(|e| change(&e, Change::PodsListed)));
+        .map(|e| e.map(|e| Watched::Pod(Box::new(e))));
     let node_events = watcher::watcher(nodes, watcher::Config::default())
         .default_backoff()
         .reflect(node_writer)
-        .map(|e| e.map(|e| change(&e, Change::NodesListed)));
+        .map(|e| e.map(|e| Watched::Node(Box::new(e))));
     let mut events = std::pin::pin!(stream::select(pod_events, node_events));
-    let mut flags = (false, false);
-    let mut current: BTreeMap<String, Activator> = BTreeMap::new();
+    let mut listed = (false, false);
+    let mut set = activators::ActivatorSet::default();
     while let Some(event) = events.next().await {
         let event = match event {
             Ok(e) => e,
@@ -692,53 +685,75 @@ async fn watch_activators(
                 continue;
             }
         };
-        match event {
-            Change::PodsListed => flags.0 = true,
-            Change::NodesListed => flags.1 = true,
-            Change::Changed => {}
-            Change::Other => continue,
-        }
-        if !(flags.0 && flags.1) {
+        // The stores have the event applied already; a relist's objects are in them at its
+        // InitDone (its InitApply events are the same objects, one by one).
+        let diff = match event {
+            Watched::Pod(e) => match *e {
+                Event::Apply(p) => set.apply_pod(&p),
+                Event::Delete(p) => set.delete_pod(&p),
+                Event::InitDone => {
+                    listed.0 = true;
+                    set.replace_pods(pod_reader.state().iter().map(|p| &**p))
+                }
+                Event::Init | Event::InitApply(_) => continue,
+            },
+            Watched::Node(e) => match *e {
+                Event::Apply(n) => set.apply_node(&n),
+                Event::Delete(n) => set.delete_node(&n.name_any()),
+                Event::InitDone => {
+                    listed.1 = true;
+                    set.replace_nodes(node_reader.state().iter().map(|n| &**n))
+                }
+                Event::Init | Event::InitApply(_) => continue,
+            },
+        };
+        if !(listed.0 && listed.1) {
             continue;
         }
-        let node_ready: HashMap<String, bool> = node_reader
-            .state()
-            .iter()
-            .map(|n| (n.name_any(), activators::node_ready(n)))
-            .collect();
-        let facts: HashMap<String, Arc<NodeFacts>> = node_reader
-            .state()
-            .iter()
-            .map(|n| (n.name_any(), Arc::new(NodeFacts::of(n))))
-            .collect();
-        let pod_state = pod_reader.state();
-        let mut next = activators::available(pod_state.iter().map(|p| &**p), &node_ready);
-        for a in next.values_mut() {
-            a.facts = facts.get(&a.node).cloned();
-        }
-        let diff = activators::diff(&current, &next);
         let first = !synced.borrow().pods;
-        if diff.is_empty() && !first {
-            continue;
-        }
-        *available.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(next.clone());
-        index
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .set_available(&next);
-        metrics.activators.set(next.len() as i64);
-        current = next;
         if first {
             // Publishing the first set before the flag: reconciles start only after it.
+            let next = set.available();
+            *available.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(next.clone());
+            index
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .set_available(next);
+            metrics.activators.set(next.len() as i64);
             synced.send_modify(|s| {
                 s.pods = true;
                 s.nodes = true;
             });
-            info!(activators = current.len(), "activator set synced");
+            info!(activators = next.len(), "activator set synced");
             continue;
         }
+        if diff.is_empty() {
+            continue;
+        }
+        // Only the nodes that changed. A reconcile holding the previous map (planning with
+        // it) makes this a copy; otherwise the map is changed in place.
+        let changes: Vec<(&String, Option<Activator>, Option<&Activator>)> = {
+            let mut shared = available.write().unwrap_or_else(|p| p.into_inner());
+            let map = Arc::make_mut(&mut *shared);
+            diff.lost
+                .iter()
+                .chain(&diff.changed)
+                .chain(&diff.added)
+                .map(|node| {
+                    let new = set.get(node);
+                    let old = match new {
+                        Some(a) => map.insert(node.clone(), a.clone()),
+                        None => map.remove(node),
+                    };
+                    (node, old, new)
+                })
+                .collect()
+        };
         let targets: BTreeSet<Key> = {
-            let ix = index.lock().unwrap_or_else(|p| p.into_inner());
+            let mut ix = index.lock().unwrap_or_else(|p| p.into_inner());
+            for (node, old, new) in &changes {
+                ix.update_available(node, old.as_ref(), *new);
+            }
             let mut t = BTreeSet::new();
             for node in diff.lost.iter().chain(&diff.changed) {
                 t.extend(ix.revisions_on(node));
@@ -750,6 +765,7 @@ async fn watch_activators(
             }
             t
         };
+        metrics.activators.set(set.available().len() as i64);
         info!(
             lost = ?diff.lost,
             changed = ?diff.changed,

@@ -147,6 +147,32 @@ impl MembershipIndex {
         self.loads = loads;
     }
 
+    /// One node's activator changed from `old` to `new` (either may be None: it came or
+    /// went): the load index follows in O(log A), where [`Self::set_available`] rebuilds it.
+    pub fn update_available(
+        &mut self,
+        node: &str,
+        old: Option<&Activator>,
+        new: Option<&Activator>,
+    ) {
+        let clean = |a: &Activator| {
+            a.facts
+                .as_ref()
+                .is_none_or(|f| !f.unschedulable && f.taints.is_empty())
+        };
+        match (old, new) {
+            (None, Some(_)) => self.loads.insert(node, self.load(node)),
+            (Some(_), None) => self.loads.remove(node),
+            _ => {}
+        }
+        if old.is_some_and(clean) {
+            self.loads.clean = self.loads.clean.saturating_sub(1);
+        }
+        if new.is_some_and(clean) {
+            self.loads.clean += 1;
+        }
+    }
+
     /// The available activators by load.
     pub fn loads(&self) -> &LoadIndex {
         &self.loads
@@ -205,6 +231,59 @@ mod tests {
         assert_eq!(ix.load("a"), 0);
         assert!(ix.revisions_on("a").is_empty());
         assert_eq!(ix.len(), 1);
+    }
+
+    #[test]
+    fn updating_one_activator_at_a_time_is_rebuilding_the_load_index() {
+        use crate::eligibility::NodeFacts;
+        use std::sync::Arc;
+        let act = |n: &str, tainted: bool| Activator {
+            node: n.into(),
+            address: format!("{n}:8080"),
+            pod: format!("p-{n}"),
+            facts: tainted.then(|| {
+                Arc::new(NodeFacts {
+                    unschedulable: true,
+                    ..NodeFacts::default()
+                })
+            }),
+        };
+        let mut ix = MembershipIndex::default();
+        ix.set(&Key::new("ns", "r1"), nodes(&["a", "b"]), false);
+        ix.set(&Key::new("ns", "r2"), nodes(&["b", "c"]), false);
+        let mut available = BTreeMap::new();
+        ix.set_available(&available);
+        let steps: Vec<(&str, Option<Activator>)> = vec![
+            ("a", Some(act("a", false))),
+            ("b", Some(act("b", true))),
+            ("c", Some(act("c", false))),
+            ("b", Some(act("b", false))),
+            ("a", None),
+            ("d", Some(act("d", true))),
+            ("c", None),
+        ];
+        for (node, new) in steps {
+            let old = match &new {
+                Some(a) => available.insert(node.to_owned(), a.clone()),
+                None => available.remove(node),
+            };
+            ix.update_available(node, old.as_ref(), new.as_ref());
+            let mut rebuilt = MembershipIndex::default();
+            rebuilt.set(&Key::new("ns", "r1"), nodes(&["a", "b"]), false);
+            rebuilt.set(&Key::new("ns", "r2"), nodes(&["b", "c"]), false);
+            rebuilt.set_available(&available);
+            let mut got = ix.loads().nodes().to_vec();
+            got.sort();
+            assert_eq!(got, rebuilt.loads().nodes(), "after {node}");
+            assert_eq!(ix.loads().clean, rebuilt.loads().clean, "after {node}");
+            for n in ["a", "b", "c", "d"] {
+                assert_eq!(
+                    ix.loads().load(n),
+                    rebuilt.loads().load(n),
+                    "{n} after {node}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -81,6 +81,37 @@ impl LoadIndex {
         &self.nodes
     }
 
+    /// `node` became available, in `load` subsets. O(log A); a node already in is left as it is.
+    pub fn insert(&mut self, node: &str, load: usize) {
+        if self.load.contains_key(node) {
+            return;
+        }
+        self.load.insert(node.to_owned(), load);
+        self.by_load
+            .entry(load)
+            .or_default()
+            .insert((ring_hash(node), node.to_owned()));
+        self.nodes.push(node.to_owned());
+    }
+
+    /// `node` is no longer available. O(log A) plus a scan of `nodes` for its position (a
+    /// memcmp per node; removals are rare: a lost activator).
+    pub fn remove(&mut self, node: &str) {
+        let Some(l) = self.load.remove(node) else {
+            return;
+        };
+        let entry = (ring_hash(node), node.to_owned());
+        if let Some(set) = self.by_load.get_mut(&l) {
+            set.remove(&entry);
+            if set.is_empty() {
+                self.by_load.remove(&l);
+            }
+        }
+        if let Some(i) = self.nodes.iter().position(|n| n == node) {
+            self.nodes.swap_remove(i);
+        }
+    }
+
     /// `node` joined (`+1`) or left (`-1`) a subset. Nodes not in the index are ignored.
     pub fn adjust(&mut self, node: &str, joined: bool) {
         let Some(l) = self.load.get_mut(node) else {
@@ -144,6 +175,36 @@ mod tests {
     }
 
     proptest! {
+        // Nodes inserted and removed one at a time give the index built from what is left.
+        #[test]
+        fn insert_and_remove_keep_the_index_of_what_is_left(
+            ops in prop::collection::vec((0usize..12, any::<bool>(), 0usize..4), 1..60),
+            revision in "[a-z]{1,8}",
+        ) {
+            let mut ix = LoadIndex::default();
+            let mut present: BTreeMap<String, usize> = BTreeMap::new();
+            for (n, add, load) in ops {
+                let node = format!("node-{n}");
+                if add {
+                    ix.insert(&node, load);
+                    present.entry(node).or_insert(load);
+                } else {
+                    ix.remove(&node);
+                    present.remove(&node);
+                }
+            }
+            let built = LoadIndex::new(present.keys().map(String::as_str), |n| present[n]);
+            let mut nodes = ix.nodes().to_vec();
+            nodes.sort();
+            prop_assert_eq!(nodes, built.nodes().to_vec());
+            for n in present.keys() {
+                prop_assert_eq!(ix.load(n), built.load(n));
+            }
+            prop_assert_eq!(&ix.by_load, &built.by_load);
+            let rh = ring_hash(&revision);
+            prop_assert_eq!(ix.least_loaded(rh, |_| false), built.least_loaded(rh, |_| false));
+        }
+
         // The index's pick is the scan's: least load, then least ring distance.
         #[test]
         fn the_index_picks_what_a_scan_picks(
