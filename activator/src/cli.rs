@@ -44,6 +44,12 @@ pub struct Args {
           default_missing_value = "true", value_parser = BoolishValueParser::new())]
     pub host_routing: bool,
 
+    /// Carry plain HTTP/1.1 requests for revisions this node serves as bytes (the fast
+    /// lane), leaving the rest to the full HTTP stack. Off: the full stack serves every request.
+    #[arg(long, env = "FAST_LANE", default_value = "true", num_args = 0..=1,
+          default_missing_value = "true", value_parser = BoolishValueParser::new())]
+    pub fast_lane: bool,
+
     /// Requests one revision may have waiting on this node (then 503 + Retry-After).
     #[arg(long, env = "QUEUE_LIMIT", default_value = "10000", value_parser = at_least_one)]
     pub queue_limit: usize,
@@ -114,6 +120,7 @@ impl Args {
             n => n,
         };
         cfg.host_routing = self.host_routing;
+        cfg.fast_lane = self.fast_lane;
         cfg.connect_timeout = self.connect_timeout;
         cfg.pool_idle_timeout = self.pool_idle_timeout;
         cfg.connect_retries = self.connect_retries;
@@ -230,6 +237,7 @@ mod tests {
             "--host-miss-ttl=500ms",
             "--drain-timeout=1.5s",
             "--body-idle-timeout=PT10S",
+            "--fast-lane=false",
         ])
         .unwrap();
         let c = args.config();
@@ -250,6 +258,7 @@ mod tests {
         want.host_miss_ttl = Duration::from_millis(500);
         want.drain_timeout = Duration::from_millis(1500);
         want.body_idle_timeout = Duration::from_secs(10);
+        want.fast_lane = false;
         want.pool = PoolConfig {
             queue_limit: 100,
             queue_limit_total: 1000,

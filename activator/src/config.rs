@@ -49,6 +49,9 @@ pub struct ActivatorConfig {
     /// is answered `408 Request Timeout` and both its connections are closed (a client that
     /// declares a length and stalls would otherwise hold them, and the app's, indefinitely).
     pub body_idle_timeout: Duration,
+    /// Whether plain HTTP/1.1 requests for revisions this node serves are carried by the fast
+    /// lane (`fast`), with hyper serving everything else; off, hyper serves every request.
+    pub fast_lane: bool,
 }
 
 impl ActivatorConfig {
@@ -76,6 +79,7 @@ impl ActivatorConfig {
             pool: PoolConfig::default(),
             io_threads: 0,
             body_idle_timeout: Duration::from_secs(30),
+            fast_lane: true,
         }
     }
 }

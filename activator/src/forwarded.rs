@@ -28,17 +28,10 @@ const FWD: HeaderName = HeaderName::from_static(FORWARDED);
 /// scheme better than we do). The activator speaks plain HTTP, so its own `proto` is `http`.
 /// On every proxied request: each header value is written once, into its own buffer.
 pub fn add(headers: &mut HeaderMap, client: Option<IpAddr>, host: Option<&str>) {
-    if let Some(ip) = client {
-        let mut xff = joined(headers, &XFF).unwrap_or_default();
-        if !xff.trim().is_empty() {
-            xff.push_str(", ");
-        } else {
-            xff.clear();
-        }
-        let _ = write!(xff, "{ip}");
-        if let Some(v) = value_of(xff) {
-            headers.insert(XFF, v);
-        }
+    if let Some(ip) = client
+        && let Some(v) = value_of(x_forwarded_for(joined(headers, &XFF), ip))
+    {
+        headers.insert(XFF, v);
     }
     if !headers.contains_key(&XFP) {
         headers.insert(XFP, HeaderValue::from_static("http"));
@@ -49,8 +42,26 @@ pub fn add(headers: &mut HeaderMap, client: Option<IpAddr>, host: Option<&str>) 
     {
         headers.insert(XFH, v);
     }
+    if let Some(v) = value_of(forwarded(joined(headers, &FWD), client, host)) {
+        headers.insert(FWD, v);
+    }
+}
 
-    let mut fwd = joined(headers, &FWD).unwrap_or_default();
+/// `x-forwarded-for`: what came before (all values joined), then `client`.
+pub fn x_forwarded_for(before: Option<String>, client: IpAddr) -> String {
+    let mut xff = before.unwrap_or_default();
+    if !xff.trim().is_empty() {
+        xff.push_str(", ");
+    } else {
+        xff.clear();
+    }
+    let _ = write!(xff, "{client}");
+    xff
+}
+
+/// `forwarded` (RFC 7239): what came before (all values joined), then this hop's element.
+pub fn forwarded(before: Option<String>, client: Option<IpAddr>, host: Option<&str>) -> String {
+    let mut fwd = before.unwrap_or_default();
     if !fwd.trim().is_empty() {
         fwd.push_str(", ");
     } else {
@@ -66,9 +77,7 @@ pub fn add(headers: &mut HeaderMap, client: Option<IpAddr>, host: Option<&str>) 
         fwd.push_str(";host=");
         value(&mut fwd, host);
     }
-    if let Some(v) = value_of(fwd) {
-        headers.insert(FWD, v);
-    }
+    fwd
 }
 
 /// A header value from a string, without copying it.

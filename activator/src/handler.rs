@@ -418,7 +418,7 @@ impl Handler {
     }
 
     /// Stage 3: a slot, from the revision's pool (a fresh one if it retired meanwhile).
-    async fn admit(
+    pub(crate) async fn admit(
         &self,
         key: &RevisionKey,
         spec: &Spec,
@@ -515,7 +515,7 @@ impl Handler {
 }
 
 /// Whether member `m` may create pods of `rev`: with maxScale set, only with a share of it.
-fn can_start(rev: &Revision, m: &ActivatorMember) -> bool {
+pub(crate) fn can_start(rev: &Revision, m: &ActivatorMember) -> bool {
     rev.spec.max_scale == 0 || m.max_pods > 0
 }
 
@@ -544,7 +544,7 @@ fn stage(name: &'static str) -> Span {
 }
 
 /// The revision's request timeout, clamped as the schema does in case it got past it.
-fn request_timeout(rev: &Revision) -> Duration {
+pub(crate) fn request_timeout(rev: &Revision) -> Duration {
     Duration::from_secs(
         rev.spec
             .timeout_seconds
@@ -582,7 +582,7 @@ fn replay_of(r: &Request<Body>) -> Request<Body> {
 /// revision's first container port is named `h2c`, as Knative decides. Read from the
 /// template's JSON directly: parsing the whole PodTemplateSpec per request would cost more
 /// than the proxying.
-fn upstream_protocol(rev: &Revision) -> UpstreamProtocol {
+pub(crate) fn upstream_protocol(rev: &Revision) -> UpstreamProtocol {
     let name = rev.spec.template.0["spec"]["containers"][0]["ports"][0]["name"].as_str();
     UpstreamProtocol::for_port_name(name)
 }

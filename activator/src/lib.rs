@@ -13,6 +13,7 @@ pub mod cold_start;
 pub mod config;
 pub mod error;
 pub mod events;
+pub mod fast;
 pub mod forwarded;
 pub mod h1;
 pub mod h2c;
@@ -173,6 +174,18 @@ impl Activator {
                 draining: stop.child_token(),
             })
         };
+        // The fast lane of each serving thread (off: hyper serves every request).
+        let make_fast = |h: &Arc<Handler>, stop: &CancellationToken| {
+            cfg.fast_lane.then(|| {
+                crate::fast::FastLane::new(
+                    h.clone(),
+                    cfg.connect_timeout,
+                    cfg.pool_idle_timeout,
+                    cfg.body_idle_timeout,
+                    stop.clone(),
+                )
+            })
+        };
         let admin = Arc::new(Admin {
             ready: Default::default(),
             registry: metrics.registry(),
@@ -191,11 +204,14 @@ impl Activator {
         )));
         if cfg.io_threads <= 1 {
             let h = make_handler();
-            tasks.push(tokio::spawn(server::serve(
+            let stop = stop.child_token();
+            let fast = make_fast(&h, &stop);
+            tasks.push(tokio::spawn(server::serve_with(
                 data,
-                stop.child_token(),
+                stop,
                 cfg.drain_timeout,
                 move |req| h.clone().handle(req),
+                fast,
             )));
         } else {
             // Thread per core, as nginx runs a worker per core: each thread runs its own
@@ -218,6 +234,7 @@ impl Activator {
             }
             for (i, listener) in listeners.into_iter().enumerate() {
                 let (h, stop, drain) = (make_handler(), stop.child_token(), cfg.drain_timeout);
+                let fast = make_fast(&h, &stop);
                 let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
                 std::thread::Builder::new()
                     .name(format!("activator-io-{i}"))
@@ -235,8 +252,14 @@ impl Activator {
                         rt.block_on(async move {
                             match TcpListener::from_std(listener) {
                                 Ok(l) => {
-                                    server::serve(l, stop, drain, move |req| h.clone().handle(req))
-                                        .await
+                                    server::serve_with(
+                                        l,
+                                        stop,
+                                        drain,
+                                        move |req| h.clone().handle(req),
+                                        fast,
+                                    )
+                                    .await
                                 }
                                 Err(e) => tracing::error!(error = %e, "serving thread listener"),
                             }

@@ -132,6 +132,9 @@ pub struct Metrics {
     /// Requests refused 503 + Retry-After because the buffer was full (the revision's
     /// `--queue-limit` or the node's `--queue-limit-total`).
     pub buffer_full: Counter,
+    /// Connections the fast lane handed to the full HTTP stack (hyper), each with the request
+    /// that needed it (see `fast`).
+    pub fast_lane_handovers: Counter,
 }
 
 impl Default for Metrics {
@@ -148,6 +151,7 @@ impl Default for Metrics {
             drained_to_peers: Counter::default(),
             node_full: Counter::default(),
             buffer_full: Counter::default(),
+            fast_lane_handovers: Counter::default(),
         }
     }
 }
@@ -248,6 +252,13 @@ impl Metrics {
             "Requests refused 503 with Retry-After because the buffer was full (a revision's \
              --queue-limit or the node's --queue-limit-total)",
             self.buffer_full.clone(),
+        );
+        r.register(
+            "fast_lane_handovers",
+            "Connections the fast lane handed to the full HTTP stack, with the request that \
+             needed it (not plain HTTP/1.1, revision not by headers or not cached, not a member \
+             with a share, forwarded, draining, spans on)",
+            self.fast_lane_handovers.clone(),
         );
         r
     }

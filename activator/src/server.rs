@@ -20,6 +20,8 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::answer::Body;
+use crate::fast::FastLane;
+use crate::fast::prefixed::Prefixed;
 use crate::forwarded::ClientAddr;
 use crate::parse_errors::{ActiveGuard, ConnState, ErrorBodies};
 
@@ -44,8 +46,31 @@ where
     H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
 {
+    serve_with(listener, stop, drain, handle, None).await
+}
+
+/// [`serve`], with each connection starting in `fast` (the fast lane) when given: hyper
+/// serves a connection from the request the fast lane hands over (see [`crate::fast`]).
+pub async fn serve_with<H, F>(
+    listener: TcpListener,
+    stop: CancellationToken,
+    drain: Duration,
+    handle: H,
+    fast: Option<Arc<FastLane>>,
+) where
+    H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
+    F: Future<Output = Response<Body>> + Send + 'static,
+{
     let handle = Arc::new(handle);
-    let builder = builder();
+    let full = Arc::new(builder());
+    // For a connection handed over while stopping: hyper serves the request it was given and
+    // closes. (A watched connection told to shut down before hyper read the request would
+    // close without it.)
+    let last = Arc::new({
+        let mut b = builder();
+        b.http1().keep_alive(false);
+        b
+    });
     let graceful = GracefulShutdown::new();
     loop {
         let accepted = tokio::select! {
@@ -63,10 +88,36 @@ where
             }
         };
         let _ = stream.set_nodelay(true);
-        let conn = connection(&builder, stream, peer, handle.clone());
-        let conn = graceful.watch(conn);
+        let Some(fast) = &fast else {
+            let conn = connection(&full, stream, peer, handle.clone());
+            let conn = graceful.watch(conn);
+            tokio::spawn(async move {
+                if let Err(e) = conn.await {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                }
+            });
+            continue;
+        };
+        // Held until the connection ends, so that the drain waits for it.
+        let watcher = graceful.watcher();
+        let (fast, full, last, handle, stop) = (
+            fast.clone(),
+            full.clone(),
+            last.clone(),
+            handle.clone(),
+            stop.clone(),
+        );
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
+            let Some((read, stream)) = fast.serve(stream, peer).await else {
+                return;
+            };
+            let io = Prefixed::new(read, stream);
+            let served = if stop.is_cancelled() {
+                connection(&last, io, peer, handle).await
+            } else {
+                watcher.watch(connection(&full, io, peer, handle)).await
+            };
+            if let Err(e) = served {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
         });

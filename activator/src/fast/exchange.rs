@@ -1,0 +1,548 @@
+//! One request and its response, moved as bytes between the client's connection and a pod's:
+//! the request head rewritten ([`super::head::write_request`]), the body copied as it comes,
+//! the response head rewritten and its body relayed as it is, up to where its framing says it
+//! ends — so that both connections can carry the next message.
+
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use bytes::{Buf, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use super::chunked::ChunkedEnd;
+use super::head::{self, Additions, BodyFraming, RequestHead, ResponseHead};
+use super::pod_conns::{PodConn, PodConns};
+use crate::answer::Refusal;
+
+/// A response head larger than this is refused (502): hyper's client allows about as much.
+const MAX_RESPONSE_HEAD: usize = 64 * 1024;
+/// Read size for bodies; the buffers grow to it only for bodies that need it.
+const READ_CHUNK: usize = 8 * 1024;
+
+/// Buffers one client connection reuses for every request it carries.
+#[derive(Default)]
+pub struct Scratch {
+    /// The head (and the start of the body) going out, to the pod or the client.
+    pub out: Vec<u8>,
+    /// What the pod sent.
+    pub resp: BytesMut,
+}
+
+/// What the exchange needs besides the two connections.
+pub struct Request<'a> {
+    pub head: &'a RequestHead,
+    pub client_ip: IpAddr,
+    pub target: SocketAddr,
+    /// The response head must arrive by then (the revision's timeoutSeconds).
+    pub deadline: Instant,
+    pub body_idle_timeout: Duration,
+    /// What is added to the response head (except `connection: close`, decided here).
+    pub served_by: &'a [u8],
+    /// `Server-Timing` of a cold start: computed when the response head arrives.
+    pub cold: Option<&'a (dyn Fn() -> String + Sync)>,
+    /// The client connection ends after this response whatever happens (client asked, or
+    /// the activator is draining).
+    pub close: bool,
+}
+
+/// How an exchange ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// The response went out whole. `close`: the client connection ends now; `reuse`: the
+    /// pod's connection can carry another request.
+    Done {
+        status: u16,
+        close: bool,
+        reuse: bool,
+    },
+    /// Nothing went to the client yet: answer this, then close the connection.
+    Refused(Refusal),
+    /// The client connection is broken (it went away, or the app failed mid-response, which
+    /// the client can only learn from the connection closing): close it.
+    Broken { status: Option<u16> },
+}
+
+/// Sends the request at the start of `buf` (its head, as classified, and whatever of its body
+/// has arrived) on `pod`, then relays the response to `client`. On return `buf` holds only
+/// what the client sent after the request (a pipelined next one).
+pub async fn exchange<C>(
+    client: &mut C,
+    buf: &mut BytesMut,
+    pod: PodConn,
+    pods: &PodConns,
+    req: &Request<'_>,
+    scratch: &mut Scratch,
+) -> Ended
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+{
+    let Scratch { out, resp } = scratch;
+    let h = req.head;
+    out.clear();
+    head::write_request(out, &buf[..h.len], req.client_ip, req.target);
+    let body = head::body_in(buf.len(), h);
+    out.extend_from_slice(&buf[body.clone()]);
+    let mut body_left = h.body_len - (body.end - body.start) as u64;
+    buf.advance(body.end);
+    // The whole request is in `out`: it can go again on a fresh connection if a pooled one
+    // turns out closed before any answer.
+    let mut retry = pod.reused && body_left == 0;
+    let mut stream = pod.stream;
+
+    let resp_head = loop {
+        if let Err(e) = stream.write_all(out).await {
+            if retry && let Ok(fresh) = pods.connect(req.target).await {
+                (stream, retry) = (fresh, false);
+                continue;
+            }
+            return Ended::Refused(pod_failed(req.target, &e));
+        }
+        if body_left > 0
+            && let Err(ended) = copy_body(client, buf, &mut stream, &mut body_left, req).await
+        {
+            return ended;
+        }
+        resp.clear();
+        match read_head(&mut stream, resp, h.is_head, req.deadline).await {
+            Ok(rh) => break rh,
+            Err(HeadError::ClosedEarly(_)) if retry => {
+                if let Ok(fresh) = pods.connect(req.target).await {
+                    (stream, retry) = (fresh, false);
+                    continue;
+                }
+                return Ended::Refused(Refusal::bad_gateway(format!(
+                    "pod at {} closed the connection without an answer",
+                    req.target
+                )));
+            }
+            Err(e) => return Ended::Refused(e.refusal(req.target)),
+        }
+    };
+    let ended = relay(client, &mut stream, resp, resp_head, req, out).await;
+    if let Ended::Done { reuse: true, .. } = ended {
+        pods.put(req.target, stream);
+    }
+    ended
+}
+
+/// Copies the rest of the request body from the client to the pod.
+async fn copy_body<C>(
+    client: &mut C,
+    buf: &mut BytesMut,
+    stream: &mut TcpStream,
+    left: &mut u64,
+    req: &Request<'_>,
+) -> Result<(), Ended>
+where
+    C: AsyncRead + Unpin,
+{
+    while *left > 0 {
+        buf.reserve(READ_CHUNK);
+        let read = tokio::time::timeout(req.body_idle_timeout, client.read_buf(buf)).await;
+        match read {
+            Err(_) => {
+                return Err(Ended::Refused(Refusal::request_timeout(format!(
+                    "the request body sent nothing for {} ms",
+                    req.body_idle_timeout.as_millis()
+                ))));
+            }
+            Ok(Ok(0)) | Ok(Err(_)) => return Err(Ended::Broken { status: None }),
+            Ok(Ok(_)) => {}
+        }
+        let take = (*left).min(buf.len() as u64) as usize;
+        if let Err(e) = stream.write_all(&buf[..take]).await {
+            return Err(Ended::Refused(pod_failed(req.target, &e)));
+        }
+        buf.advance(take);
+        *left -= take as u64;
+    }
+    Ok(())
+}
+
+enum HeadError {
+    /// The connection ended before any byte of a response (a pooled connection the app
+    /// closed meanwhile, or an app that died).
+    ClosedEarly(Option<io::Error>),
+    /// It ended, or broke, in the middle of one.
+    Broken(io::Error),
+    Bad(&'static str),
+    Late,
+}
+
+impl HeadError {
+    fn refusal(self, target: SocketAddr) -> Refusal {
+        match self {
+            Self::ClosedEarly(None) => Refusal::bad_gateway(format!(
+                "pod at {target} closed the connection without an answer"
+            )),
+            Self::ClosedEarly(Some(e)) | Self::Broken(e) => pod_failed(target, &e),
+            Self::Bad(why) => Refusal::bad_gateway(format!("pod at {target} sent {why}")),
+            Self::Late => {
+                Refusal::timeout(format!("pod at {target}: no answer within the timeout"))
+            }
+        }
+    }
+}
+
+/// Reads until a final (or informational) response head is in `resp`.
+async fn read_head(
+    stream: &mut TcpStream,
+    resp: &mut BytesMut,
+    to_head: bool,
+    deadline: Instant,
+) -> Result<ResponseHead, HeadError> {
+    loop {
+        if !resp.is_empty() {
+            match head::parse_response(resp, to_head) {
+                Ok(Some(rh)) => return Ok(rh),
+                Ok(None) if resp.len() >= MAX_RESPONSE_HEAD => {
+                    return Err(HeadError::Bad("a response head over 64 KiB"));
+                }
+                Ok(None) => {}
+                Err(bad) => return Err(HeadError::Bad(bad.0)),
+            }
+        }
+        if resp.capacity() - resp.len() < 1024 {
+            resp.reserve(READ_CHUNK);
+        }
+        let read = tokio::time::timeout_at(deadline, stream.read_buf(resp)).await;
+        match read {
+            Err(_) => return Err(HeadError::Late),
+            Ok(Ok(0)) if resp.is_empty() => return Err(HeadError::ClosedEarly(None)),
+            Ok(Ok(0)) => {
+                return Err(HeadError::Broken(io::ErrorKind::UnexpectedEof.into()));
+            }
+            Ok(Err(e)) if resp.is_empty() => return Err(HeadError::ClosedEarly(Some(e))),
+            Ok(Err(e)) => return Err(HeadError::Broken(e)),
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+/// Sends the response head, and its body as it arrives, to the client. Informational heads
+/// (1xx) go first and the final one is awaited after them.
+async fn relay<C>(
+    client: &mut C,
+    stream: &mut TcpStream,
+    resp: &mut BytesMut,
+    mut rh: ResponseHead,
+    req: &Request<'_>,
+    out: &mut Vec<u8>,
+) -> Ended
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+{
+    while rh.informational() {
+        out.clear();
+        head::write_response(
+            out,
+            &resp[..rh.len],
+            &Additions {
+                served_by: req.served_by,
+                ..Default::default()
+            },
+        );
+        resp.advance(rh.len);
+        if client.write_all(out).await.is_err() {
+            return Ended::Broken { status: None };
+        }
+        // A head went out already: a failure now can only close the connection.
+        rh = match read_head(stream, resp, req.head.is_head, req.deadline).await {
+            Ok(rh) => rh,
+            Err(_) => return Ended::Broken { status: None },
+        };
+    }
+    let status = rh.status;
+    let close = req.close || rh.framing == BodyFraming::UntilClose;
+    let timing = req.cold.map(|f| f());
+    out.clear();
+    head::write_response(
+        out,
+        &resp[..rh.len],
+        &Additions {
+            served_by: req.served_by,
+            cold: timing.as_deref(),
+            close,
+        },
+    );
+    resp.advance(rh.len);
+    let broken = Ended::Broken {
+        status: Some(status),
+    };
+    let mut body = Body::new(rh.framing);
+    // The head and the first of the body in one write.
+    match body.take(resp) {
+        Ok(n) => {
+            out.extend_from_slice(&resp[..n]);
+            resp.advance(n);
+        }
+        Err(()) => return broken,
+    }
+    if client.write_all(out).await.is_err() {
+        return broken;
+    }
+    while !body.done() {
+        if resp.capacity() - resp.len() < 1024 {
+            resp.reserve(READ_CHUNK);
+        }
+        match stream.read_buf(resp).await {
+            Ok(0) if body.framing == BodyFraming::UntilClose => break,
+            Ok(0) | Err(_) => return broken,
+            Ok(_) => {}
+        }
+        let Ok(n) = body.take(resp) else {
+            return broken;
+        };
+        if client.write_all(&resp[..n]).await.is_err() {
+            return broken;
+        }
+        resp.advance(n);
+    }
+    // Anything after the body's end is not part of any answer: the connection is not clean.
+    let reuse = !rh.close && resp.is_empty();
+    if reuse {
+        resp.clear();
+    }
+    Ended::Done {
+        status,
+        close,
+        reuse,
+    }
+}
+
+/// Where a response body ends, by its framing.
+struct Body {
+    framing: BodyFraming,
+    left: u64,
+    chunks: ChunkedEnd,
+    done: bool,
+}
+
+impl Body {
+    fn new(framing: BodyFraming) -> Self {
+        let left = match framing {
+            BodyFraming::Length(n) => n,
+            _ => 0,
+        };
+        Self {
+            framing,
+            left,
+            chunks: ChunkedEnd::default(),
+            done: framing == BodyFraming::Empty,
+        }
+    }
+
+    fn done(&self) -> bool {
+        self.done
+    }
+
+    /// How many of the bytes at the start of `resp` belong to the body.
+    fn take(&mut self, resp: &[u8]) -> Result<usize, ()> {
+        let n = match self.framing {
+            BodyFraming::Empty => 0,
+            BodyFraming::Length(_) => {
+                let n = self.left.min(resp.len() as u64);
+                self.left -= n;
+                self.done = self.left == 0;
+                n as usize
+            }
+            BodyFraming::Chunked => {
+                let n = self.chunks.feed(resp).map_err(|_| ())?;
+                self.done = self.chunks.done();
+                n
+            }
+            BodyFraming::UntilClose => resp.len(),
+        };
+        Ok(n)
+    }
+}
+
+fn pod_failed(target: SocketAddr, e: &io::Error) -> Refusal {
+    Refusal::bad_gateway(format!("pod at {target} failed: {e}"))
+}
+
+/// The answer the activator makes itself, for a client connection that closes after it
+/// (the request's body may not have been read).
+pub fn refusal_bytes(out: &mut Vec<u8>, r: &Refusal, served_by: &[u8]) {
+    use std::fmt::Write as _;
+    let body = format!("{}\n", r.reason);
+    let mut s = String::with_capacity(160 + body.len());
+    let _ = write!(
+        s,
+        "HTTP/1.1 {} {}\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: {}\r\n",
+        r.status.as_u16(),
+        r.status.canonical_reason().unwrap_or(""),
+        body.len()
+    );
+    if let Some(secs) = r.retry_after_secs {
+        let _ = write!(s, "retry-after: {secs}\r\n");
+    }
+    out.clear();
+    out.extend_from_slice(s.as_bytes());
+    out.extend_from_slice(crate::handler::HEADER_SERVED_BY.as_bytes());
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(served_by);
+    out.extend_from_slice(b"\r\nconnection: close\r\n\r\n");
+    out.extend_from_slice(body.as_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::TcpListener;
+
+    use super::super::head::{Classified, classify_request};
+
+    const REV: &str = "x-revision-namespace: ns\r\nx-revision-name: r\r\n";
+
+    /// A pod that answers each request it reads with the next canned bytes, then reads on.
+    async fn pod(answers: Vec<&'static [u8]>) -> (SocketAddr, tokio::task::JoinHandle<Vec<u8>>) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut seen = Vec::new();
+            for a in answers {
+                let mut b = [0u8; 4096];
+                // Enough for these tests: each request arrives in one read.
+                let n = s.read(&mut b).await.unwrap();
+                seen.extend_from_slice(&b[..n]);
+                s.write_all(a).await.unwrap();
+            }
+            // Done answering: an answer delimited by the end of the connection ends here.
+            s.shutdown().await.unwrap();
+            let _ = s.read_to_end(&mut seen).await;
+            seen
+        });
+        (addr, task)
+    }
+
+    async fn run(req: &str, answers: Vec<&'static [u8]>) -> (Ended, Vec<u8>, String) {
+        let (target, pod_task) = pod(answers).await;
+        let pods = PodConns::new(Duration::from_secs(1), Duration::from_secs(60));
+        let Classified::Fast(head) = classify_request(req.as_bytes()) else {
+            panic!("not fast: {req}")
+        };
+        let (mut client, mut far) = tokio::io::duplex(1 << 16);
+        let mut buf = BytesMut::from(req.as_bytes());
+        let conn = pods.get(target).await.unwrap();
+        let r = Request {
+            head: &head,
+            client_ip: "127.0.0.9".parse().unwrap(),
+            target,
+            deadline: Instant::now() + Duration::from_secs(5),
+            body_idle_timeout: Duration::from_secs(5),
+            served_by: b"n1",
+            cold: None,
+            close: false,
+        };
+        let mut scratch = Scratch::default();
+        let ended = exchange(&mut client, &mut buf, conn, &pods, &r, &mut scratch).await;
+        drop(client);
+        let mut got = Vec::new();
+        far.read_to_end(&mut got).await.unwrap();
+        drop(pods);
+        // The pod got the request as rewritten: forwarding headers added.
+        let seen = tokio::time::timeout(Duration::from_secs(5), pod_task)
+            .await
+            .expect("the pod's connection closes")
+            .unwrap();
+        let seen = String::from_utf8_lossy(&seen).into_owned();
+        assert!(seen.contains("x-forwarded-for: 127.0.0.9\r\n"), "{seen}");
+        (ended, got, String::from_utf8_lossy(&buf).into_owned())
+    }
+
+    #[tokio::test]
+    async fn a_chunked_answer_passes_as_it_is_and_ends_where_its_chunks_do() {
+        let (ended, got, rest) = run(
+            &format!("GET / HTTP/1.1\r\n{REV}\r\nGET /next"),
+            vec![b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"],
+        )
+        .await;
+        assert_eq!(
+            ended,
+            Ended::Done {
+                status: 200,
+                close: false,
+                reuse: true
+            }
+        );
+        assert_eq!(
+            String::from_utf8(got).unwrap(),
+            "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\nx-activator-node: n1\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+        );
+        assert_eq!(rest, "GET /next", "the pipelined request stays");
+    }
+
+    #[tokio::test]
+    async fn informational_heads_go_first_and_head_answers_have_no_body() {
+        let (ended, got, _) = run(
+            &format!("HEAD / HTTP/1.1\r\n{REV}\r\n"),
+            vec![b"HTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n"],
+        )
+        .await;
+        assert!(
+            matches!(
+                ended,
+                Ended::Done {
+                    status: 200,
+                    reuse: true,
+                    ..
+                }
+            ),
+            "{ended:?}"
+        );
+        assert_eq!(
+            String::from_utf8(got).unwrap(),
+            "HTTP/1.1 103 Early Hints\r\nlink: </a>\r\nx-activator-node: n1\r\n\r\n\
+             HTTP/1.1 200 OK\r\ncontent-length: 5\r\nx-activator-node: n1\r\n\r\n"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_answer_until_close_closes_the_client_too() {
+        let (ended, got, _) = run(
+            &format!("POST / HTTP/1.1\r\ncontent-length: 3\r\n{REV}\r\nabc"),
+            vec![b"HTTP/1.1 200 OK\r\n\r\nall of it"],
+        )
+        .await;
+        assert!(
+            matches!(
+                ended,
+                Ended::Done {
+                    status: 200,
+                    close: true,
+                    reuse: false
+                }
+            ),
+            "{ended:?}"
+        );
+        assert_eq!(
+            String::from_utf8(got).unwrap(),
+            "HTTP/1.1 200 OK\r\nx-activator-node: n1\r\nconnection: close\r\n\r\nall of it"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_pod_that_closes_without_answering_is_a_502() {
+        let (ended, _, _) = run(&format!("GET / HTTP/1.1\r\n{REV}\r\n"), vec![b""]).await;
+        let Ended::Refused(r) = ended else {
+            panic!("{ended:?}")
+        };
+        assert_eq!(r.status, 502);
+    }
+
+    #[test]
+    fn a_refusal_says_why_and_closes() {
+        let mut out = Vec::new();
+        refusal_bytes(&mut out, &Refusal::unavailable("full"), b"n1");
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n\
+             content-length: 5\r\nretry-after: 1\r\nx-activator-node: n1\r\nconnection: close\r\n\r\nfull\n"
+        );
+    }
+}

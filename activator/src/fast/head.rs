@@ -1,0 +1,726 @@
+//! HTTP/1.1 message heads for the fast lane, as bytes: which requests it may carry, the
+//! request head it sends to the pod and the response head it sends back. Pure: no IO.
+//!
+//! The fast lane takes only what it can carry byte for byte without changing meaning:
+//! an HTTP/1.1 request in origin form, with no body or a `Content-Length` one, no upgrade, no
+//! `Expect`, a `Connection` header that names nothing but `keep-alive`/`close`, and its
+//! revision named by headers. Everything else is [`Classified::Fallback`]: served by hyper,
+//! which has the whole protocol.
+
+use std::fmt::Write as _;
+use std::net::{IpAddr, SocketAddr};
+use std::ops::Range;
+
+use crds::contract::{
+    HEADER_ACTIVATOR_HOP, HEADER_KNATIVE_NAMESPACE, HEADER_KNATIVE_REVISION, HEADER_REVISION_NAME,
+    HEADER_REVISION_NAMESPACE,
+};
+
+use crate::forwarded;
+use crate::routing::{RevisionKey, is_dns_label, is_dns_subdomain};
+
+/// Headers httparse reads per message (as many as hyper's default): a request with more is
+/// left to hyper.
+pub const MAX_HEADERS: usize = 100;
+
+/// What the fast lane makes of the bytes received so far.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Classified {
+    /// A whole request head the fast lane carries.
+    Fast(RequestHead),
+    /// More bytes are needed.
+    Partial,
+    /// Hyper serves this (the reason, for logs and the fallback counter).
+    Fallback(&'static str),
+}
+
+/// A request head the fast lane carries: offsets into the bytes it was parsed from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestHead {
+    /// Length of the head, blank line included: the body (if any) starts here.
+    pub len: usize,
+    /// The declared body length (0 without `Content-Length`).
+    pub body_len: u64,
+    /// The client asked to close the connection after this request.
+    pub close: bool,
+    /// `HEAD`: the response has no body, whatever its framing headers say.
+    pub is_head: bool,
+    /// The request came from a peer activator (`x-activator-hop`).
+    pub hopped: bool,
+    /// The revision, from the revision header pair.
+    pub key: RevisionKey,
+}
+
+/// Parses the request head at the start of `buf`, if it is whole, and decides whether the
+/// fast lane may carry it.
+pub fn classify_request(buf: &[u8]) -> Classified {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut headers);
+    let len = match req.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return Classified::Partial,
+        Err(_) => return Classified::Fallback("unparsed"),
+    };
+    if req.version != Some(1) {
+        return Classified::Fallback("http/1.0");
+    }
+    let (Some(method), Some(path)) = (req.method, req.path) else {
+        return Classified::Fallback("unparsed");
+    };
+    if method == "CONNECT" || !path.starts_with('/') {
+        return Classified::Fallback("request target");
+    }
+    let mut head = Parsed::default();
+    for h in req.headers.iter() {
+        if let Err(why) = head.header(h.name, h.value) {
+            return Classified::Fallback(why);
+        }
+    }
+    let Some(key) = head.key() else {
+        return Classified::Fallback("no revision headers");
+    };
+    Classified::Fast(RequestHead {
+        len,
+        body_len: head.content_length.unwrap_or(0),
+        close: head.close,
+        is_head: method == "HEAD",
+        hopped: head.hopped,
+        key,
+    })
+}
+
+/// What one pass over the request's headers finds.
+#[derive(Default)]
+struct Parsed<'a> {
+    content_length: Option<u64>,
+    close: bool,
+    hopped: bool,
+    ns: Option<&'a str>,
+    name: Option<&'a str>,
+    knative_ns: Option<&'a str>,
+    knative_name: Option<&'a str>,
+}
+
+impl<'a> Parsed<'a> {
+    fn header(&mut self, name: &str, value: &'a [u8]) -> Result<(), &'static str> {
+        let is = |n: &str| name.eq_ignore_ascii_case(n);
+        if is("content-length") {
+            let n = std::str::from_utf8(value)
+                .ok()
+                .map(str::trim)
+                .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|v| v.parse().ok())
+                .ok_or("content-length")?;
+            if self.content_length.replace(n).is_some() {
+                return Err("content-length");
+            }
+        } else if is("transfer-encoding") {
+            return Err("transfer-encoding");
+        } else if is("upgrade") {
+            return Err("upgrade");
+        } else if is("expect") {
+            return Err("expect");
+        } else if is("te") {
+            // `TE: trailers` passes as it is (gRPC needs it); anything else hyper strips.
+            if !value.eq_ignore_ascii_case(b"trailers") {
+                return Err("te");
+            }
+        } else if is("connection") {
+            for token in value.split(|b| *b == b',') {
+                let t = token.trim_ascii();
+                if t.eq_ignore_ascii_case(b"close") {
+                    self.close = true;
+                } else if !t.is_empty() && !t.eq_ignore_ascii_case(b"keep-alive") {
+                    // It names other headers as hop-by-hop: hyper strips them.
+                    return Err("connection");
+                }
+            }
+        } else if is(HEADER_ACTIVATOR_HOP) {
+            self.hopped = true;
+        } else if is(HEADER_REVISION_NAMESPACE) {
+            self.ns = Some(once(self.ns, value)?);
+        } else if is(HEADER_REVISION_NAME) {
+            self.name = Some(once(self.name, value)?);
+        } else if is(HEADER_KNATIVE_NAMESPACE) {
+            self.knative_ns = Some(once(self.knative_ns, value)?);
+        } else if is(HEADER_KNATIVE_REVISION) {
+            self.knative_name = Some(once(self.knative_name, value)?);
+        }
+        Ok(())
+    }
+
+    /// The revision the headers name, by the rules of [`crate::routing::named`]; None for
+    /// no pair or an invalid one (hyper answers those).
+    fn key(&self) -> Option<RevisionKey> {
+        let (ns, name) = self
+            .ns
+            .zip(self.name)
+            .or(self.knative_ns.zip(self.knative_name))?;
+        (is_dns_label(ns) && is_dns_subdomain(name)).then(|| RevisionKey::new(ns, name))
+    }
+}
+
+/// A revision header's value, refusing a second one (hyper's path reads the first; better
+/// to leave such a request to it than to pick differently).
+fn once<'a>(seen: Option<&'a str>, value: &'a [u8]) -> Result<&'a str, &'static str> {
+    if seen.is_some() {
+        return Err("repeated revision header");
+    }
+    std::str::from_utf8(value).map_err(|_| "revision header")
+}
+
+/// Writes the request head to send to the pod into `out`: the client's head without its
+/// hop-by-hop headers, with `x-forwarded-*` and `forwarded` added when this is the first
+/// activator (as [`crate::forwarded::add`] does on hyper's path), and a `Host` naming the
+/// target when the client sent none. `head` is the client's head, as classified.
+pub fn write_request(out: &mut Vec<u8>, head: &[u8], client: IpAddr, target: SocketAddr) {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut headers);
+    // Classified before: the parse cannot fail.
+    let _ = req.parse(head);
+    let line_end = head.windows(2).position(|w| w == b"\r\n").unwrap_or(0);
+    let line = &head[..line_end];
+    out.extend_from_slice(line.strip_suffix(b"\r").unwrap_or(line));
+    out.extend_from_slice(b"\r\n");
+    let mut host: Option<&[u8]> = None;
+    let mut xff: Vec<&[u8]> = Vec::new();
+    let mut fwd: Vec<&[u8]> = Vec::new();
+    let (mut has_xfp, mut has_xfh) = (false, false);
+    let hopped = req
+        .headers
+        .iter()
+        .any(|h| h.name.eq_ignore_ascii_case(HEADER_ACTIVATOR_HOP));
+    for h in req.headers.iter() {
+        let is = |n: &str| h.name.eq_ignore_ascii_case(n);
+        if is("connection") || is("keep-alive") || is("proxy-connection") || is("trailer") {
+            continue;
+        }
+        if !hopped {
+            if is(forwarded::X_FORWARDED_FOR) {
+                xff.push(h.value);
+                continue;
+            }
+            if is(forwarded::FORWARDED) {
+                fwd.push(h.value);
+                continue;
+            }
+            has_xfp |= is(forwarded::X_FORWARDED_PROTO);
+            has_xfh |= is(forwarded::X_FORWARDED_HOST);
+        }
+        if is("host") {
+            host = Some(h.value);
+        }
+        header(out, h.name.as_bytes(), h.value);
+    }
+    let host = host.and_then(|h| std::str::from_utf8(h).ok());
+    if host.is_none() {
+        let mut s = String::new();
+        let _ = write!(s, "{target}");
+        header(out, b"host", s.as_bytes());
+    }
+    if !hopped {
+        let joined = |vs: &[&[u8]]| -> Option<String> {
+            let vs: Vec<&str> = vs
+                .iter()
+                .filter_map(|v| std::str::from_utf8(v).ok())
+                .collect();
+            (!vs.is_empty()).then(|| vs.join(", "))
+        };
+        let xff = forwarded::x_forwarded_for(joined(&xff), client);
+        header(out, forwarded::X_FORWARDED_FOR.as_bytes(), xff.as_bytes());
+        if !has_xfp {
+            header(out, forwarded::X_FORWARDED_PROTO.as_bytes(), b"http");
+        }
+        if let Some(h) = host
+            && !has_xfh
+        {
+            header(out, forwarded::X_FORWARDED_HOST.as_bytes(), h.as_bytes());
+        }
+        let fwd = forwarded::forwarded(joined(&fwd), Some(client), host);
+        header(out, forwarded::FORWARDED.as_bytes(), fwd.as_bytes());
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+fn header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// How a response's body is delimited (RFC 9112 §6.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyFraming {
+    /// No body (HEAD, 1xx, 204, 304).
+    Empty,
+    Length(u64),
+    Chunked,
+    /// Until the app closes the connection.
+    UntilClose,
+}
+
+/// A response head from the pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponseHead {
+    pub len: usize,
+    pub status: u16,
+    pub framing: BodyFraming,
+    /// The app closes the connection after this response.
+    pub close: bool,
+}
+
+impl ResponseHead {
+    /// 1xx other than 101: another head follows.
+    pub fn informational(&self) -> bool {
+        (100..200).contains(&self.status) && self.status != 101
+    }
+}
+
+/// Why a pod's response cannot be carried (answered 502).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadResponse(pub &'static str);
+
+/// Parses the response head at the start of `buf`: None while it is not whole.
+pub fn parse_response(buf: &[u8], to_head: bool) -> Result<Option<ResponseHead>, BadResponse> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut resp = httparse::Response::new(&mut headers);
+    let len = match resp.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(_) => return Err(BadResponse("a response head that does not parse")),
+    };
+    let status = resp.code.ok_or(BadResponse("no status"))?;
+    if status == 101 {
+        return Err(BadResponse("101 to a request that asked for no upgrade"));
+    }
+    let mut close = resp.version == Some(0);
+    let mut length: Option<u64> = None;
+    let mut chunked = false;
+    let mut encoded = false;
+    for h in resp.headers.iter() {
+        let is = |n: &str| h.name.eq_ignore_ascii_case(n);
+        if is("content-length") {
+            let n: u64 = std::str::from_utf8(h.value)
+                .ok()
+                .map(str::trim)
+                .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|v| v.parse().ok())
+                .ok_or(BadResponse("an invalid content-length"))?;
+            if length.is_some_and(|l| l != n) {
+                return Err(BadResponse("two different content-lengths"));
+            }
+            length = Some(n);
+        } else if is("transfer-encoding") {
+            encoded = true;
+            // Only the last coding says whether the message is chunked.
+            chunked = h
+                .value
+                .rsplit(|b| *b == b',')
+                .next()
+                .is_some_and(|t| t.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+        } else if is("connection") {
+            for t in h.value.split(|b| *b == b',') {
+                let t = t.trim_ascii();
+                if t.eq_ignore_ascii_case(b"close") {
+                    close = true;
+                } else if t.eq_ignore_ascii_case(b"keep-alive") && resp.version == Some(0) {
+                    close = false;
+                }
+            }
+        }
+    }
+    let no_body = to_head || (100..200).contains(&status) || status == 204 || status == 304;
+    let framing = if no_body {
+        BodyFraming::Empty
+    } else if encoded {
+        if chunked {
+            BodyFraming::Chunked
+        } else {
+            BodyFraming::UntilClose
+        }
+    } else {
+        match length {
+            Some(0) => BodyFraming::Empty,
+            Some(n) => BodyFraming::Length(n),
+            None => BodyFraming::UntilClose,
+        }
+    };
+    Ok(Some(ResponseHead {
+        len,
+        status,
+        framing,
+        close: close || framing == BodyFraming::UntilClose,
+    }))
+}
+
+/// What the fast lane adds to a response head.
+#[derive(Debug, Default)]
+pub struct Additions<'a> {
+    /// `x-activator-node`, unless the app set it.
+    pub served_by: &'a [u8],
+    /// `x-activator-cold-start: true` and `server-timing` for a request that waited.
+    pub cold: Option<&'a str>,
+    /// `connection: close`: the client connection ends after this response.
+    pub close: bool,
+}
+
+/// Writes the response head to send to the client into `out`: the app's, as HTTP/1.1,
+/// without hop-by-hop headers (those the app's `Connection` names too), plus `add`.
+pub fn write_response(out: &mut Vec<u8>, head: &[u8], add: &Additions<'_>) {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut resp = httparse::Response::new(&mut headers);
+    // Parsed before: the parse cannot fail.
+    let _ = resp.parse(head);
+    let status = resp.code.unwrap_or(502);
+    let _ = write!(
+        Writer(out),
+        "HTTP/1.1 {status} {}\r\n",
+        resp.reason.unwrap_or("")
+    );
+    let named: Vec<&[u8]> = resp
+        .headers
+        .iter()
+        .filter(|h| h.name.eq_ignore_ascii_case("connection"))
+        .flat_map(|h| h.value.split(|b| *b == b','))
+        .map(<[u8]>::trim_ascii)
+        .filter(|t| !t.is_empty())
+        .collect();
+    let mut served_by = false;
+    for h in resp.headers.iter() {
+        let is = |n: &str| h.name.eq_ignore_ascii_case(n);
+        if is("connection")
+            || is("keep-alive")
+            || is("proxy-connection")
+            || is("te")
+            || is("trailer")
+            || is("upgrade")
+            || named
+                .iter()
+                .any(|n| n.eq_ignore_ascii_case(h.name.as_bytes()))
+        {
+            continue;
+        }
+        served_by |= is(crate::handler::HEADER_SERVED_BY);
+        header(out, h.name.as_bytes(), h.value);
+    }
+    if !served_by {
+        header(
+            out,
+            crate::handler::HEADER_SERVED_BY.as_bytes(),
+            add.served_by,
+        );
+    }
+    if let Some(timing) = add.cold {
+        header(out, crate::handler::HEADER_COLD_START.as_bytes(), b"true");
+        if !timing.is_empty() {
+            header(
+                out,
+                crate::cold_start::HEADER_SERVER_TIMING.as_bytes(),
+                timing.as_bytes(),
+            );
+        }
+    }
+    if add.close {
+        header(out, b"connection", b"close");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// `fmt::Write` into a byte buffer.
+struct Writer<'a>(&'a mut Vec<u8>);
+
+impl std::fmt::Write for Writer<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.0.extend_from_slice(s.as_bytes());
+        Ok(())
+    }
+}
+
+/// Where the request's body bytes lie in a buffer that holds its head and what followed.
+pub fn body_in(buffered: usize, head: &RequestHead) -> Range<usize> {
+    let end = (head.len as u64 + head.body_len).min(buffered as u64) as usize;
+    head.len..end
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const REV: &str = "x-revision-namespace: ns\r\nx-revision-name: r1\r\n";
+
+    fn fast(req: &str) -> RequestHead {
+        match classify_request(req.as_bytes()) {
+            Classified::Fast(h) => h,
+            other => panic!("{req:?}: {other:?}"),
+        }
+    }
+
+    fn fallback(req: &str) -> &'static str {
+        match classify_request(req.as_bytes()) {
+            Classified::Fallback(why) => why,
+            other => panic!("{req:?}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_plain_request_is_fast_and_partial_heads_wait() {
+        let req = format!("GET /x HTTP/1.1\r\nhost: a\r\n{REV}\r\nrest");
+        let h = fast(&req);
+        assert_eq!(h.len, req.len() - 4);
+        assert_eq!(h.key, RevisionKey::new("ns", "r1"));
+        assert_eq!(
+            (h.body_len, h.close, h.is_head, h.hopped),
+            (0, false, false, false)
+        );
+        assert_eq!(classify_request(&req.as_bytes()[..20]), Classified::Partial);
+        let post = fast(&format!(
+            "POST / HTTP/1.1\r\nContent-Length: 12\r\nConnection: keep-alive, close\r\n{REV}\r\n"
+        ));
+        assert_eq!((post.body_len, post.close), (12, true));
+        let k = fast(
+            "HEAD / HTTP/1.1\r\nknative-serving-namespace: k\r\nknative-serving-revision: r\r\nx-activator-hop: n1\r\n\r\n",
+        );
+        assert_eq!(k.key, RevisionKey::new("k", "r"));
+        assert!(k.is_head && k.hopped);
+    }
+
+    #[test]
+    fn anything_unusual_is_left_to_hyper() {
+        for (req, why) in [
+            (format!("GET / HTTP/1.0\r\n{REV}\r\n"), "http/1.0"),
+            (
+                format!("GET http://a/ HTTP/1.1\r\n{REV}\r\n"),
+                "request target",
+            ),
+            ("CONNECT a:1 HTTP/1.1\r\n\r\n".to_string(), "request target"),
+            (
+                format!("POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\n{REV}\r\n"),
+                "transfer-encoding",
+            ),
+            (
+                format!("GET / HTTP/1.1\r\nupgrade: websocket\r\nconnection: upgrade\r\n{REV}\r\n"),
+                "upgrade",
+            ),
+            (
+                format!(
+                    "POST / HTTP/1.1\r\nexpect: 100-continue\r\ncontent-length: 1\r\n{REV}\r\n"
+                ),
+                "expect",
+            ),
+            (
+                format!("GET / HTTP/1.1\r\nconnection: x-secret\r\n{REV}\r\n"),
+                "connection",
+            ),
+            (format!("GET / HTTP/1.1\r\nte: gzip\r\n{REV}\r\n"), "te"),
+            (
+                format!("POST / HTTP/1.1\r\ncontent-length: 1\r\ncontent-length: 1\r\n{REV}\r\n"),
+                "content-length",
+            ),
+            (
+                format!("POST / HTTP/1.1\r\ncontent-length: -1\r\n{REV}\r\n"),
+                "content-length",
+            ),
+            (
+                "GET / HTTP/1.1\r\nhost: a\r\n\r\n".to_string(),
+                "no revision headers",
+            ),
+            (
+                "GET / HTTP/1.1\r\nx-revision-namespace: NS\r\nx-revision-name: r\r\n\r\n"
+                    .to_string(),
+                "no revision headers",
+            ),
+            (
+                format!("GET / HTTP/1.1\r\n{REV}x-revision-name: r2\r\n\r\n"),
+                "repeated revision header",
+            ),
+            ("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_string(), "unparsed"),
+            (
+                "GET / HTTP/1.1\r\nbad header\r\n\r\n".to_string(),
+                "unparsed",
+            ),
+        ] {
+            assert_eq!(fallback(&req), why, "{req:?}");
+        }
+        let many: String = (0..=MAX_HEADERS).map(|i| format!("x-{i}: v\r\n")).collect();
+        assert_eq!(
+            fallback(&format!("GET / HTTP/1.1\r\n{many}\r\n")),
+            "unparsed"
+        );
+    }
+
+    fn request_out(req: &str, client: &str) -> String {
+        let mut out = Vec::new();
+        let head = fast(req);
+        write_request(
+            &mut out,
+            &req.as_bytes()[..head.len],
+            client.parse().unwrap(),
+            "127.1.0.5:8080".parse().unwrap(),
+        );
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn the_pod_gets_the_head_without_hop_by_hop_headers_and_with_forwarding_ones() {
+        let out = request_out(
+            &format!(
+                "GET /a?b HTTP/1.1\r\nHost: app.test\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\nX-Forwarded-For: 10.0.0.1\r\nX-Forwarded-Proto: https\r\n{REV}\r\n"
+            ),
+            "127.0.0.9",
+        );
+        assert_eq!(
+            out,
+            "GET /a?b HTTP/1.1\r\nHost: app.test\r\nX-Forwarded-Proto: https\r\n\
+             x-revision-namespace: ns\r\nx-revision-name: r1\r\n\
+             x-forwarded-for: 10.0.0.1, 127.0.0.9\r\nx-forwarded-host: app.test\r\n\
+             forwarded: for=127.0.0.9;proto=http;host=app.test\r\n\r\n"
+        );
+        // No Host: the target's address; a peer's request keeps what the first hop said.
+        let out = request_out(
+            &format!(
+                "GET / HTTP/1.1\r\nx-activator-hop: n1\r\nx-forwarded-for: 1.2.3.4\r\nte: trailers\r\n{REV}\r\n"
+            ),
+            "127.0.0.9",
+        );
+        assert_eq!(
+            out,
+            "GET / HTTP/1.1\r\nx-activator-hop: n1\r\nx-forwarded-for: 1.2.3.4\r\nte: trailers\r\n\
+             x-revision-namespace: ns\r\nx-revision-name: r1\r\nhost: 127.1.0.5:8080\r\n\r\n"
+        );
+    }
+
+    /// The same forwarding headers as hyper's path writes for the same request.
+    #[test]
+    fn forwarding_headers_match_the_hyper_path() {
+        let out = request_out(
+            &format!(
+                "GET / HTTP/1.1\r\nhost: h:81\r\nforwarded: for=1.1.1.1\r\nforwarded: for=2.2.2.2\r\n{REV}\r\n"
+            ),
+            "::1",
+        );
+        let mut h = http::HeaderMap::new();
+        h.append("forwarded", "for=1.1.1.1".parse().unwrap());
+        h.append("forwarded", "for=2.2.2.2".parse().unwrap());
+        forwarded::add(&mut h, Some("::1".parse().unwrap()), Some("h:81"));
+        for name in [
+            "forwarded",
+            "x-forwarded-for",
+            "x-forwarded-host",
+            "x-forwarded-proto",
+        ] {
+            let line = format!("{name}: {}\r\n", h[name].to_str().unwrap());
+            assert!(out.contains(&line), "{line:?} in {out:?}");
+        }
+    }
+
+    fn response(head: &str, to_head: bool) -> ResponseHead {
+        parse_response(head.as_bytes(), to_head).unwrap().unwrap()
+    }
+
+    #[test]
+    fn response_framing_follows_rfc_9112() {
+        let f = |h: &str| response(h, false).framing;
+        assert_eq!(
+            f("HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n"),
+            BodyFraming::Length(5)
+        );
+        assert_eq!(
+            f("HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"),
+            BodyFraming::Empty
+        );
+        assert_eq!(
+            f("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"),
+            BodyFraming::Chunked
+        );
+        assert_eq!(
+            f("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked, gzip\r\n\r\n"),
+            BodyFraming::UntilClose
+        );
+        assert_eq!(
+            f("HTTP/1.1 204 No Content\r\ncontent-length: 5\r\n\r\n"),
+            BodyFraming::Empty
+        );
+        assert_eq!(f("HTTP/1.1 304 Not Modified\r\n\r\n"), BodyFraming::Empty);
+        assert_eq!(
+            response("HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n", true).framing,
+            BodyFraming::Empty
+        );
+        let until_close = response("HTTP/1.1 200 OK\r\n\r\n", false);
+        assert_eq!(
+            (until_close.framing, until_close.close),
+            (BodyFraming::UntilClose, true)
+        );
+        assert!(response("HTTP/1.0 200 OK\r\ncontent-length: 1\r\n\r\n", false).close);
+        assert!(
+            !response(
+                "HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ncontent-length: 1\r\n\r\n",
+                false
+            )
+            .close
+        );
+        assert!(
+            response(
+                "HTTP/1.1 200 OK\r\nConnection: close\r\ncontent-length: 1\r\n\r\n",
+                false
+            )
+            .close
+        );
+        assert!(response("HTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n", false).informational());
+        assert_eq!(
+            parse_response(b"HTTP/1.1 200 OK\r\ncontent-le", false),
+            Ok(None)
+        );
+        assert!(
+            parse_response(
+                b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n",
+                false
+            )
+            .is_err()
+        );
+        assert!(parse_response(b"HTTP/1.1 101 Switching\r\n\r\n", false).is_err());
+        assert!(parse_response(b"garbage\r\n\r\n", false).is_err());
+    }
+
+    #[test]
+    fn the_client_gets_the_apps_head_without_hop_by_hop_headers() {
+        let head = "HTTP/1.0 200 Fine\r\nContent-Length: 2\r\nConnection: keep-alive, x-hop\r\nKeep-Alive: timeout=5\r\nx-hop: 1\r\nx-app: a\r\n\r\n";
+        let mut out = Vec::new();
+        write_response(
+            &mut out,
+            head.as_bytes(),
+            &Additions {
+                served_by: b"node-1",
+                cold: Some("pod-ready;dur=3"),
+                close: true,
+            },
+        );
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "HTTP/1.1 200 Fine\r\nContent-Length: 2\r\nx-app: a\r\nx-activator-node: node-1\r\n\
+             x-activator-cold-start: true\r\nserver-timing: pod-ready;dur=3\r\nconnection: close\r\n\r\n"
+        );
+        let mut out = Vec::new();
+        write_response(
+            &mut out,
+            b"HTTP/1.1 204 \r\nx-activator-node: other\r\n\r\n",
+            &Additions {
+                served_by: b"node-1",
+                ..Default::default()
+            },
+        );
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "HTTP/1.1 204 \r\nx-activator-node: other\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn the_body_is_what_follows_the_head_up_to_its_length() {
+        let head = fast(&format!(
+            "POST / HTTP/1.1\r\ncontent-length: 4\r\n{REV}\r\n"
+        ));
+        assert_eq!(body_in(head.len + 2, &head), head.len..head.len + 2);
+        assert_eq!(body_in(head.len + 9, &head), head.len..head.len + 4);
+    }
+}

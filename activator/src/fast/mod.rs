@@ -1,0 +1,357 @@
+//! The fast lane: HTTP/1.1 requests for a revision this node serves, carried as bytes.
+//!
+//! Why: hyper on both sides of the proxy costs two HTTP/1 stacks and two tasks per request
+//! (the client's connection and the pod's), header maps built and encoded twice, and a
+//! request body type per side; the warm path stayed at about 0.8× nginx with every other
+//! cost taken out (docs/benchmarks.md). nginx parses a request once and passes its bytes on.
+//! The fast lane does the same: one task per client connection that parses the request head
+//! (httparse, as hyper does), rewrites it into the pod's own keep-alive connection, and
+//! relays the response's bytes back, with no other task involved.
+//!
+//! It carries only the common case and leaves everything else to hyper's path
+//! ([`crate::handler`]), which has the whole protocol: a connection starts here and is handed
+//! to hyper, with the bytes read so far put back in front ([`prefixed`]), as soon as a
+//! request is anything but a plain HTTP/1.1 request for a revision named by headers, whose
+//! subset this node belongs to with a share, whose app speaks HTTP/1.1, and while spans are
+//! off. Until a request's first byte goes to a pod, nothing is consumed, so a hand-over can
+//! happen at any point before that: an unknown revision, a subset to read, a request to
+//! forward, a full node or a drain go to hyper's path as they are. The stages are the same
+//! (resolve, route, admit, proxy, account); admit is the very same code ([`Handler::admit`]),
+//! so buffering, throttling and scaling are shared.
+//!
+//! Once a request went out, failures are answered here: 502 for a pod that failed, 408 for a
+//! body that stalls, 504 past the revision's timeout, each closing the client connection.
+
+pub mod chunked;
+pub mod exchange;
+pub mod head;
+pub mod pod_conns;
+pub mod prefixed;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::answer::Refusal;
+use crate::cache::endpoints::Membership;
+use crate::handler::{Handler, can_start, request_timeout, upstream_protocol};
+use crate::metrics::{Outcome, Phase, Route};
+use crate::pool::{NoSlot, Spec};
+use crate::proxy::UpstreamProtocol;
+use crate::telemetry;
+
+use exchange::{Ended, Scratch};
+use head::{Classified, RequestHead};
+use pod_conns::PodConns;
+
+/// A request head larger than this goes to hyper (which answers 431 past its own limit).
+const MAX_HEAD: usize = 16 * 1024;
+/// How much of a request body is read ahead while the request waits for a slot (to notice
+/// the client going away); more waits in the socket.
+const MAX_READ_AHEAD: usize = 64 * 1024;
+/// Room for a request head: most fit, a larger one grows the buffer.
+const HEAD_ROOM: usize = 2 * 1024;
+/// As hyper's `header_read_timeout` on the other path (and the same for an idle keep-alive
+/// connection).
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Upper bound on reading a Revision on the request path.
+const API_READ_LIMIT: Duration = Duration::from_secs(10);
+
+/// What the fast lane shares across its connections (one per serving thread).
+pub struct FastLane {
+    handler: Arc<Handler>,
+    pods: Arc<PodConns>,
+    body_idle_timeout: Duration,
+    /// Cancelled when the activator stops accepting: idle connections close, busy ones after
+    /// their response.
+    stop: CancellationToken,
+    served_by: Bytes,
+}
+
+/// After one request.
+enum Next {
+    KeepAlive,
+    Close,
+    /// Hyper serves this request, and the rest of the connection.
+    Hyper(&'static str),
+}
+
+impl FastLane {
+    pub fn new(
+        handler: Arc<Handler>,
+        connect_timeout: Duration,
+        pool_idle_timeout: Duration,
+        body_idle_timeout: Duration,
+        stop: CancellationToken,
+    ) -> Arc<Self> {
+        let served_by = Bytes::copy_from_slice(handler.node.as_bytes());
+        Arc::new(Self {
+            handler,
+            pods: PodConns::new(connect_timeout, pool_idle_timeout),
+            body_idle_timeout,
+            stop,
+            served_by,
+        })
+    }
+
+    /// Serves `stream` while its requests are for the fast lane. Returns the connection, and
+    /// the bytes read from it but not consumed, when hyper must serve the rest.
+    pub async fn serve(
+        &self,
+        mut stream: TcpStream,
+        peer: SocketAddr,
+    ) -> Option<(Bytes, TcpStream)> {
+        let mut buf = BytesMut::new();
+        let mut scratch = Scratch::default();
+        loop {
+            let head = match self.next_head(&mut stream, &mut buf).await {
+                Ok(Some(head)) => head,
+                Ok(None) => return None,
+                Err(why) => return self.hand_over(why, buf, stream),
+            };
+            match self
+                .one(&mut stream, &mut buf, head, peer, &mut scratch)
+                .await
+            {
+                Next::KeepAlive => {}
+                Next::Close => {
+                    let _ = stream.shutdown().await;
+                    return None;
+                }
+                Next::Hyper(why) => return self.hand_over(why, buf, stream),
+            }
+        }
+    }
+
+    fn hand_over(
+        &self,
+        why: &'static str,
+        buf: BytesMut,
+        stream: TcpStream,
+    ) -> Option<(Bytes, TcpStream)> {
+        tracing::trace!(reason = why, "to hyper");
+        self.handler.metrics.fast_lane_handovers.inc();
+        Some((buf.freeze(), stream))
+    }
+
+    /// The next request head: None when the connection ends (closed, idle too long, or the
+    /// activator stopping while it is idle), Err for hyper.
+    async fn next_head(
+        &self,
+        stream: &mut TcpStream,
+        buf: &mut BytesMut,
+    ) -> Result<Option<RequestHead>, &'static str> {
+        let timeout = tokio::time::sleep(HEADER_READ_TIMEOUT);
+        let mut timeout = std::pin::pin!(timeout);
+        loop {
+            if !buf.is_empty() {
+                match head::classify_request(buf) {
+                    Classified::Fast(h) => return Ok(Some(h)),
+                    Classified::Fallback(why) => return Err(why),
+                    Classified::Partial if buf.len() >= MAX_HEAD => return Err("large head"),
+                    Classified::Partial => {}
+                }
+            }
+            if buf.capacity() - buf.len() < 512 {
+                buf.reserve(HEAD_ROOM.max(buf.len()));
+            }
+            let read = tokio::select! {
+                biased;
+                r = stream.read_buf(buf) => r,
+                _ = self.stop.cancelled(), if buf.is_empty() => return Ok(None),
+                _ = &mut timeout => {
+                    // A head that stopped half way: hyper's own timeout answers it.
+                    return if buf.is_empty() { Ok(None) } else { Err("slow head") };
+                }
+            };
+            match read {
+                Ok(0) if buf.is_empty() => return Ok(None),
+                // Half a head, then the end: hyper answers what it can of it.
+                Ok(0) => return Err("truncated head"),
+                Ok(_) => {}
+                Err(_) => return Ok(None),
+            }
+        }
+    }
+
+    /// One request: resolve, route, admit, proxy, account.
+    async fn one(
+        &self,
+        stream: &mut TcpStream,
+        buf: &mut BytesMut,
+        head: RequestHead,
+        peer: SocketAddr,
+        scratch: &mut Scratch,
+    ) -> Next {
+        let arrived = Instant::now();
+        let h = &*self.handler;
+        if telemetry::request_spans() {
+            return Next::Hyper("spans");
+        }
+        // 1. resolve: a cached Revision answers at once; a read is bounded.
+        let read = tokio::time::timeout(API_READ_LIMIT, h.revisions.get_or_fetch(&head.key));
+        let Ok(Ok(Some(rev))) = read.await else {
+            return Next::Hyper("revision");
+        };
+        if upstream_protocol(&rev) != UpstreamProtocol::Http1 {
+            return Next::Hyper("h2c app");
+        }
+        // 2. route: only a member with a share serves here; the rest is hyper's.
+        let Some(Membership::Member { me, peers }) = h.endpoints.member_entry(&head.key) else {
+            return Next::Hyper("not a member");
+        };
+        if !can_start(&rev, &me) {
+            return Next::Hyper("no share");
+        }
+        let deadline = arrived + request_timeout(&rev);
+        let can_forward = !head.hopped && peers.iter().any(|m| can_start(&rev, m));
+        let spec = Spec { rev, me };
+        let mut retries_left = h.upstream.retries();
+        // 3. admit, and a connection to the pod.
+        let (mut lease, conn) = loop {
+            let admitted = tokio::select! {
+                biased;
+                l = h.admit(&head.key, &spec, arrived, can_forward) => l,
+                // Draining: hyper's path sends it to a peer member.
+                _ = h.draining.cancelled(), if can_forward => return Next::Hyper("draining"),
+                () = client_gone(stream, buf) => return Next::Close,
+                () = tokio::time::sleep_until(deadline) => {
+                    let r = Refusal::timeout(format!(
+                        "revision {}: no answer within its timeout of {}s",
+                        head.key,
+                        deadline.duration_since(arrived).as_secs()
+                    ));
+                    return self.refuse(stream, scratch, r).await;
+                }
+            };
+            let lease = match admitted {
+                Ok(lease) => lease,
+                // Another member serves it: hyper's path forwards (nothing was consumed).
+                Err(NoSlot::Elsewhere(_)) if can_forward => return Next::Hyper("elsewhere"),
+                Err(NoSlot::Full(why)) => {
+                    h.metrics.buffer_full.inc();
+                    return self
+                        .refuse(stream, scratch, Refusal::unavailable(why))
+                        .await;
+                }
+                Err(NoSlot::Elsewhere(why)) => {
+                    return self
+                        .refuse(stream, scratch, Refusal::unavailable(why))
+                        .await;
+                }
+                Err(NoSlot::Retired) => {
+                    let why = format!(
+                        "revision {}: no pool on this node took the request",
+                        head.key
+                    );
+                    return self
+                        .refuse(stream, scratch, Refusal::unavailable(why))
+                        .await;
+                }
+                Err(NoSlot::Failed(why)) => {
+                    return self
+                        .refuse(stream, scratch, Refusal::bad_gateway(why))
+                        .await;
+                }
+            };
+            match self.pods.get(lease.addr()).await {
+                Ok(conn) => break (lease, conn),
+                Err(e) => {
+                    let addr = lease.addr();
+                    lease.unreachable();
+                    if retries_left == 0 {
+                        let r = Refusal::bad_gateway(format!(
+                            "revision {}: pod at {addr} is unreachable: {e}",
+                            head.key
+                        ));
+                        return self.refuse(stream, scratch, r).await;
+                    }
+                    h.metrics.retries.inc();
+                    retries_left -= 1;
+                }
+            }
+        };
+        // 4. proxy
+        let cold = lease.cold;
+        let timings = lease.timings.take();
+        let server_timing = || {
+            let waited = arrived.elapsed();
+            h.metrics.observe_phase(Phase::FirstByte, waited);
+            timings.map(|t| t.server_timing(waited)).unwrap_or_default()
+        };
+        let req = exchange::Request {
+            head: &head,
+            client_ip: peer.ip(),
+            target: lease.addr(),
+            deadline,
+            body_idle_timeout: self.body_idle_timeout,
+            served_by: &self.served_by,
+            cold: cold.then_some(&server_timing as &(dyn Fn() -> String + Sync)),
+            close: head.close || self.stop.is_cancelled(),
+        };
+        let ended = exchange::exchange(stream, buf, conn, &self.pods, &req, scratch).await;
+        // The slot is held until the response has been sent.
+        drop(lease);
+        // 5. account
+        let route = if cold { Route::Cold } else { Route::Warm };
+        match ended {
+            Ended::Done { status, close, .. } => {
+                self.count(route, status);
+                if close { Next::Close } else { Next::KeepAlive }
+            }
+            Ended::Refused(r) => {
+                let r = Refusal {
+                    reason: format!("revision {}: {}", head.key, r.reason),
+                    ..r
+                };
+                self.refuse(stream, scratch, r).await
+            }
+            Ended::Broken { status } => {
+                if let Some(status) = status {
+                    self.count(route, status);
+                }
+                Next::Close
+            }
+        }
+    }
+
+    /// The activator's own answer, then the connection closes (a body may be left unread).
+    async fn refuse(&self, stream: &mut TcpStream, scratch: &mut Scratch, r: Refusal) -> Next {
+        tracing::debug!(status = %r.status, reason = %r.reason, "refused");
+        self.count(Route::Refused, r.status.as_u16());
+        exchange::refusal_bytes(&mut scratch.out, &r, &self.served_by);
+        let _ = stream.write_all(&scratch.out).await;
+        Next::Close
+    }
+
+    fn count(&self, route: Route, code: u16) {
+        self.handler
+            .metrics
+            .requests
+            .get_or_create(&Outcome { route, code })
+            .inc();
+    }
+}
+
+/// Resolves when the client closes its connection (or it fails) while its request waits;
+/// what it sends meanwhile (the body, a pipelined request) is kept in `buf`, up to a bound.
+async fn client_gone(stream: &mut TcpStream, buf: &mut BytesMut) {
+    loop {
+        if buf.len() >= MAX_READ_AHEAD {
+            return std::future::pending().await;
+        }
+        if buf.capacity() - buf.len() < 512 {
+            buf.reserve(HEAD_ROOM);
+        }
+        match stream.read_buf(buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+    }
+}

@@ -1,0 +1,179 @@
+//! Keep-alive connections to pods for the fast lane: plain TCP streams by pod address, each
+//! owned by one request at a time. No task per connection (hyper's client needs one): the
+//! request's own task writes the head and reads the answer.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use crate::h2c::ConnectError;
+
+/// Idle connections kept per pod (as [`crate::h1`]).
+const MAX_IDLE_PER_TARGET: usize = 256;
+/// A connection idle for longer is checked before use: an app that closes idle connections
+/// (Node.js does after 5 s) must not fail the next request. A busy connection skips the check
+/// (one more syscall per request).
+const CHECK_AFTER: Duration = Duration::from_millis(500);
+
+struct Idle {
+    stream: TcpStream,
+    since: Instant,
+}
+
+struct IdleSet {
+    by_target: HashMap<SocketAddr, Vec<Idle>>,
+    swept: Instant,
+}
+
+/// Idle connections by pod address.
+pub struct PodConns {
+    idle: Mutex<IdleSet>,
+    connect_timeout: Duration,
+    idle_timeout: Duration,
+}
+
+/// A connection for one request.
+pub struct PodConn {
+    pub stream: TcpStream,
+    /// From the pool: if it turns out closed before any answer, the request may go again on a
+    /// fresh one.
+    pub reused: bool,
+}
+
+impl PodConns {
+    pub fn new(connect_timeout: Duration, idle_timeout: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            idle: Mutex::new(IdleSet {
+                by_target: HashMap::new(),
+                swept: Instant::now(),
+            }),
+            connect_timeout,
+            idle_timeout,
+        })
+    }
+
+    /// An idle connection to `target`, else a new one.
+    pub async fn get(&self, target: SocketAddr) -> Result<PodConn, ConnectError> {
+        if let Some(stream) = self.take_idle(target) {
+            return Ok(PodConn {
+                stream,
+                reused: true,
+            });
+        }
+        // Boxed: rare on the warm path, and a waiting request should not carry its room.
+        Box::pin(self.connect(target)).await.map(|stream| PodConn {
+            stream,
+            reused: false,
+        })
+    }
+
+    /// A new connection to `target`.
+    pub async fn connect(&self, target: SocketAddr) -> Result<TcpStream, ConnectError> {
+        let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect(target))
+            .await
+            .map_err(|_| ConnectError::Timeout(self.connect_timeout))?
+            .map_err(ConnectError::Connect)?;
+        let _ = stream.set_nodelay(true);
+        Ok(stream)
+    }
+
+    fn take_idle(&self, target: SocketAddr) -> Option<TcpStream> {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        idle.sweep_if_due(now, self.idle_timeout);
+        let list = idle.by_target.get_mut(&target)?;
+        // Newest first: the most recently used connection is the likeliest to be alive.
+        while let Some(i) = list.pop() {
+            let age = now.duration_since(i.since);
+            if age >= self.idle_timeout {
+                continue;
+            }
+            if age >= CHECK_AFTER && !open(&i.stream) {
+                continue;
+            }
+            return Some(i.stream);
+        }
+        None
+    }
+
+    /// Puts a connection whose response has been read to its end back.
+    pub fn put(&self, target: SocketAddr, stream: TcpStream) {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        idle.sweep_if_due(now, self.idle_timeout);
+        let list = idle.by_target.entry(target).or_default();
+        if list.len() < MAX_IDLE_PER_TARGET {
+            list.push(Idle { stream, since: now });
+        }
+    }
+
+    /// Idle connections held (for tests).
+    pub fn idle(&self) -> usize {
+        let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        idle.by_target.values().map(Vec::len).sum()
+    }
+}
+
+impl IdleSet {
+    /// Pods come and go: a pod that went away must not leave its connections behind.
+    fn sweep_if_due(&mut self, now: Instant, idle_timeout: Duration) {
+        if now.duration_since(self.swept) < idle_timeout / 2 {
+            return;
+        }
+        self.swept = now;
+        self.by_target.retain(|_, list| {
+            list.retain(|i| now.duration_since(i.since) < idle_timeout);
+            !list.is_empty()
+        });
+    }
+}
+
+/// Whether an idle connection is still open: nothing to read (the app sends nothing
+/// unasked), neither end of stream nor an error.
+fn open(stream: &TcpStream) -> bool {
+    let mut b = [0u8; 1];
+    matches!(stream.try_read(&mut b), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::TcpListener;
+
+    #[tokio::test]
+    async fn a_connection_goes_back_and_a_closed_one_is_not_reused() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let target = l.local_addr().unwrap();
+        let pool = PodConns::new(Duration::from_secs(1), Duration::from_secs(60));
+        let c = pool.get(target).await.unwrap();
+        assert!(!c.reused);
+        let (server_side, _) = l.accept().await.unwrap();
+        pool.put(target, c.stream);
+        assert_eq!(pool.idle(), 1);
+        let c = pool.get(target).await.unwrap();
+        assert!(c.reused);
+        // The app closes it while idle: once checked, it is not handed out.
+        drop(server_side);
+        let closed = c.stream;
+        closed.readable().await.unwrap();
+        assert!(!open(&closed));
+        // Put back as if idle long enough to be checked.
+        let since = Instant::now() - CHECK_AFTER;
+        pool.idle
+            .lock()
+            .unwrap()
+            .by_target
+            .entry(target)
+            .or_default()
+            .push(Idle {
+                stream: closed,
+                since,
+            });
+        let c = pool.get(target).await.unwrap();
+        assert!(!c.reused, "a closed connection was handed out");
+    }
+}
