@@ -12,6 +12,7 @@
 pub mod buffer;
 pub mod cluster;
 pub mod control;
+pub mod cpu;
 mod error;
 pub mod http;
 pub mod loadgen;

@@ -42,6 +42,9 @@ pub struct Row {
     pub target: &'static str,
     pub conns: usize,
     pub result: LoadResult,
+    /// CPU the target's processes used per answered request during the measured run (None
+    /// for the app itself, which runs in this process beside the load generator).
+    pub cpu_per_request: Option<Duration>,
 }
 
 /// What `bench warm` measured.
@@ -122,21 +125,31 @@ pub async fn run(opts: &WarmOptions) -> Result<WarmReport, Error> {
         tracing::warn!("nginx: {why}");
     }
 
-    type Target = (&'static str, SocketAddr, Vec<(String, String)>);
-    let mut targets: Vec<Target> = vec![(DIRECT, pod, Vec::new())];
+    type Target = (&'static str, SocketAddr, Vec<(String, String)>, Option<u32>);
+    let mut targets: Vec<Target> = vec![(DIRECT, pod, Vec::new(), None)];
     if let Ok(n) = &nginx {
-        targets.push((NGINX, n.addr, Vec::new()));
+        targets.push((NGINX, n.addr, Vec::new(), n.pid()));
     }
-    targets.push((ACTIVATOR, data, headers));
+    targets.push((ACTIVATOR, data, headers, Some(activator.pid())));
 
     let mut rows = Vec::new();
     let measured = async {
         for &conns in &opts.conns {
-            for (target, addr, headers) in &targets {
+            for (target, addr, headers, pid) in &targets {
                 tracing::info!(target, conns, "measuring");
+                if !opts.warmup.is_zero() {
+                    loadgen
+                        .measure(*addr, headers, conns, Duration::ZERO, opts.warmup)
+                        .await?;
+                }
+                let cpu_before = pid.and_then(crate::cpu::of_tree);
                 let result = loadgen
-                    .measure(*addr, headers, conns, opts.warmup, opts.duration)
+                    .measure(*addr, headers, conns, Duration::ZERO, opts.duration)
                     .await?;
+                let cpu = cpu_before.zip(pid.and_then(crate::cpu::of_tree));
+                let cpu_per_request = cpu
+                    .filter(|_| result.requests > 0)
+                    .map(|(a, b)| b.saturating_sub(a) / result.requests as u32);
                 tracing::info!(
                     target,
                     conns,
@@ -148,6 +161,7 @@ pub async fn run(opts: &WarmOptions) -> Result<WarmReport, Error> {
                     target,
                     conns,
                     result,
+                    cpu_per_request,
                 });
             }
             activator.check_alive()?;
@@ -197,6 +211,18 @@ impl WarmReport {
         (o > 0.0).then(|| a / o)
     }
 
+    /// The activator's CPU per request over nginx's, per connection count (below 1: cheaper).
+    pub fn cpu_ratio(&self, conns: usize) -> Option<f64> {
+        let cpu = |t: &str| {
+            self.rows
+                .iter()
+                .find(|r| r.target == t && r.conns == conns)?
+                .cpu_per_request
+        };
+        let (a, n) = (cpu(ACTIVATOR)?, cpu(NGINX)?);
+        (!n.is_zero()).then(|| a.as_secs_f64() / n.as_secs_f64())
+    }
+
     /// `target`'s p50 minus direct's, at `conns` connections, in ms.
     pub fn added_p50_ms(&self, target: &str, conns: usize) -> Option<f64> {
         let t = self.find(target, conns)?.p50.as_secs_f64();
@@ -232,33 +258,35 @@ impl fmt::Display for WarmReport {
         }
         writeln!(
             f,
-            "{:<10} {:>5} {:>10} {:>9} {:>9} {:>7}",
-            "target", "conns", "req/s", "p50 ms", "p99 ms", "errors"
+            "{:<10} {:>5} {:>10} {:>9} {:>9} {:>7} {:>11}",
+            "target", "conns", "req/s", "p50 ms", "p99 ms", "errors", "cpu µs/req"
         )?;
         for r in &self.rows {
             writeln!(
                 f,
-                "{:<10} {:>5} {:>10.0} {:>9.3} {:>9.3} {:>7}",
+                "{:<10} {:>5} {:>10.0} {:>9.3} {:>9.3} {:>7} {:>11}",
                 r.target,
                 r.conns,
                 r.result.rps(),
                 ms(r.result.p50),
                 ms(r.result.p99),
-                r.result.errors
+                r.result.errors,
+                opt(r.cpu_per_request.map(|d| d.as_secs_f64() * 1e6), 1)
             )?;
         }
         writeln!(
             f,
-            "throughput ratio  {:>5} {:>16} {:>17}",
-            "conns", "activator/nginx", "activator/direct"
+            "throughput ratio  {:>5} {:>16} {:>17} {:>24}",
+            "conns", "activator/nginx", "activator/direct", "cpu/req activator/nginx"
         )?;
         for c in self.conns() {
             writeln!(
                 f,
-                "                  {:>5} {:>16} {:>17}",
+                "                  {:>5} {:>16} {:>17} {:>24}",
                 c,
                 opt(self.throughput_ratio(NGINX, c), 2),
-                opt(self.throughput_ratio(DIRECT, c), 2)
+                opt(self.throughput_ratio(DIRECT, c), 2),
+                opt(self.cpu_ratio(c), 2)
             )?;
         }
         writeln!(

@@ -150,6 +150,11 @@ impl Nginx {
         })
     }
 
+    /// The master process (its workers are its children).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
     /// `nginx -s stop` (the master takes its workers down), then reaps the master.
     pub async fn stop(mut self) {
         let _ = Command::new(&self.bin)

@@ -82,7 +82,7 @@ where
     let Scratch { out, resp } = scratch;
     let h = req.head;
     out.clear();
-    head::write_request(out, &buf[..h.len], req.client_ip, req.target);
+    head::write_request(out, &buf[..h.len], h, req.client_ip, req.target);
     let body = head::body_in(buf.len(), h);
     out.extend_from_slice(&buf[body.clone()]);
     let mut body_left = h.body_len - (body.end - body.start) as u64;
@@ -240,6 +240,7 @@ where
         head::write_response(
             out,
             &resp[..rh.len],
+            rh.plain,
             &Additions {
                 served_by: req.served_by,
                 ..Default::default()
@@ -262,6 +263,7 @@ where
     head::write_response(
         out,
         &resp[..rh.len],
+        rh.plain,
         &Additions {
             served_by: req.served_by,
             cold: timing.as_deref(),

@@ -49,6 +49,18 @@ pub struct RequestHead {
     pub hopped: bool,
     /// The revision, from the revision header pair.
     pub key: RevisionKey,
+    /// Set when the head can go to the pod as it is, with headers only added (no header to
+    /// drop or merge): what [`write_request`] needs then, found in this one parse.
+    pub plain: Option<Plain>,
+}
+
+/// What a head that goes out as it is needs for the headers added to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plain {
+    /// Where the Host header's value is in the head.
+    pub host: Option<Range<usize>>,
+    pub has_xfp: bool,
+    pub has_xfh: bool,
 }
 
 /// Parses the request head at the start of `buf`, if it is whole, and decides whether the
@@ -71,14 +83,38 @@ pub fn classify_request(buf: &[u8]) -> Classified {
         return Classified::Fallback("request target");
     }
     let mut head = Parsed::default();
+    let base = buf.as_ptr() as usize;
     for h in req.headers.iter() {
         if let Err(why) = head.header(h.name, h.value) {
             return Classified::Fallback(why);
+        }
+        let is = |n: &str| h.name.eq_ignore_ascii_case(n);
+        if is("host") {
+            let at = h.value.as_ptr() as usize - base;
+            head.hosts += 1;
+            head.host = Some(at..at + h.value.len());
+        } else if is("connection") || is("keep-alive") || is("proxy-connection") || is("trailer") {
+            head.drops = true;
+        } else if is(forwarded::X_FORWARDED_FOR) || is(forwarded::FORWARDED) {
+            head.merges = true;
+        } else if is(forwarded::X_FORWARDED_PROTO) {
+            head.has_xfp = true;
+        } else if is(forwarded::X_FORWARDED_HOST) {
+            head.has_xfh = true;
         }
     }
     let Some(key) = head.key() else {
         return Classified::Fallback("no revision headers");
     };
+    let plain = (!head.drops
+        && (head.hopped || !head.merges)
+        && head.hosts <= 1
+        && buf[..len].ends_with(b"\r\n\r\n"))
+    .then(|| Plain {
+        host: head.host.clone(),
+        has_xfp: head.has_xfp,
+        has_xfh: head.has_xfh,
+    });
     Classified::Fast(RequestHead {
         len,
         body_len: head.content_length.unwrap_or(0),
@@ -86,6 +122,7 @@ pub fn classify_request(buf: &[u8]) -> Classified {
         is_head: method == "HEAD",
         hopped: head.hopped,
         key,
+        plain,
     })
 }
 
@@ -99,6 +136,13 @@ struct Parsed<'a> {
     name: Option<&'a str>,
     knative_ns: Option<&'a str>,
     knative_name: Option<&'a str>,
+    host: Option<Range<usize>>,
+    hosts: usize,
+    /// A hop-by-hop header to drop, or forwarding headers to merge.
+    drops: bool,
+    merges: bool,
+    has_xfp: bool,
+    has_xfh: bool,
 }
 
 impl<'a> Parsed<'a> {
@@ -173,7 +217,59 @@ fn once<'a>(seen: Option<&'a str>, value: &'a [u8]) -> Result<&'a str, &'static 
 /// hop-by-hop headers, with `x-forwarded-*` and `forwarded` added when this is the first
 /// activator (as [`crate::forwarded::add`] does on hyper's path), and a `Host` naming the
 /// target when the client sent none. `head` is the client's head, as classified.
-pub fn write_request(out: &mut Vec<u8>, head: &[u8], client: IpAddr, target: SocketAddr) {
+pub fn write_request(
+    out: &mut Vec<u8>,
+    head: &[u8],
+    parsed: &RequestHead,
+    client: IpAddr,
+    target: SocketAddr,
+) {
+    let Some(plain) = &parsed.plain else {
+        return write_request_reparsed(out, head, client, target);
+    };
+    // All but the blank line, as it came; then what is added.
+    out.extend_from_slice(&head[..head.len() - 2]);
+    let host = plain
+        .host
+        .as_ref()
+        .and_then(|r| std::str::from_utf8(&head[r.clone()]).ok());
+    if plain.host.is_none() {
+        let mut s = String::new();
+        let _ = write!(s, "{target}");
+        header(out, b"host", s.as_bytes());
+    }
+    if !parsed.hopped {
+        add_forwarding(out, None, None, client, host, plain.has_xfp, plain.has_xfh);
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// The forwarding headers of the first activator (as [`crate::forwarded::add`] writes them).
+fn add_forwarding(
+    out: &mut Vec<u8>,
+    xff: Option<String>,
+    fwd: Option<String>,
+    client: IpAddr,
+    host: Option<&str>,
+    has_xfp: bool,
+    has_xfh: bool,
+) {
+    let xff = forwarded::x_forwarded_for(xff, client);
+    header(out, forwarded::X_FORWARDED_FOR.as_bytes(), xff.as_bytes());
+    if !has_xfp {
+        header(out, forwarded::X_FORWARDED_PROTO.as_bytes(), b"http");
+    }
+    if let Some(h) = host
+        && !has_xfh
+    {
+        header(out, forwarded::X_FORWARDED_HOST.as_bytes(), h.as_bytes());
+    }
+    let fwd = forwarded::forwarded(fwd, Some(client), host);
+    header(out, forwarded::FORWARDED.as_bytes(), fwd.as_bytes());
+}
+
+/// [`write_request`] for a head with headers to drop or merge: parsed again, header by header.
+fn write_request_reparsed(out: &mut Vec<u8>, head: &[u8], client: IpAddr, target: SocketAddr) {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
     // Classified before: the parse cannot fail.
@@ -226,18 +322,15 @@ pub fn write_request(out: &mut Vec<u8>, head: &[u8], client: IpAddr, target: Soc
                 .collect();
             (!vs.is_empty()).then(|| vs.join(", "))
         };
-        let xff = forwarded::x_forwarded_for(joined(&xff), client);
-        header(out, forwarded::X_FORWARDED_FOR.as_bytes(), xff.as_bytes());
-        if !has_xfp {
-            header(out, forwarded::X_FORWARDED_PROTO.as_bytes(), b"http");
-        }
-        if let Some(h) = host
-            && !has_xfh
-        {
-            header(out, forwarded::X_FORWARDED_HOST.as_bytes(), h.as_bytes());
-        }
-        let fwd = forwarded::forwarded(joined(&fwd), Some(client), host);
-        header(out, forwarded::FORWARDED.as_bytes(), fwd.as_bytes());
+        add_forwarding(
+            out,
+            joined(&xff),
+            joined(&fwd),
+            client,
+            host,
+            has_xfp,
+            has_xfh,
+        );
     }
     out.extend_from_slice(b"\r\n");
 }
@@ -268,6 +361,9 @@ pub struct ResponseHead {
     pub framing: BodyFraming,
     /// The app closes the connection after this response.
     pub close: bool,
+    /// HTTP/1.1 with no header to drop and no `x-activator-node`: it goes to the client as it
+    /// is, with headers only added.
+    pub plain: bool,
 }
 
 impl ResponseHead {
@@ -295,6 +391,7 @@ pub fn parse_response(buf: &[u8], to_head: bool) -> Result<Option<ResponseHead>,
         return Err(BadResponse("101 to a request that asked for no upgrade"));
     }
     let mut close = resp.version == Some(0);
+    let mut plain = resp.version == Some(1) && buf[..len].ends_with(b"\r\n\r\n");
     let mut length: Option<u64> = None;
     let mut chunked = false;
     let mut encoded = false;
@@ -320,6 +417,7 @@ pub fn parse_response(buf: &[u8], to_head: bool) -> Result<Option<ResponseHead>,
                 .next()
                 .is_some_and(|t| t.trim_ascii().eq_ignore_ascii_case(b"chunked"));
         } else if is("connection") {
+            plain = false;
             for t in h.value.split(|b| *b == b',') {
                 let t = t.trim_ascii();
                 if t.eq_ignore_ascii_case(b"close") {
@@ -328,6 +426,14 @@ pub fn parse_response(buf: &[u8], to_head: bool) -> Result<Option<ResponseHead>,
                     close = false;
                 }
             }
+        } else if is("keep-alive")
+            || is("proxy-connection")
+            || is("te")
+            || is("trailer")
+            || is("upgrade")
+            || is(crate::handler::HEADER_SERVED_BY)
+        {
+            plain = false;
         }
     }
     let no_body = to_head || (100..200).contains(&status) || status == 204 || status == 304;
@@ -351,6 +457,7 @@ pub fn parse_response(buf: &[u8], to_head: bool) -> Result<Option<ResponseHead>,
         status,
         framing,
         close: close || framing == BodyFraming::UntilClose,
+        plain,
     }))
 }
 
@@ -367,7 +474,39 @@ pub struct Additions<'a> {
 
 /// Writes the response head to send to the client into `out`: the app's, as HTTP/1.1,
 /// without hop-by-hop headers (those the app's `Connection` names too), plus `add`.
-pub fn write_response(out: &mut Vec<u8>, head: &[u8], add: &Additions<'_>) {
+pub fn write_response(out: &mut Vec<u8>, head: &[u8], plain: bool, add: &Additions<'_>) {
+    if !plain {
+        return write_response_reparsed(out, head, add);
+    }
+    out.extend_from_slice(&head[..head.len() - 2]);
+    header(
+        out,
+        crate::handler::HEADER_SERVED_BY.as_bytes(),
+        add.served_by,
+    );
+    add_to_response(out, add);
+}
+
+/// What goes after the app's headers, blank line included.
+fn add_to_response(out: &mut Vec<u8>, add: &Additions<'_>) {
+    if let Some(timing) = add.cold {
+        header(out, crate::handler::HEADER_COLD_START.as_bytes(), b"true");
+        if !timing.is_empty() {
+            header(
+                out,
+                crate::cold_start::HEADER_SERVER_TIMING.as_bytes(),
+                timing.as_bytes(),
+            );
+        }
+    }
+    if add.close {
+        header(out, b"connection", b"close");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// [`write_response`] for a head with headers to drop: parsed again, header by header.
+fn write_response_reparsed(out: &mut Vec<u8>, head: &[u8], add: &Additions<'_>) {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut resp = httparse::Response::new(&mut headers);
     // Parsed before: the parse cannot fail.
@@ -411,20 +550,7 @@ pub fn write_response(out: &mut Vec<u8>, head: &[u8], add: &Additions<'_>) {
             add.served_by,
         );
     }
-    if let Some(timing) = add.cold {
-        header(out, crate::handler::HEADER_COLD_START.as_bytes(), b"true");
-        if !timing.is_empty() {
-            header(
-                out,
-                crate::cold_start::HEADER_SERVER_TIMING.as_bytes(),
-                timing.as_bytes(),
-            );
-        }
-    }
-    if add.close {
-        header(out, b"connection", b"close");
-    }
-    out.extend_from_slice(b"\r\n");
+    add_to_response(out, add);
 }
 
 /// `fmt::Write` into a byte buffer.
@@ -552,13 +678,51 @@ mod tests {
     fn request_out(req: &str, client: &str) -> String {
         let mut out = Vec::new();
         let head = fast(req);
-        write_request(
-            &mut out,
+        let (bytes, client, target) = (
             &req.as_bytes()[..head.len],
             client.parse().unwrap(),
             "127.1.0.5:8080".parse().unwrap(),
         );
+        write_request(&mut out, bytes, &head, client, target);
+        // A head that goes out as it is gets what parsing it again would give, but for
+        // the order of the headers (none is dropped or merged).
+        if head.plain.is_some() {
+            let mut slow = Vec::new();
+            write_request_reparsed(&mut slow, bytes, client, target);
+            let lines = |b: &[u8]| {
+                let mut l: Vec<String> = String::from_utf8_lossy(b)
+                    .lines()
+                    .map(str::to_string)
+                    .collect();
+                l.sort();
+                l
+            };
+            assert_eq!(lines(&out), lines(&slow));
+        }
         String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn only_heads_with_nothing_to_drop_or_merge_go_out_as_they_are() {
+        assert!(
+            fast(&format!(
+                "GET / HTTP/1.1\r\nhost: a\r\nx-forwarded-proto: https\r\n{REV}\r\n"
+            ))
+            .plain
+            .is_some()
+        );
+        for req in [
+            format!("GET / HTTP/1.1\r\nconnection: keep-alive\r\n{REV}\r\n"),
+            format!("GET / HTTP/1.1\r\nx-forwarded-for: 1.1.1.1\r\n{REV}\r\n"),
+            format!("GET / HTTP/1.1\r\nhost: a\r\nhost: b\r\n{REV}\r\n"),
+            format!("GET / HTTP/1.1\n{}\n", REV.replace("\r\n", "\n")),
+        ] {
+            assert!(fast(&req).plain.is_none(), "{req:?}");
+        }
+        // A peer's forwarding headers are passed on as they are.
+        let hop =
+            format!("GET / HTTP/1.1\r\nx-activator-hop: n\r\nforwarded: for=1.1.1.1\r\n{REV}\r\n");
+        assert!(fast(&hop).plain.is_some());
     }
 
     #[test]
@@ -686,9 +850,12 @@ mod tests {
     fn the_client_gets_the_apps_head_without_hop_by_hop_headers() {
         let head = "HTTP/1.0 200 Fine\r\nContent-Length: 2\r\nConnection: keep-alive, x-hop\r\nKeep-Alive: timeout=5\r\nx-hop: 1\r\nx-app: a\r\n\r\n";
         let mut out = Vec::new();
+        let rh = parse_response(head.as_bytes(), false).unwrap().unwrap();
+        assert!(!rh.plain);
         write_response(
             &mut out,
             head.as_bytes(),
+            rh.plain,
             &Additions {
                 served_by: b"node-1",
                 cold: Some("pod-ready;dur=3"),
@@ -704,6 +871,7 @@ mod tests {
         write_response(
             &mut out,
             b"HTTP/1.1 204 \r\nx-activator-node: other\r\n\r\n",
+            false,
             &Additions {
                 served_by: b"node-1",
                 ..Default::default()
@@ -713,6 +881,32 @@ mod tests {
             String::from_utf8(out).unwrap(),
             "HTTP/1.1 204 \r\nx-activator-node: other\r\n\r\n"
         );
+    }
+
+    #[test]
+    fn a_plain_response_head_gets_what_parsing_it_again_would_give() {
+        let head = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-app: a\r\n\r\n";
+        let rh = parse_response(head, false).unwrap().unwrap();
+        assert!(rh.plain);
+        let add = Additions {
+            served_by: b"n1",
+            cold: Some("wait;dur=1"),
+            close: true,
+        };
+        let (mut fast, mut slow) = (Vec::new(), Vec::new());
+        write_response(&mut fast, head, true, &add);
+        write_response(&mut slow, head, false, &add);
+        assert_eq!(
+            String::from_utf8(fast).unwrap(),
+            String::from_utf8(slow).unwrap()
+        );
+        for not_plain in [
+            &b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\n\r\n"[..],
+            b"HTTP/1.1 200 OK\r\nkeep-alive: timeout=5\r\ncontent-length: 2\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nx-activator-node: x\r\ncontent-length: 2\r\n\r\n",
+        ] {
+            assert!(!parse_response(not_plain, false).unwrap().unwrap().plain);
+        }
     }
 
     #[test]
