@@ -17,6 +17,7 @@ use crate::index::{Key, MembershipIndex};
 use crate::knative_hash;
 use crate::plan::{self, SubsetInputs};
 use crate::policy::{self, SubsetPolicy};
+use crate::store::AeStore;
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -95,7 +96,8 @@ fn balance(ix: &MembershipIndex, available: &BTreeMap<String, Activator>) -> (f6
 struct World {
     names: Vec<String>,
     rev: Revision,
-    current: Vec<Option<ActivationEndpoints>>,
+    /// The ActivationEndpoints as the controller keeps them (`store.rs`).
+    store: AeStore,
     ix: MembershipIndex,
     available: BTreeMap<String, Activator>,
     policy: Box<dyn SubsetPolicy>,
@@ -109,10 +111,14 @@ impl World {
     fn plan_all(&mut self, keys: &[usize]) -> usize {
         let mut joined = 0;
         for &i in keys {
+            let name = format!("rev-{i:06}");
+            let key = Key::new("bench", name.clone());
+            // What a reconcile plans from: the object rebuilt from the store.
+            let current = self.store.current(&key);
             let p = plan::subset(&SubsetInputs {
                 key: &self.names[i],
                 revision: &self.rev,
-                current: self.current[i].as_ref(),
+                current: current.as_ref(),
                 available: &self.available,
                 load: &|n| self.ix.load(n),
                 loads: Some(self.ix.loads()),
@@ -124,13 +130,13 @@ impl World {
             });
             joined += p.joined;
             let nodes = p.status.activators.iter().map(|m| m.node.clone()).collect();
-            let name = format!("rev-{i:06}");
-            self.ix
-                .set(&Key::new("bench", name.clone()), nodes, p.short);
+            self.ix.set(&key, nodes, p.short);
+            // What the watch then shows, and the store keeps.
             let mut ae = ActivationEndpoints::new(&name, Default::default());
+            ae.metadata.namespace = Some(key.namespace);
             ae.metadata.labels = Some(p.labels);
             ae.status = Some(p.status);
-            self.current[i] = Some(ae);
+            self.store.apply(&ae);
         }
         joined
     }
@@ -192,7 +198,7 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, String> {
             .map(|i| format!("bench/rev-{i:06}"))
             .collect(),
         rev: revision(opts.members)?,
-        current: vec![None; opts.revisions],
+        store: AeStore::default(),
         ix: MembershipIndex::default(),
         available: (0..opts.activators).map(activator).collect(),
         policy,

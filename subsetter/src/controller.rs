@@ -5,9 +5,10 @@
 //! - Revisions are watched by the caches; a generation change (not the subsetter's own status
 //!   writes) triggers the leader's kube-runtime `Controller`, which takes its objects from the
 //!   cached store. Taking the lead triggers every cached revision once.
-//! - ActivationEndpoints are watched once: the reflector store gives the reconciler the current
-//!   members, the membership index is updated from the same events, and each change triggers
-//!   the owning Revision (what `.owns()` does, without a second watch).
+//! - ActivationEndpoints are watched once: a compact store (`store.rs`: what a reconcile reads
+//!   of each object, strings shared) gives the reconciler the current members, the membership
+//!   index is updated from the same events, and each change triggers the owning Revision
+//!   (what `.owns()` does, without a second watch).
 //! - Activator pods and Nodes are watched; whenever the usable activator set changes, only the
 //!   revisions that had a lost (or changed) activator are triggered, and a new activator
 //!   triggers only the revisions short of their N.
@@ -44,6 +45,7 @@ use crate::queue::Queued;
 use crate::rebalance;
 use crate::reconciler::{self, Config, Context};
 use crate::settings::{self, Settings};
+use crate::store::AeStore;
 
 /// The subsetter controller: [`Subsetter::run`] alone, or with leader election
 /// [`Subsetter::start_caches`] once and [`Subsetter::lead`] each time this replica becomes
@@ -131,10 +133,10 @@ impl Subsetter {
         )));
         let claims = HostClaims::new(Arc::clone(&hosts), triggers.clone());
 
-        let (ae_reader, ae_writer) = reflector::store();
+        let ae_store = Arc::new(RwLock::new(AeStore::default()));
         tasks.push(tokio::spawn(watch_endpoints(
             endpoints,
-            ae_writer,
+            Arc::clone(&ae_store),
             Arc::clone(&index),
             claims.clone(),
             Arc::clone(&synced),
@@ -162,7 +164,7 @@ impl Subsetter {
             hosts,
             available,
             synced: synced_rx,
-            ae_reader,
+            ae_store,
             rev_reader,
             triggers,
             tasks,
@@ -187,7 +189,7 @@ impl Subsetter {
             Arc::clone(&caches.index),
             Arc::clone(&caches.hosts),
             Arc::clone(&caches.available),
-            caches.ae_reader.clone(),
+            Arc::clone(&caches.ae_store),
             caches.synced.clone(),
             Arc::clone(&caches.triggers.queued),
         ));
@@ -272,7 +274,7 @@ pub struct Caches {
     hosts: Arc<Mutex<HostIndex>>,
     available: Arc<RwLock<Arc<BTreeMap<String, Activator>>>>,
     synced: watch::Receiver<bool>,
-    ae_reader: Store<ActivationEndpoints>,
+    ae_store: Arc<RwLock<AeStore>>,
     rev_reader: Store<Revision>,
     triggers: Triggers,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -588,19 +590,15 @@ impl HostClaims {
 
 async fn watch_endpoints(
     api: Api<ActivationEndpoints>,
-    writer: reflector::store::Writer<ActivationEndpoints>,
+    store: Arc<RwLock<AeStore>>,
     index: Arc<Mutex<MembershipIndex>>,
     claims: HostClaims,
     synced: Arc<watch::Sender<Synced>>,
     owners: Triggers,
     metrics: Arc<Metrics>,
 ) {
-    let reader = writer.as_reader();
-    let mut events = std::pin::pin!(
-        watcher::watcher(api, watcher::Config::default())
-            .default_backoff()
-            .reflect(writer)
-    );
+    let mut events =
+        std::pin::pin!(watcher::watcher(api, watcher::Config::default()).default_backoff());
     while let Some(event) = events.next().await {
         let event = match event {
             Ok(e) => e,
@@ -609,6 +607,18 @@ async fn watch_endpoints(
                 continue;
             }
         };
+        {
+            // The store keeps what a reconcile reads of each object (`store.rs`), not the
+            // objects whole.
+            let mut s = store.write().unwrap_or_else(|p| p.into_inner());
+            match &event {
+                Event::Apply(ae) => s.apply(ae),
+                Event::Delete(ae) => s.delete(ae),
+                Event::Init => s.relist_start(),
+                Event::InitApply(ae) => s.relist_apply(ae),
+                Event::InitDone => s.relist_done(),
+            }
+        }
         if let Event::Apply(ae) | Event::Delete(ae) | Event::InitApply(ae) = &event {
             claims.endpoints_changed(&key_of(ae));
         }
@@ -633,7 +643,12 @@ async fn watch_endpoints(
                 ix.set(&key_of(&ae), nodes, short);
             }
             Event::InitDone => {
-                let keys: HashSet<Key> = reader.state().iter().map(|a| key_of(a)).collect();
+                let keys: HashSet<Key> = store
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .keys()
+                    .cloned()
+                    .collect();
                 ix.retain(&keys);
                 synced.send_modify(|s| s.endpoints = true);
             }

@@ -23,6 +23,7 @@ pub mod rebalance;
 pub mod settings;
 pub mod shares;
 pub mod size;
+pub mod store;
 pub mod write_limit;
 
 pub use error::{Error, Result};

@@ -8,7 +8,7 @@ use crds::{ActivationEndpoints, ActivatorMember, Revision};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::{ObjectRef, Store};
+
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 use tokio::sync::watch;
@@ -22,6 +22,7 @@ use crate::metrics::Metrics;
 use crate::plan::{self, SubsetInputs};
 use crate::policy::SubsetPolicy;
 use crate::queue::Queued;
+use crate::store::AeStore;
 use crate::write_limit::{Lane, WriteLimiter};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -83,15 +84,6 @@ impl Default for Config {
     }
 }
 
-/// An object the reconciler wrote, with the resourceVersion it was written over. Until the
-/// reflector store moves past that version, the store is older than what the API holds, and
-/// a policy fed the stale members could pick different replacements (needless churn).
-/// A reconcile may write twice (status, then labels), so every version it wrote over is stale.
-struct Written {
-    stale: Vec<Option<String>>,
-    object: ActivationEndpoints,
-}
-
 /// Reconciles at once by default: with a write's round trip of a few ms, 32 keep well ahead of
 /// the default write rate (100/s) and of a large cluster's (a few hundred a second).
 pub const DEFAULT_CONCURRENCY: u16 = 32;
@@ -106,11 +98,12 @@ pub struct Context {
     pub(crate) index: Arc<Mutex<MembershipIndex>>,
     pub(crate) hosts: Arc<Mutex<HostIndex>>,
     pub(crate) activators: Arc<RwLock<Arc<BTreeMap<String, Activator>>>>,
-    pub(crate) ae_store: Store<ActivationEndpoints>,
+    /// The ActivationEndpoints as the watch shows them, and what this reconciler wrote while
+    /// the watch lags (`store.rs`).
+    pub(crate) ae_store: Arc<RwLock<AeStore>>,
     pub(crate) synced: watch::Receiver<bool>,
     /// Revisions triggered and not started yet (`queue.rs`).
     queued: Arc<Queued>,
-    written: Mutex<HashMap<Key, Written>>,
     failures: Mutex<HashMap<Key, u32>>,
     writes: WriteLimiter,
     /// Members the rebalancer wants moved off, by revision (taken by its next reconcile).
@@ -163,7 +156,7 @@ impl Context {
         index: Arc<Mutex<MembershipIndex>>,
         hosts: Arc<Mutex<HostIndex>>,
         activators: Arc<RwLock<Arc<BTreeMap<String, Activator>>>>,
-        ae_store: Store<ActivationEndpoints>,
+        ae_store: Arc<RwLock<AeStore>>,
         synced: watch::Receiver<bool>,
         queued: Arc<Queued>,
     ) -> Self {
@@ -184,7 +177,6 @@ impl Context {
             synced,
             queued,
             writes,
-            written: Mutex::default(),
             failures: Mutex::default(),
             evictions: Mutex::default(),
             slices: Mutex::default(),
@@ -192,18 +184,7 @@ impl Context {
     }
 
     fn current(&self, key: &Key) -> Option<ActivationEndpoints> {
-        let stored = self
-            .ae_store
-            .get(&ObjectRef::new(&key.name).within(&key.namespace));
-        let mut written = lock(&self.written);
-        if let Some(w) = written.get(key) {
-            let stored_rv = stored.as_ref().and_then(|o| o.resource_version());
-            if w.stale.contains(&stored_rv) {
-                return Some(w.object.clone());
-            }
-            written.remove(key);
-        }
-        stored.map(|o| (*o).clone())
+        read(&self.ae_store).current(key)
     }
 
     /// A Warning Event on `rev` saying why its subset is Degraded. Best effort, bounded: a
@@ -271,6 +252,14 @@ impl Context {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn read<T>(m: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    m.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn write<T>(m: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    m.write().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Reconciles one Revision.
@@ -440,7 +429,7 @@ async fn reconcile_synced(rev: &Arc<Revision>, ctx: &Arc<Context>) -> Result<Act
         }
     }
     if let Some(object) = wrote {
-        lock(&ctx.written).insert(key.clone(), Written { stale, object });
+        write(&ctx.ae_store).wrote(&key, stale, &object);
         ctx.metrics.members_joined.inc_by(plan.joined as u64);
         ctx.metrics.members_left.inc_by(plan.left as u64);
         for (reason, n) in [
@@ -495,8 +484,7 @@ fn host_conflicts(ctx: &Context, key: &Key) -> Vec<hosts::Conflict> {
         return Vec::new();
     }
     let conflicts = hosts::conflicts(&newer, |winner, host| {
-        ctx.current(winner)
-            .is_some_and(|ae| ae.labels().contains_key(&hosts::label_of_normalized(host)))
+        read(&ctx.ae_store).has_label(winner, &hosts::label_of_normalized(host))
     });
     if !conflicts.is_empty() {
         debug!(revision = %key, ?conflicts, "hosts claimed by newer revisions");
@@ -533,10 +521,11 @@ pub fn error_policy(rev: Arc<Revision>, error: &Error, ctx: Arc<Context>) -> Act
     ctx.metrics.errors.inc();
     let key = Key::new(rev.namespace().unwrap_or_default(), rev.name_any());
     // What we believed we wrote may not have happened: trust the store again.
-    lock(&ctx.written).remove(&key);
-    let stored = ctx
-        .ae_store
-        .get(&ObjectRef::new(&key.name).within(&key.namespace));
+    let stored = {
+        let mut store = write(&ctx.ae_store);
+        store.forget_written(&key);
+        store.stored(&key)
+    };
     {
         let mut index = lock(&ctx.index);
         match stored {

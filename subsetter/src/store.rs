@@ -1,0 +1,512 @@
+//! The ActivationEndpoints the subsetter keeps between reconciles: per object only what a
+//! reconcile reads, with the strings that repeat across objects shared.
+//!
+//! A reflector store would keep every object whole: at 100,000 revisions that was most of the
+//! subsetter's memory (about 2.4 KiB an object in `subsetter bench`, and more on a real API
+//! server, whose objects also carry managedFields). A reconcile reads the members, the
+//! conditions, the policy and observedGeneration (the plan compares the whole status), the
+//! labels (the label patch, a host's winner), the resourceVersion (whether the store lags its
+//! own writes), the uid and the controller owner's uid. [`Compact`] keeps those; node names,
+//! addresses, pod names, label keys and condition words are interned ([`Interner`]), since
+//! 100,000 subsets of 3 share 5,000 nodes' strings and a handful of condition messages.
+//! [`AeStore::current`] gives a reconcile an `ActivationEndpoints` rebuilt from it, so the plan
+//! reads the same object it did.
+//!
+//! The store also remembers what the reconciler itself wrote ([`AeStore::wrote`]) while the
+//! watch has not caught up: a policy fed the stale members could pick other replacements
+//! (needless churn). That copy is dropped as soon as the watch shows a newer version.
+//!
+//! Pure: the watch applies events ([`AeStore::apply`], [`AeStore::delete`], the relist calls),
+//! the reconciler reads.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crds::{ActivationEndpoints, ActivationEndpointsStatus, ActivatorMember, Revision};
+use foldhash::{HashMap as FastMap, HashSet as FastSet};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
+use kube::{Resource, ResourceExt};
+
+use crate::index::Key;
+
+/// Shared copies of strings many objects carry. An entry no object uses any more is dropped at
+/// the next sweep, which runs when the table has doubled since the last one.
+#[derive(Debug, Default)]
+pub struct Interner {
+    strings: FastSet<Arc<str>>,
+    swept_at: usize,
+}
+
+impl Interner {
+    pub fn get(&mut self, s: &str) -> Arc<str> {
+        if let Some(a) = self.strings.get(s) {
+            return Arc::clone(a);
+        }
+        if self.strings.len() >= 2 * self.swept_at.max(1024) {
+            self.strings.retain(|a| Arc::strong_count(a) > 1);
+            self.swept_at = self.strings.len();
+        }
+        let a: Arc<str> = Arc::from(s);
+        self.strings.insert(Arc::clone(&a));
+        a
+    }
+
+    pub fn len(&self) -> usize {
+        self.strings.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.strings.is_empty()
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+struct Member {
+    node: Arc<str>,
+    address: Arc<str>,
+    pod: Arc<str>,
+    max_pods: i32,
+    min_pods: i32,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+struct Cond {
+    type_: Arc<str>,
+    status: Arc<str>,
+    reason: Arc<str>,
+    message: Arc<str>,
+    last_transition_time: Time,
+    observed_generation: Option<i64>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+struct Status {
+    members: Box<[Member]>,
+    policy: Option<Arc<str>>,
+    observed_generation: Option<i64>,
+    conditions: Box<[Cond]>,
+}
+
+/// What the subsetter keeps of one ActivationEndpoints.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Compact {
+    resource_version: Option<Box<str>>,
+    uid: Option<Box<str>>,
+    /// The uid of its controller (ownerReference with `controller: true`).
+    controller: Option<Box<str>>,
+    labels: Box<[(Arc<str>, Arc<str>)]>,
+    status: Option<Status>,
+}
+
+impl Compact {
+    pub fn of(ae: &ActivationEndpoints, strings: &mut Interner) -> Self {
+        let status = ae.status.as_ref().map(|s| Status {
+            members: s
+                .activators
+                .iter()
+                .map(|m| Member {
+                    node: strings.get(&m.node),
+                    address: strings.get(&m.address),
+                    pod: strings.get(&m.pod),
+                    max_pods: m.max_pods,
+                    min_pods: m.min_pods,
+                })
+                .collect(),
+            policy: s.policy.as_deref().map(|p| strings.get(p)),
+            observed_generation: s.observed_generation,
+            conditions: s
+                .conditions
+                .iter()
+                .map(|c| Cond {
+                    type_: strings.get(&c.type_),
+                    status: strings.get(&c.status),
+                    reason: strings.get(&c.reason),
+                    message: strings.get(&c.message),
+                    last_transition_time: c.last_transition_time.clone(),
+                    observed_generation: c.observed_generation,
+                })
+                .collect(),
+        });
+        Self {
+            resource_version: ae.metadata.resource_version.as_deref().map(Box::from),
+            uid: ae.metadata.uid.as_deref().map(Box::from),
+            controller: ae
+                .owner_references()
+                .iter()
+                .find(|o| o.controller == Some(true))
+                .map(|o| Box::from(o.uid.as_str())),
+            labels: ae
+                .labels()
+                .iter()
+                .map(|(k, v)| (strings.get(k), strings.get(v)))
+                .collect(),
+            status,
+        }
+    }
+
+    /// The object as a reconcile reads it: name, namespace, labels, resourceVersion, uid, a
+    /// controller ownerReference to a Revision of the same name (its uid is what is checked),
+    /// and the status.
+    pub fn object(&self, key: &Key) -> ActivationEndpoints {
+        let mut ae = ActivationEndpoints::new(&key.name, Default::default());
+        ae.metadata.namespace = Some(key.namespace.clone());
+        ae.metadata.resource_version = self.resource_version.as_deref().map(str::to_owned);
+        ae.metadata.uid = self.uid.as_deref().map(str::to_owned);
+        ae.metadata.owner_references = self.controller.as_deref().map(|uid| {
+            vec![OwnerReference {
+                api_version: Revision::api_version(&()).into_owned(),
+                kind: Revision::kind(&()).into_owned(),
+                name: key.name.clone(),
+                uid: uid.to_owned(),
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            }]
+        });
+        if !self.labels.is_empty() {
+            ae.metadata.labels = Some(
+                self.labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect::<BTreeMap<_, _>>(),
+            );
+        }
+        ae.status = self.status.as_ref().map(|s| ActivationEndpointsStatus {
+            activators: s
+                .members
+                .iter()
+                .map(|m| ActivatorMember {
+                    node: m.node.to_string(),
+                    address: m.address.to_string(),
+                    pod: m.pod.to_string(),
+                    max_pods: m.max_pods,
+                    min_pods: m.min_pods,
+                })
+                .collect(),
+            policy: s.policy.as_deref().map(str::to_owned),
+            observed_generation: s.observed_generation,
+            conditions: s
+                .conditions
+                .iter()
+                .map(|c| Condition {
+                    type_: c.type_.to_string(),
+                    status: c.status.to_string(),
+                    reason: c.reason.to_string(),
+                    message: c.message.to_string(),
+                    last_transition_time: c.last_transition_time.clone(),
+                    observed_generation: c.observed_generation,
+                })
+                .collect(),
+        });
+        ae
+    }
+
+    pub fn has_label(&self, key: &str) -> bool {
+        self.labels.iter().any(|(k, _)| &**k == key)
+    }
+
+    fn resource_version(&self) -> Option<&str> {
+        self.resource_version.as_deref()
+    }
+}
+
+/// What the reconciler wrote, and every resourceVersion it wrote over: while the watch still
+/// shows one of those, the store is older than the API.
+#[derive(Debug)]
+struct Written {
+    stale: Vec<Option<String>>,
+    object: Compact,
+}
+
+impl Written {
+    fn is_stale(&self, rv: Option<&str>) -> bool {
+        self.stale.iter().any(|s| s.as_deref() == rv)
+    }
+}
+
+/// The ActivationEndpoints by revision, as the watch shows them (see the module docs).
+#[derive(Debug, Default)]
+pub struct AeStore {
+    objects: FastMap<Key, Compact>,
+    written: FastMap<Key, Written>,
+    strings: Interner,
+    /// The objects a relist in progress has shown so far.
+    relist: Option<FastMap<Key, Compact>>,
+}
+
+fn key_of(ae: &ActivationEndpoints) -> Key {
+    Key::new(ae.namespace().unwrap_or_default(), ae.name_any())
+}
+
+impl AeStore {
+    /// The watch saw `ae` created or changed.
+    pub fn apply(&mut self, ae: &ActivationEndpoints) {
+        let key = key_of(ae);
+        let compact = Compact::of(ae, &mut self.strings);
+        self.settle(&key, compact.resource_version());
+        self.objects.insert(key, compact);
+    }
+
+    /// The watch saw `ae` deleted.
+    pub fn delete(&mut self, ae: &ActivationEndpoints) {
+        let key = key_of(ae);
+        self.objects.remove(&key);
+        self.written.remove(&key);
+    }
+
+    /// A relist begins: its objects replace the store's at [`Self::relist_done`].
+    pub fn relist_start(&mut self) {
+        self.relist = Some(FastMap::default());
+    }
+
+    /// An object of the relist.
+    pub fn relist_apply(&mut self, ae: &ActivationEndpoints) {
+        let compact = Compact::of(ae, &mut self.strings);
+        if let Some(r) = &mut self.relist {
+            r.insert(key_of(ae), compact);
+        }
+    }
+
+    /// The relist is complete: it is the store now.
+    pub fn relist_done(&mut self) {
+        let Some(objects) = self.relist.take() else {
+            return;
+        };
+        self.objects = objects;
+        let objects = &self.objects;
+        self.written
+            .retain(|k, w| w.is_stale(objects.get(k).and_then(Compact::resource_version)));
+    }
+
+    /// The reconciler wrote `object` over the versions `stale` (the one it read first).
+    /// Remembered unless the watch has already shown something newer.
+    pub fn wrote(&mut self, key: &Key, stale: Vec<Option<String>>, object: &ActivationEndpoints) {
+        let written = Written {
+            stale,
+            object: Compact::of(object, &mut self.strings),
+        };
+        if written.is_stale(self.objects.get(key).and_then(Compact::resource_version)) {
+            self.written.insert(key.clone(), written);
+        } else {
+            self.written.remove(key);
+        }
+    }
+
+    /// Forget what the reconciler wrote for `key` (its write may not have happened).
+    pub fn forget_written(&mut self, key: &Key) {
+        self.written.remove(key);
+    }
+
+    /// The watch shows version `rv` of `key`: what the reconciler wrote is no longer ahead.
+    fn settle(&mut self, key: &Key, rv: Option<&str>) {
+        if self.written.get(key).is_some_and(|w| !w.is_stale(rv)) {
+            self.written.remove(key);
+        }
+    }
+
+    fn newest(&self, key: &Key) -> Option<&Compact> {
+        let stored = self.objects.get(key);
+        match self.written.get(key) {
+            Some(w) if w.is_stale(stored.and_then(Compact::resource_version)) => Some(&w.object),
+            _ => stored,
+        }
+    }
+
+    /// The object a reconcile of `key` plans from: what the reconciler wrote while the watch
+    /// lags behind it, else what the watch showed.
+    pub fn current(&self, key: &Key) -> Option<ActivationEndpoints> {
+        self.newest(key).map(|c| c.object(key))
+    }
+
+    /// What the watch showed of `key` (not the reconciler's own writes).
+    pub fn stored(&self, key: &Key) -> Option<ActivationEndpoints> {
+        self.objects.get(key).map(|c| c.object(key))
+    }
+
+    /// Whether the newest version of `key` carries the label `label`.
+    pub fn has_label(&self, key: &Key, label: &str) -> bool {
+        self.newest(key).is_some_and(|c| c.has_label(label))
+    }
+
+    pub fn keys(&self) -> impl Iterator<Item = &Key> {
+        self.objects.keys()
+    }
+
+    pub fn len(&self) -> usize {
+        self.objects.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.objects.is_empty()
+    }
+
+    /// Distinct strings shared by the objects kept.
+    pub fn interned(&self) -> usize {
+        self.strings.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::jiff::Timestamp;
+
+    fn ae(name: &str, rv: &str, nodes: &[&str]) -> ActivationEndpoints {
+        let mut ae = ActivationEndpoints::new(name, Default::default());
+        ae.metadata.namespace = Some("ns".into());
+        ae.metadata.resource_version = Some(rv.into());
+        ae.metadata.uid = Some(format!("uid-{name}"));
+        ae.metadata.owner_references = Some(vec![OwnerReference {
+            api_version: "local-activator.dev/v1alpha1".into(),
+            kind: "Revision".into(),
+            name: name.into(),
+            uid: format!("rev-uid-{name}"),
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        }]);
+        ae.metadata.labels = Some(
+            nodes
+                .iter()
+                .map(|n| (crds::contract::member_label(n), String::new()))
+                .collect(),
+        );
+        ae.status = Some(ActivationEndpointsStatus {
+            activators: nodes
+                .iter()
+                .map(|n| ActivatorMember {
+                    node: (*n).into(),
+                    address: format!("{n}.local:8080"),
+                    pod: format!("activator-{n}"),
+                    max_pods: 2,
+                    min_pods: 1,
+                })
+                .collect(),
+            policy: Some("least-loaded".into()),
+            observed_generation: Some(3),
+            conditions: vec![Condition {
+                type_: "Ready".into(),
+                status: "True".into(),
+                reason: "SubsetAssigned".into(),
+                message: "2 activator(s) assigned".into(),
+                last_transition_time: Time(Timestamp::from_second(100).unwrap()),
+                observed_generation: Some(3),
+            }],
+        });
+        ae
+    }
+
+    #[test]
+    fn a_reconcile_reads_what_the_watch_showed() {
+        let mut s = AeStore::default();
+        let a = ae("r1", "5", &["n1", "n2"]);
+        s.apply(&a);
+        let key = Key::new("ns", "r1");
+        let got = s.current(&key).unwrap();
+        assert_eq!(got.status, a.status);
+        assert_eq!(got.metadata.labels, a.metadata.labels);
+        assert_eq!(got.metadata.resource_version, a.metadata.resource_version);
+        assert_eq!(got.metadata.uid, a.metadata.uid);
+        assert_eq!(got.metadata.name, a.metadata.name);
+        assert_eq!(got.metadata.namespace, a.metadata.namespace);
+        let owner = |o: &ActivationEndpoints| {
+            o.owner_references()
+                .iter()
+                .find(|o| o.controller == Some(true))
+                .map(|o| o.uid.clone())
+        };
+        assert_eq!(owner(&got), owner(&a));
+        assert!(s.has_label(&key, &crds::contract::member_label("n1")));
+        assert!(!s.has_label(&key, &crds::contract::member_label("n3")));
+        // An object without status, labels or owner stays without them.
+        let mut bare = ActivationEndpoints::new("r2", Default::default());
+        bare.metadata.namespace = Some("ns".into());
+        s.apply(&bare);
+        let got = s.current(&Key::new("ns", "r2")).unwrap();
+        assert!(got.status.is_none() && got.metadata.labels.is_none());
+        assert!(got.owner_references().is_empty());
+    }
+
+    #[test]
+    fn objects_share_their_strings() {
+        let mut s = AeStore::default();
+        for i in 0..100 {
+            s.apply(&ae(&format!("r{i}"), "1", &["n1", "n2"]));
+        }
+        // Two nodes' name, address, pod and label, the empty label value, the policy and the
+        // condition's four words: not 100 of each.
+        assert_eq!(s.interned(), 2 * 4 + 1 + 1 + 4);
+    }
+
+    #[test]
+    fn the_reconcilers_write_is_read_until_the_watch_shows_a_newer_version() {
+        let mut s = AeStore::default();
+        let key = Key::new("ns", "r1");
+        s.apply(&ae("r1", "5", &["n1", "n2"]));
+        // Written over 5 (status, giving 6) and 6 (labels, giving 7).
+        let mine = ae("r1", "7", &["n1", "n3"]);
+        s.wrote(&key, vec![Some("5".into()), Some("6".into())], &mine);
+        assert_eq!(s.current(&key).unwrap().status, mine.status);
+        assert!(s.has_label(&key, &crds::contract::member_label("n3")));
+        // The watch shows 6: still behind.
+        s.apply(&ae("r1", "6", &["n1", "n3"]));
+        assert_eq!(
+            s.current(&key)
+                .unwrap()
+                .metadata
+                .resource_version
+                .as_deref(),
+            Some("7")
+        );
+        // It shows 7 (or anything newer): the watch is the truth again, and the copy is gone.
+        let theirs = ae("r1", "8", &["n4", "n3"]);
+        s.apply(&theirs);
+        assert_eq!(s.current(&key).unwrap().status, theirs.status);
+        assert!(s.written.is_empty());
+        // A write the watch has already overtaken is not remembered.
+        s.wrote(&key, vec![Some("5".into())], &mine);
+        assert!(s.written.is_empty());
+        // Nor one whose write may have failed.
+        s.wrote(&key, vec![Some("8".into())], &mine);
+        s.forget_written(&key);
+        assert_eq!(s.current(&key).unwrap().status, theirs.status);
+    }
+
+    #[test]
+    fn a_create_is_read_before_the_watch_shows_it_and_a_delete_forgets_it() {
+        let mut s = AeStore::default();
+        let key = Key::new("ns", "r1");
+        let mine = ae("r1", "2", &["n1"]);
+        s.wrote(&key, vec![None, Some("1".into())], &mine);
+        assert_eq!(s.current(&key).unwrap().status, mine.status);
+        assert!(s.stored(&key).is_none());
+        s.delete(&mine);
+        assert!(s.current(&key).is_none());
+    }
+
+    #[test]
+    fn a_relist_replaces_everything_at_its_end() {
+        let mut s = AeStore::default();
+        s.apply(&ae("r1", "1", &["n1"]));
+        s.apply(&ae("r2", "1", &["n1"]));
+        s.relist_start();
+        s.relist_apply(&ae("r2", "3", &["n2"]));
+        assert_eq!(s.len(), 2, "the old objects until the relist is complete");
+        s.relist_done();
+        assert_eq!(
+            s.keys().cloned().collect::<Vec<_>>(),
+            vec![Key::new("ns", "r2")]
+        );
+        let r2 = s.current(&Key::new("ns", "r2")).unwrap();
+        assert_eq!(r2.metadata.resource_version.as_deref(), Some("3"));
+    }
+
+    #[test]
+    fn strings_no_object_uses_are_swept() {
+        let mut strings = Interner::default();
+        for i in 0..5000 {
+            drop(strings.get(&format!("s{i}")));
+        }
+        let kept = strings.get("kept");
+        assert!(strings.len() < 2100, "{}", strings.len());
+        assert!(Arc::ptr_eq(&kept, &strings.get("kept")));
+    }
+}
