@@ -7,6 +7,7 @@
 //! (the number of subsets it is in) to the least-loaded policy.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::Arc;
 
 use foldhash::{HashMap as FastMap, HashSet as FastSet};
 
@@ -46,11 +47,15 @@ pub fn entry_of(ae: &crds::ActivationEndpoints) -> (Vec<String>, bool) {
     )
 }
 
+/// 300,000 memberships at 100,000 revisions: each revision's key is allocated once and shared
+/// by its entries (`Arc<Key>`), and each node's name once, shared by the subsets it is in
+/// (the keys of `by_node` are the interned names: a node in no subset has no entry, and then
+/// no subset names it either).
 #[derive(Default, Debug)]
 pub struct MembershipIndex {
-    members: FastMap<Key, Vec<String>>,
-    by_node: FastMap<String, FastSet<Key>>,
-    short: FastSet<Key>,
+    members: FastMap<Arc<Key>, Box<[Arc<str>]>>,
+    by_node: FastMap<Arc<str>, FastSet<Arc<Key>>>,
+    short: FastSet<Arc<Key>>,
     /// The available activators by load, kept in step with every `set` and `remove`.
     loads: LoadIndex,
 }
@@ -58,23 +63,30 @@ pub struct MembershipIndex {
 impl MembershipIndex {
     /// Records the subset of `key`: its member nodes, and whether it is short of its N.
     pub fn set(&mut self, key: &Key, nodes: Vec<String>, short: bool) {
+        // Unlinking keeps the entry (and its shared key) for the relink below.
         self.unlink(key);
-        for n in &nodes {
-            if self
-                .by_node
-                .entry(n.clone())
-                .or_default()
-                .insert(key.clone())
-            {
-                self.loads.adjust(n, true);
+        let shared = match self.members.get_key_value(key) {
+            Some((k, _)) => Arc::clone(k),
+            None => Arc::new(key.clone()),
+        };
+        let mut names: Vec<Arc<str>> = Vec::with_capacity(nodes.len());
+        for n in nodes {
+            let name = match self.by_node.get_key_value(n.as_str()) {
+                Some((name, _)) => Arc::clone(name),
+                None => Arc::from(n),
+            };
+            let set = self.by_node.entry(Arc::clone(&name)).or_default();
+            if set.insert(Arc::clone(&shared)) {
+                self.loads.adjust(&name, true);
             }
+            names.push(name);
         }
-        self.members.insert(key.clone(), nodes);
         if short {
-            self.short.insert(key.clone());
+            self.short.insert(Arc::clone(&shared));
         } else {
             self.short.remove(key);
         }
+        self.members.insert(shared, names.into_boxed_slice());
     }
 
     pub fn remove(&mut self, key: &Key) {
@@ -88,8 +100,8 @@ impl MembershipIndex {
         let gone: Vec<Key> = self
             .members
             .keys()
-            .filter(|k| !keys.contains(*k))
-            .cloned()
+            .filter(|k| !keys.contains(&***k))
+            .map(|k| (**k).clone())
             .collect();
         for k in gone {
             self.remove(&k);
@@ -98,13 +110,13 @@ impl MembershipIndex {
 
     fn unlink(&mut self, key: &Key) {
         if let Some(old) = self.members.get(key) {
-            for n in old {
-                if let Some(set) = self.by_node.get_mut(n) {
+            for n in old.iter() {
+                if let Some(set) = self.by_node.get_mut(&**n) {
                     if set.remove(key) {
                         self.loads.adjust(n, false);
                     }
                     if set.is_empty() {
-                        self.by_node.remove(n);
+                        self.by_node.remove(&**n);
                     }
                 }
             }
@@ -115,13 +127,13 @@ impl MembershipIndex {
     pub fn revisions_on(&self, node: &str) -> BTreeSet<Key> {
         self.by_node
             .get(node)
-            .map(|s| s.iter().cloned().collect())
+            .map(|s| s.iter().map(|k| (**k).clone()).collect())
             .unwrap_or_default()
     }
 
     /// The revisions with fewer members than they want.
     pub fn short(&self) -> BTreeSet<Key> {
-        self.short.iter().cloned().collect()
+        self.short.iter().map(|k| (**k).clone()).collect()
     }
 
     /// How many revisions have fewer members than they want (O(1), for the gauge).
@@ -183,8 +195,11 @@ impl MembershipIndex {
         self.by_node.get(node).map(FastSet::len).unwrap_or(0)
     }
 
-    pub fn members(&self, key: &Key) -> Option<&[String]> {
-        self.members.get(key).map(Vec::as_slice)
+    /// The member nodes of `key`, if the index has it.
+    pub fn members(&self, key: &Key) -> Option<Vec<&str>> {
+        self.members
+            .get(key)
+            .map(|m| m.iter().map(|n| &**n).collect())
     }
 
     pub fn len(&self) -> usize {
