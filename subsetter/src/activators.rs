@@ -131,8 +131,11 @@ struct NodeState {
 /// kept up to date one event at a time: a pod event recomputes that pod's node, a Node event
 /// that node — O(log) and the size of the one object, where recomputing from every pod and
 /// node costs O(nodes) per event (at 5,000 nodes, every Node status update). A relist
-/// replaces all pods or all nodes at once ([`ActivatorSet::replace_pods`],
-/// [`ActivatorSet::replace_nodes`]). Each change returns how the set changed ([`Diff`]).
+/// replaces all pods or all nodes at once when it is complete (`relist_*`). Each change returns
+/// how the set changed ([`Diff`]).
+///
+/// It keeps what it derived from the objects, not the objects: no store of whole Pods and
+/// Nodes (a real Node's status lists its images, often tens of KiB) is needed beside it.
 #[derive(Debug, Default)]
 pub struct ActivatorSet {
     /// Every usable activator pod, by (namespace, name): its rank and activator (no facts).
@@ -142,6 +145,10 @@ pub struct ActivatorSet {
     /// The Node objects seen.
     nodes: HashMap<String, NodeState>,
     available: BTreeMap<String, Activator>,
+    /// What a pod relist in progress has shown so far.
+    relisted_pods: Option<HashMap<(String, String), (Rank, Activator)>>,
+    /// What a Node relist in progress has shown so far.
+    relisted_nodes: Option<HashMap<String, NodeState>>,
 }
 
 impl ActivatorSet {
@@ -211,35 +218,76 @@ impl ActivatorSet {
         self.recompute(vec![name.to_owned()])
     }
 
-    /// A relist of the activator pods: they replace every pod known.
-    pub fn replace_pods<'a>(&mut self, pods: impl IntoIterator<Item = &'a Pod>) -> Diff {
-        self.pods.clear();
+    /// A relist of the activator pods begins: its pods replace every pod known when it is
+    /// done.
+    pub fn relist_pods_start(&mut self) {
+        self.relisted_pods = Some(HashMap::new());
+    }
+
+    /// A pod of the relist in progress.
+    pub fn relist_pod(&mut self, pod: &Pod) {
+        if let (Some(seen), Some(a)) = (&mut self.relisted_pods, from_pod(pod)) {
+            seen.insert(pod_key(pod), (Rank::of(pod), a));
+        }
+    }
+
+    /// The pod relist is complete: its pods are the pods now.
+    pub fn relist_pods_done(&mut self) -> Diff {
+        let Some(pods) = self.relisted_pods.take() else {
+            return Diff::default();
+        };
         self.on_node.clear();
-        for pod in pods {
-            let Some(a) = from_pod(pod) else { continue };
-            let rank = Rank::of(pod);
+        for (rank, a) in pods.values() {
             self.on_node
                 .entry(a.node.clone())
                 .or_default()
                 .insert(rank.clone());
-            self.pods.insert(pod_key(pod), (rank, a));
         }
+        self.pods = pods;
         self.rebuild()
     }
 
-    /// A relist of the Nodes: they replace every node known.
-    pub fn replace_nodes<'a>(&mut self, nodes: impl IntoIterator<Item = &'a Node>) -> Diff {
-        self.nodes = nodes
-            .into_iter()
-            .map(|n| {
-                let state = NodeState {
-                    ready: node_ready(n),
-                    facts: Arc::new(NodeFacts::of(n)),
-                };
-                (n.metadata.name.clone().unwrap_or_default(), state)
-            })
-            .collect();
+    /// A relist of the Nodes begins: its Nodes replace every node known when it is done.
+    pub fn relist_nodes_start(&mut self) {
+        self.relisted_nodes = Some(HashMap::new());
+    }
+
+    /// A Node of the relist in progress.
+    pub fn relist_node(&mut self, node: &Node) {
+        if let Some(seen) = &mut self.relisted_nodes {
+            let state = NodeState {
+                ready: node_ready(node),
+                facts: Arc::new(NodeFacts::of(node)),
+            };
+            seen.insert(node.metadata.name.clone().unwrap_or_default(), state);
+        }
+    }
+
+    /// The Node relist is complete: its Nodes are the nodes now.
+    pub fn relist_nodes_done(&mut self) -> Diff {
+        let Some(nodes) = self.relisted_nodes.take() else {
+            return Diff::default();
+        };
+        self.nodes = nodes;
         self.rebuild()
+    }
+
+    /// A whole relist of the activator pods at once.
+    pub fn replace_pods<'a>(&mut self, pods: impl IntoIterator<Item = &'a Pod>) -> Diff {
+        self.relist_pods_start();
+        for pod in pods {
+            self.relist_pod(pod);
+        }
+        self.relist_pods_done()
+    }
+
+    /// A whole relist of the Nodes at once.
+    pub fn replace_nodes<'a>(&mut self, nodes: impl IntoIterator<Item = &'a Node>) -> Diff {
+        self.relist_nodes_start();
+        for node in nodes {
+            self.relist_node(node);
+        }
+        self.relist_nodes_done()
     }
 
     /// Forgets `pod`; returns the node it was a usable activator pod on, if any.

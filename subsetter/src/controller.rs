@@ -347,6 +347,8 @@ impl Triggers {
     }
 }
 
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
 /// The Revision watch: keeps the store, the host claims, and triggers a reconcile when a
 /// revision's generation changes (the subsetter's own status writes do not).
 async fn watch_revisions(
@@ -359,6 +361,14 @@ async fn watch_revisions(
     let mut events = std::pin::pin!(
         watcher::watcher(api, watcher::Config::default())
             .default_backoff()
+            // Nothing reads these, and at 100,000 revisions they would be most of the store:
+            // managedFields, and kubectl's copy of the whole object it applied.
+            .modify(|r: &mut Revision| {
+                r.managed_fields_mut().clear();
+                if let Some(a) = r.metadata.annotations.as_mut() {
+                    a.remove(LAST_APPLIED);
+                }
+            })
             .reflect(writer)
     );
     while let Some(event) = events.next().await {
@@ -679,15 +689,12 @@ async fn watch_activators(
     triggers: Triggers,
     metrics: Arc<Metrics>,
 ) {
-    let (pod_reader, pod_writer) = reflector::store::<Pod>();
-    let (node_reader, node_writer) = reflector::store::<Node>();
+    // No stores of the objects: the set keeps what it derives from them.
     let pod_events = watcher::watcher(pods, watcher::Config::default().labels(ACTIVATOR_SELECTOR))
         .default_backoff()
-        .reflect(pod_writer)
         .map(|e| e.map(|e| Watched::Pod(Box::new(e))));
     let node_events = watcher::watcher(nodes, watcher::Config::default())
         .default_backoff()
-        .reflect(node_writer)
         .map(|e| e.map(|e| Watched::Node(Box::new(e))));
     let mut events = std::pin::pin!(stream::select(pod_events, node_events));
     let mut listed = (false, false);
@@ -700,26 +707,40 @@ async fn watch_activators(
                 continue;
             }
         };
-        // The stores have the event applied already; a relist's objects are in them at its
-        // InitDone (its InitApply events are the same objects, one by one).
+        // A relist (Init, InitApply..., InitDone) replaces the pods or the Nodes when it is
+        // complete, as a reflector store would.
         let diff = match event {
             Watched::Pod(e) => match *e {
                 Event::Apply(p) => set.apply_pod(&p),
                 Event::Delete(p) => set.delete_pod(&p),
+                Event::Init => {
+                    set.relist_pods_start();
+                    continue;
+                }
+                Event::InitApply(p) => {
+                    set.relist_pod(&p);
+                    continue;
+                }
                 Event::InitDone => {
                     listed.0 = true;
-                    set.replace_pods(pod_reader.state().iter().map(|p| &**p))
+                    set.relist_pods_done()
                 }
-                Event::Init | Event::InitApply(_) => continue,
             },
             Watched::Node(e) => match *e {
                 Event::Apply(n) => set.apply_node(&n),
                 Event::Delete(n) => set.delete_node(&n.name_any()),
+                Event::Init => {
+                    set.relist_nodes_start();
+                    continue;
+                }
+                Event::InitApply(n) => {
+                    set.relist_node(&n);
+                    continue;
+                }
                 Event::InitDone => {
                     listed.1 = true;
-                    set.replace_nodes(node_reader.state().iter().map(|n| &**n))
+                    set.relist_nodes_done()
                 }
-                Event::Init | Event::InitApply(_) => continue,
             },
         };
         if !(listed.0 && listed.1) {
