@@ -1,4 +1,4 @@
-//! The fast lane (activator `fast`), end to end: warm HTTP/1.1 requests named by headers are
+//! The fast lane (activator `fast`), end to end: warm HTTP/1.1 requests named by headers or Host are
 //! carried as bytes on the client's connection (pipelined ones in order), and a request it
 //! does not carry goes to hyper's path on the same connection, which then serves the rest.
 //! Every other system test runs through it too, since it is on by default.
@@ -178,6 +178,16 @@ async fn warm_requests_stay_in_the_fast_lane_and_pipelined_ones_keep_their_order
             "{head}"
         );
     }
+    // Named by its Host only: looked up (one LIST, then cached), still in the fast lane.
+    for path in ["/by-host", "/by-host-again"] {
+        let by_host = format!(
+            "GET {path} HTTP/1.1\r\nhost: {}\r\n\r\n",
+            host_of("fast", &ns)
+        );
+        s.write_all(by_host.as_bytes()).await.unwrap();
+        let (status, head, body) = within(path, response(&mut s, &mut pending)).await;
+        assert_eq!((status, body), (200, format!("GET {path}\n")), "{head}");
+    }
     // A request that asks to close gets its answer, then the end of the connection.
     s.write_all(request("GET", "/last", &ns, "fast", "connection: close\r\n", "").as_bytes())
         .await
@@ -190,7 +200,7 @@ async fn warm_requests_stay_in_the_fast_lane_and_pipelined_ones_keep_their_order
     assert_eq!(
         handovers(&c, &node),
         before,
-        "warm requests by headers were handed to hyper"
+        "warm requests by headers or by Host were handed to hyper"
     );
     c.shutdown().await;
 }

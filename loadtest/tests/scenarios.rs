@@ -216,7 +216,9 @@ async fn scale_samples_real_activators_against_every_node() {
     let cached = &f["cached_per_activator"];
     assert!(num(cached, "subsets_mean") > 0.0, "{cached}");
     assert!(num(cached, "subsets_max") < 200.0, "{cached}");
-    assert!(num(&f, "api_requests_per_s") > 0.0);
+    // Reported, and may be 0: the active revisions were woken before the steady-state window,
+    // and at this size a 1 s window can pass without any request to the API server.
+    assert!(num(&f, "api_requests_per_s") >= 0.0);
     assert!(
         num(&f["one_change"], "repaired_ms") > 0.0,
         "{}",

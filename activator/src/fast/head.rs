@@ -17,7 +17,7 @@ use crds::contract::{
 };
 
 use crate::forwarded;
-use crate::routing::{RevisionKey, is_dns_label, is_dns_subdomain};
+use crate::routing::{Named, RevisionKey, is_dns_label, is_dns_subdomain};
 
 /// Headers httparse reads per message (as many as hyper's default): a request with more is
 /// left to hyper.
@@ -47,8 +47,8 @@ pub struct RequestHead {
     pub is_head: bool,
     /// The request came from a peer activator (`x-activator-hop`).
     pub hopped: bool,
-    /// The revision, from the revision header pair.
-    pub key: RevisionKey,
+    /// The revision, from the revision header pair, or the Host to look it up by.
+    pub name: Named,
     /// Set when the head can go to the pod as it is, with headers only added (no header to
     /// drop or merge): what [`write_request`] needs then, found in this one parse.
     pub plain: Option<Plain>,
@@ -103,8 +103,17 @@ pub fn classify_request(buf: &[u8]) -> Classified {
             head.has_xfh = true;
         }
     }
-    let Some(key) = head.key() else {
-        return Classified::Fallback("no revision headers");
+    let name = match head.key() {
+        Ok(Some(key)) => Named::Revision(key),
+        // No pair: the Host names the app, as on hyper's path.
+        Ok(None) => match head.host.clone().filter(|_| head.hosts == 1) {
+            Some(r) => match std::str::from_utf8(&buf[r]).map(str::trim) {
+                Ok(h) if !h.is_empty() => Named::Host(h.to_string()),
+                _ => return Classified::Fallback("no revision named"),
+            },
+            None => return Classified::Fallback("no revision named"),
+        },
+        Err(()) => return Classified::Fallback("invalid revision headers"),
     };
     let plain = (!head.drops
         && (head.hopped || !head.merges)
@@ -121,7 +130,7 @@ pub fn classify_request(buf: &[u8]) -> Classified {
         close: head.close,
         is_head: method == "HEAD",
         hopped: head.hopped,
-        key,
+        name,
         plain,
     })
 }
@@ -193,14 +202,21 @@ impl<'a> Parsed<'a> {
         Ok(())
     }
 
-    /// The revision the headers name, by the rules of [`crate::routing::named`]; None for
-    /// no pair or an invalid one (hyper answers those).
-    fn key(&self) -> Option<RevisionKey> {
-        let (ns, name) = self
+    /// The revision the headers name, by the rules of [`crate::routing::named`]: None for
+    /// no pair, Err for an invalid one (hyper answers those 400).
+    fn key(&self) -> Result<Option<RevisionKey>, ()> {
+        let Some((ns, name)) = self
             .ns
             .zip(self.name)
-            .or(self.knative_ns.zip(self.knative_name))?;
-        (is_dns_label(ns) && is_dns_subdomain(name)).then(|| RevisionKey::new(ns, name))
+            .or(self.knative_ns.zip(self.knative_name))
+        else {
+            return Ok(None);
+        };
+        if is_dns_label(ns) && is_dns_subdomain(name) {
+            Ok(Some(RevisionKey::new(ns, name)))
+        } else {
+            Err(())
+        }
     }
 }
 
@@ -594,7 +610,7 @@ mod tests {
         let req = format!("GET /x HTTP/1.1\r\nhost: a\r\n{REV}\r\nrest");
         let h = fast(&req);
         assert_eq!(h.len, req.len() - 4);
-        assert_eq!(h.key, RevisionKey::new("ns", "r1"));
+        assert_eq!(h.name, Named::Revision(RevisionKey::new("ns", "r1")));
         assert_eq!(
             (h.body_len, h.close, h.is_head, h.hopped),
             (0, false, false, false)
@@ -607,7 +623,10 @@ mod tests {
         let k = fast(
             "HEAD / HTTP/1.1\r\nknative-serving-namespace: k\r\nknative-serving-revision: r\r\nx-activator-hop: n1\r\n\r\n",
         );
-        assert_eq!(k.key, RevisionKey::new("k", "r"));
+        assert_eq!(k.name, Named::Revision(RevisionKey::new("k", "r")));
+        // No revision headers: the Host names it.
+        let host = fast("GET / HTTP/1.1\r\nHost:  app.test:80 \r\n\r\n");
+        assert_eq!(host.name, Named::Host("app.test:80".into()));
         assert!(k.is_head && k.hopped);
     }
 
@@ -647,14 +666,15 @@ mod tests {
                 format!("POST / HTTP/1.1\r\ncontent-length: -1\r\n{REV}\r\n"),
                 "content-length",
             ),
+            ("GET / HTTP/1.1\r\n\r\n".to_string(), "no revision named"),
             (
-                "GET / HTTP/1.1\r\nhost: a\r\n\r\n".to_string(),
-                "no revision headers",
+                "GET / HTTP/1.1\r\nhost: a\r\nhost: b\r\n\r\n".to_string(),
+                "no revision named",
             ),
             (
                 "GET / HTTP/1.1\r\nx-revision-namespace: NS\r\nx-revision-name: r\r\n\r\n"
                     .to_string(),
-                "no revision headers",
+                "invalid revision headers",
             ),
             (
                 format!("GET / HTTP/1.1\r\n{REV}x-revision-name: r2\r\n\r\n"),

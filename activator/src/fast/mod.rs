@@ -11,9 +11,9 @@
 //! It carries only the common case and leaves everything else to hyper's path
 //! ([`crate::handler`]), which has the whole protocol: a connection starts here and is handed
 //! to hyper, with the bytes read so far put back in front ([`prefixed`]), as soon as a
-//! request is anything but a plain HTTP/1.1 request for a revision named by headers, whose
-//! subset this node belongs to with a share, whose app speaks HTTP/1.1, and while spans are
-//! off. Until a request's first byte goes to a pod, nothing is consumed, so a hand-over can
+//! request is anything but a plain HTTP/1.1 request for a revision (named by headers or by
+//! a Host that resolves) whose subset this node belongs to with a share, whose app speaks
+//! HTTP/1.1, and while spans are off. Until a request's first byte goes to a pod, nothing is consumed, so a hand-over can
 //! happen at any point before that: an unknown revision, a subset to read, a request to
 //! forward, a full node or a drain go to hyper's path as they are. The stages are the same
 //! (resolve, route, admit, proxy, account); admit is the very same code ([`Handler::admit`]),
@@ -33,6 +33,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use crds::contract::normalize_host;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
@@ -44,6 +45,7 @@ use crate::handler::{Handler, can_start, request_timeout, upstream_protocol};
 use crate::metrics::{Outcome, Phase, Route};
 use crate::pool::{NoSlot, Spec};
 use crate::proxy::UpstreamProtocol;
+use crate::routing::Named;
 use crate::telemetry;
 
 use exchange::{Ended, Scratch};
@@ -194,16 +196,35 @@ impl FastLane {
         if telemetry::request_spans() {
             return Next::Hyper("spans");
         }
-        // 1. resolve: a cached Revision answers at once; a read is bounded.
-        let read = tokio::time::timeout(API_READ_LIMIT, h.revisions.get_or_fetch(&head.key));
+        // 1. resolve: cached answers come at once; a read is bounded. Anything but a
+        // revision found (and, by Host, still claiming it) is hyper's to answer.
+        let key = match &head.name {
+            Named::Revision(key) => key.clone(),
+            Named::Host(host) => {
+                let Some(hosts) = &h.hosts else {
+                    return Next::Hyper("host routing off");
+                };
+                match tokio::time::timeout(API_READ_LIMIT, hosts.resolve(host)).await {
+                    Ok(Ok(Some(key))) => key,
+                    _ => return Next::Hyper("host"),
+                }
+            }
+        };
+        let read = tokio::time::timeout(API_READ_LIMIT, h.revisions.get_or_fetch(&key));
         let Ok(Ok(Some(rev))) = read.await else {
             return Next::Hyper("revision");
         };
+        if let Named::Host(host) = &head.name {
+            let host = normalize_host(host);
+            if !rev.spec.hosts.iter().any(|c| normalize_host(c) == host) {
+                return Next::Hyper("host moved");
+            }
+        }
         if upstream_protocol(&rev) != UpstreamProtocol::Http1 {
             return Next::Hyper("h2c app");
         }
         // 2. route: only a member with a share serves here; the rest is hyper's.
-        let Some(Membership::Member { me, peers }) = h.endpoints.member_entry(&head.key) else {
+        let Some(Membership::Member { me, peers }) = h.endpoints.member_entry(&key) else {
             return Next::Hyper("not a member");
         };
         if !can_start(&rev, &me) {
@@ -217,14 +238,14 @@ impl FastLane {
         let (mut lease, conn) = loop {
             let admitted = tokio::select! {
                 biased;
-                l = h.admit(&head.key, &spec, arrived, can_forward) => l,
+                l = h.admit(&key, &spec, arrived, can_forward) => l,
                 // Draining: hyper's path sends it to a peer member.
                 _ = h.draining.cancelled(), if can_forward => return Next::Hyper("draining"),
                 () = client_gone(stream, buf) => return Next::Close,
                 () = tokio::time::sleep_until(deadline) => {
                     let r = Refusal::timeout(format!(
                         "revision {}: no answer within its timeout of {}s",
-                        head.key,
+                        key,
                         deadline.duration_since(arrived).as_secs()
                     ));
                     return self.refuse(stream, scratch, r).await;
@@ -246,10 +267,7 @@ impl FastLane {
                         .await;
                 }
                 Err(NoSlot::Retired) => {
-                    let why = format!(
-                        "revision {}: no pool on this node took the request",
-                        head.key
-                    );
+                    let why = format!("revision {}: no pool on this node took the request", key);
                     return self
                         .refuse(stream, scratch, Refusal::unavailable(why))
                         .await;
@@ -268,7 +286,7 @@ impl FastLane {
                     if retries_left == 0 {
                         let r = Refusal::bad_gateway(format!(
                             "revision {}: pod at {addr} is unreachable: {e}",
-                            head.key
+                            key
                         ));
                         return self.refuse(stream, scratch, r).await;
                     }
@@ -307,7 +325,7 @@ impl FastLane {
             }
             Ended::Refused(r) => {
                 let r = Refusal {
-                    reason: format!("revision {}: {}", head.key, r.reason),
+                    reason: format!("revision {}: {}", key, r.reason),
                     ..r
                 };
                 self.refuse(stream, scratch, r).await
