@@ -104,10 +104,15 @@ fn node(out: &mut String, ip: IpAddr) {
     };
 }
 
-/// A token as is, anything else (a host with a port has a `:`) as a quoted string.
-fn value(out: &mut String, s: &str) {
+/// Whether `s` is an RFC 9110 token, written in `forwarded` without quotes.
+pub fn is_token(s: &str) -> bool {
     let is_tchar = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
-    if !s.is_empty() && s.chars().all(is_tchar) {
+    !s.is_empty() && s.chars().all(is_tchar)
+}
+
+/// A token as is, anything else (a host with a port has a `:`) as a quoted string.
+pub fn value(out: &mut String, s: &str) {
+    if is_token(s) {
         out.push_str(s);
     } else {
         out.push('"');

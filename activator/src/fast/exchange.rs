@@ -4,7 +4,7 @@
 //! ends — so that both connections can carry the next message.
 
 use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
@@ -29,12 +29,18 @@ pub struct Scratch {
     pub out: Vec<u8>,
     /// What the pod sent.
     pub resp: BytesMut,
+    /// The protocol of the revision this connection's last request was for (read from the
+    /// Revision's template: not on every request of a keep-alive connection).
+    pub protocol: Option<(
+        std::sync::Arc<crds::Revision>,
+        crate::proxy::UpstreamProtocol,
+    )>,
 }
 
 /// What the exchange needs besides the two connections.
 pub struct Request<'a> {
     pub head: &'a RequestHead,
-    pub client_ip: IpAddr,
+    pub client: &'a head::Client,
     pub target: SocketAddr,
     /// The response head must arrive by then (the revision's timeoutSeconds).
     pub deadline: Instant,
@@ -79,10 +85,10 @@ pub async fn exchange<C>(
 where
     C: AsyncRead + AsyncWrite + Unpin,
 {
-    let Scratch { out, resp } = scratch;
+    let Scratch { out, resp, .. } = scratch;
     let h = req.head;
     out.clear();
-    head::write_request(out, &buf[..h.len], h, req.client_ip, req.target);
+    head::write_request(out, &buf[..h.len], h, req.client, req.target);
     let body = head::body_in(buf.len(), h);
     out.extend_from_slice(&buf[body.clone()]);
     let mut body_left = h.body_len - (body.end - body.start) as u64;
@@ -433,7 +439,7 @@ mod tests {
         let conn = pods.get(target).await.unwrap();
         let r = Request {
             head: &head,
-            client_ip: "127.0.0.9".parse().unwrap(),
+            client: &head::Client::new("127.0.0.9".parse().unwrap()),
             target,
             deadline: Instant::now() + Duration::from_secs(5),
             body_idle_timeout: Duration::from_secs(5),

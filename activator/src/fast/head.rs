@@ -54,6 +54,26 @@ pub struct RequestHead {
     pub plain: Option<Plain>,
 }
 
+/// The client's address as the forwarding headers write it, formatted once per connection.
+#[derive(Debug, Clone)]
+pub struct Client {
+    pub ip: IpAddr,
+    /// `x-forwarded-for`'s element.
+    xff: String,
+    /// `forwarded`'s element up to its host: `for=...;proto=http`.
+    fwd: String,
+}
+
+impl Client {
+    pub fn new(ip: IpAddr) -> Self {
+        Self {
+            ip,
+            xff: forwarded::x_forwarded_for(None, ip),
+            fwd: forwarded::forwarded(None, Some(ip), None),
+        }
+    }
+}
+
 /// What a head that goes out as it is needs for the headers added to it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plain {
@@ -237,11 +257,11 @@ pub fn write_request(
     out: &mut Vec<u8>,
     head: &[u8],
     parsed: &RequestHead,
-    client: IpAddr,
+    client: &Client,
     target: SocketAddr,
 ) {
     let Some(plain) = &parsed.plain else {
-        return write_request_reparsed(out, head, client, target);
+        return write_request_reparsed(out, head, client.ip, target);
     };
     // All but the blank line, as it came; then what is added.
     out.extend_from_slice(&head[..head.len() - 2]);
@@ -255,7 +275,34 @@ pub fn write_request(
         header(out, b"host", s.as_bytes());
     }
     if !parsed.hopped {
-        add_forwarding(out, None, None, client, host, plain.has_xfp, plain.has_xfh);
+        // Nothing came before: the connection's own elements, formatted once.
+        header(
+            out,
+            forwarded::X_FORWARDED_FOR.as_bytes(),
+            client.xff.as_bytes(),
+        );
+        if !plain.has_xfp {
+            header(out, forwarded::X_FORWARDED_PROTO.as_bytes(), b"http");
+        }
+        if let Some(h) = host
+            && !plain.has_xfh
+        {
+            header(out, forwarded::X_FORWARDED_HOST.as_bytes(), h.as_bytes());
+        }
+        out.extend_from_slice(forwarded::FORWARDED.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(client.fwd.as_bytes());
+        if let Some(h) = host {
+            out.extend_from_slice(b";host=");
+            if forwarded::is_token(h) {
+                out.extend_from_slice(h.as_bytes());
+            } else {
+                let mut quoted = String::new();
+                forwarded::value(&mut quoted, h);
+                out.extend_from_slice(quoted.as_bytes());
+            }
+        }
+        out.extend_from_slice(b"\r\n");
     }
     out.extend_from_slice(b"\r\n");
 }
@@ -700,15 +747,15 @@ mod tests {
         let head = fast(req);
         let (bytes, client, target) = (
             &req.as_bytes()[..head.len],
-            client.parse().unwrap(),
+            Client::new(client.parse().unwrap()),
             "127.1.0.5:8080".parse().unwrap(),
         );
-        write_request(&mut out, bytes, &head, client, target);
+        write_request(&mut out, bytes, &head, &client, target);
         // A head that goes out as it is gets what parsing it again would give, but for
         // the order of the headers (none is dropped or merged).
         if head.plain.is_some() {
             let mut slow = Vec::new();
-            write_request_reparsed(&mut slow, bytes, client, target);
+            write_request_reparsed(&mut slow, bytes, client.ip, target);
             let lines = |b: &[u8]| {
                 let mut l: Vec<String> = String::from_utf8_lossy(b)
                     .lines()
@@ -777,6 +824,12 @@ mod tests {
     /// The same forwarding headers as hyper's path writes for the same request.
     #[test]
     fn forwarding_headers_match_the_hyper_path() {
+        // Written from the connection's own elements (request_out compares with the parse).
+        let plain = request_out(&format!("GET / HTTP/1.1\r\nhost: h:81\r\n{REV}\r\n"), "::1");
+        assert!(
+            plain.contains("forwarded: for=\"[::1]\";proto=http;host=\"h:81\"\r\n"),
+            "{plain}"
+        );
         let out = request_out(
             &format!(
                 "GET / HTTP/1.1\r\nhost: h:81\r\nforwarded: for=1.1.1.1\r\nforwarded: for=2.2.2.2\r\n{REV}\r\n"

@@ -111,6 +111,7 @@ impl FastLane {
     ) -> Option<(Bytes, TcpStream)> {
         let mut buf = BytesMut::new();
         let mut scratch = Scratch::default();
+        let client = head::Client::new(peer.ip());
         loop {
             let head = match self.next_head(&mut stream, &mut buf).await {
                 Ok(Some(head)) => head,
@@ -118,7 +119,7 @@ impl FastLane {
                 Err(why) => return self.hand_over(why, buf, stream),
             };
             match self
-                .one(&mut stream, &mut buf, head, peer, &mut scratch)
+                .one(&mut stream, &mut buf, head, &client, &mut scratch)
                 .await
             {
                 Next::KeepAlive => {}
@@ -187,8 +188,8 @@ impl FastLane {
         &self,
         stream: &mut TcpStream,
         buf: &mut BytesMut,
-        head: RequestHead,
-        peer: SocketAddr,
+        mut head: RequestHead,
+        client: &head::Client,
         scratch: &mut Scratch,
     ) -> Next {
         let arrived = Instant::now();
@@ -198,14 +199,15 @@ impl FastLane {
         }
         // 1. resolve: cached answers come at once; a read is bounded. Anything but a
         // revision found (and, by Host, still claiming it) is hyper's to answer.
-        let key = match &head.name {
-            Named::Revision(key) => key.clone(),
+        let name = std::mem::replace(&mut head.name, Named::Host(String::new()));
+        let (key, host) = match name {
+            Named::Revision(key) => (key, None),
             Named::Host(host) => {
                 let Some(hosts) = &h.hosts else {
                     return Next::Hyper("host routing off");
                 };
-                match tokio::time::timeout(API_READ_LIMIT, hosts.resolve(host)).await {
-                    Ok(Ok(Some(key))) => key,
+                match tokio::time::timeout(API_READ_LIMIT, hosts.resolve(&host)).await {
+                    Ok(Ok(Some(key))) => (key, Some(host)),
                     _ => return Next::Hyper("host"),
                 }
             }
@@ -214,13 +216,21 @@ impl FastLane {
         let Ok(Ok(Some(rev))) = read.await else {
             return Next::Hyper("revision");
         };
-        if let Named::Host(host) = &head.name {
+        if let Some(host) = &host {
             let host = normalize_host(host);
             if !rev.spec.hosts.iter().any(|c| normalize_host(c) == host) {
                 return Next::Hyper("host moved");
             }
         }
-        if upstream_protocol(&rev) != UpstreamProtocol::Http1 {
+        let protocol = match &scratch.protocol {
+            Some((r, p)) if Arc::ptr_eq(r, &rev) => *p,
+            _ => {
+                let p = upstream_protocol(&rev);
+                scratch.protocol = Some((rev.clone(), p));
+                p
+            }
+        };
+        if protocol != UpstreamProtocol::Http1 {
             return Next::Hyper("h2c app");
         }
         // 2. route: only a member with a share serves here; the rest is hyper's.
@@ -305,7 +315,7 @@ impl FastLane {
         };
         let req = exchange::Request {
             head: &head,
-            client_ip: peer.ip(),
+            client,
             target: lease.addr(),
             deadline,
             body_idle_timeout: self.body_idle_timeout,
