@@ -37,6 +37,7 @@ use crate::pool::{Lease, NoSlot, Pools, Spec};
 use crate::proxy::{Upstream, UpstreamProtocol};
 use crate::routing::{Named, RevisionKey, Unnamed, named};
 use crate::telemetry;
+use crate::upgrade;
 
 /// Response header naming the activator that served (or forwarded) the request.
 pub const HEADER_SERVED_BY: &str = "x-activator-node";
@@ -409,6 +410,15 @@ impl Handler {
                     } else {
                         Route::Warm
                     };
+                    // An upgraded connection holds its slot until the tunnel closes: an open
+                    // websocket is a request in flight for the app.
+                    if let Some(open) = resp.extensions_mut().remove::<upgrade::TunnelOpen>() {
+                        tokio::spawn(async move {
+                            open.closed().await;
+                            drop(lease);
+                        });
+                        return Ok((route, resp));
+                    }
                     // The slot is held until the response body has been sent.
                     Ok((route, resp.map(|b| Held::new(b, lease).boxed())))
                 }

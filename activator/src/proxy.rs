@@ -321,7 +321,8 @@ impl Upstream {
             if let Some(p) = protocol {
                 upgrade::restore(&mut rp.headers, p);
             }
-            upgrade::tunnel(client, upstream, what.to_string());
+            let open = upgrade::tunnel(client, upstream, what.to_string());
+            rp.extensions.insert(open);
         }
         Response::from_parts(rp, rb)
     }

@@ -40,11 +40,26 @@ pub fn has_token(headers: &HeaderMap, name: &HeaderName, token: &str) -> bool {
         .any(|t| t.trim().eq_ignore_ascii_case(token))
 }
 
+/// A tunnel's life, put in the 101 response's extensions: the request path holds the pod's
+/// slot until it ends, since an open websocket is a request in flight for the app.
+#[derive(Clone, Debug)]
+pub struct TunnelOpen(tokio_util::sync::CancellationToken);
+
+impl TunnelOpen {
+    /// Resolves once the tunnel has closed (or never opened).
+    pub async fn closed(&self) {
+        self.0.cancelled().await
+    }
+}
+
 /// Joins the client's and the upstream's upgraded connections once both are ready, copying
 /// bytes both ways until one side closes (or fails). Runs on its own task: the request's
 /// deadline was for getting the 101, not for the tunnel's life.
-pub fn tunnel(client: OnUpgrade, upstream: OnUpgrade, what: String) {
+pub fn tunnel(client: OnUpgrade, upstream: OnUpgrade, what: String) -> TunnelOpen {
+    let open = tokio_util::sync::CancellationToken::new();
+    let ended = open.clone().drop_guard();
     tokio::spawn(async move {
+        let _ended = ended;
         let (client, upstream) = match tokio::try_join!(client, upstream) {
             Ok(both) => both,
             Err(e) => {
@@ -61,6 +76,7 @@ pub fn tunnel(client: OnUpgrade, upstream: OnUpgrade, what: String) {
             Err(e) => tracing::debug!(%what, error = %e, "upgraded connection failed"),
         }
     });
+    TunnelOpen(open)
 }
 
 #[cfg(test)]

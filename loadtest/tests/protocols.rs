@@ -261,6 +261,55 @@ async fn upgrade_is_tunnelled_through_a_member_and_through_a_forwarding_peer() {
     c.shutdown().await;
 }
 
+/// The member's requests holding a slot on a pod now.
+fn in_flight(c: &SimCluster, node: &str) -> i64 {
+    c.activators
+        .iter()
+        .find(|a| a.node == node)
+        .expect("an activator on the node")
+        .activator
+        .metrics()
+        .in_flight
+        .get()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_upgrade_holds_its_pod_slot_until_the_tunnel_closes() {
+    let (c, ns) = cluster().await;
+    let e = revision(&c, &ns, "ws-slot", "http").await;
+    let mut s = TcpStream::connect(e.member.1).await.unwrap();
+    let req = format!(
+        "GET /chat HTTP/1.1\r\n{}Connection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+        e.raw_head()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let (head, _) = within("101", read_head(&mut s)).await;
+    assert!(head.starts_with("HTTP/1.1 101 "), "{head}");
+    // A round trip: the tunnel is up at both ends, long after the 101 went out.
+    s.write_all(b"ping").await.unwrap();
+    let mut back = [0u8; 4];
+    within("echo", s.read_exact(&mut back)).await.unwrap();
+    assert_eq!(&back, b"ping");
+    assert_eq!(
+        in_flight(&c, &e.member.0),
+        1,
+        "an open tunnel is a request in flight for the app: its slot is held"
+    );
+    s.shutdown().await.unwrap();
+    let mut tail = Vec::new();
+    within("tunnel closes", s.read_to_end(&mut tail))
+        .await
+        .unwrap();
+    // No event to await for a gauge: poll it, bounded.
+    within("slot freed", async {
+        while in_flight(&c, &e.member.0) != 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    c.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn h2c_prior_knowledge_is_served_directly_and_through_a_peer() {
     let (c, ns) = cluster().await;
