@@ -23,6 +23,7 @@ pub mod parse_errors;
 pub mod pod_spec;
 pub mod pool;
 pub mod proxy;
+pub mod readiness;
 pub mod routing;
 pub mod scale;
 pub mod scaler;

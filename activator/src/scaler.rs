@@ -149,7 +149,14 @@ impl Scaler {
         let now = Instant::now();
         let pool = self.pool.clone();
         let sh = &pool.shared;
-        let port = u16::try_from(pool.lock().spec.rev.spec.port).unwrap_or(0);
+        let (port, http_check) = {
+            let s = pool.lock();
+            let rev = &s.spec.rev;
+            (
+                u16::try_from(rev.spec.port).unwrap_or(0),
+                crate::readiness::HttpCheck::of_template(&rev.spec.template.0),
+            )
+        };
         let mut grants = Vec::new();
         let mut to_delete: Vec<(String, PodReason)> = Vec::new();
         let mut full: Option<String> = None;
@@ -238,6 +245,7 @@ impl Scaler {
                     (true, Some(addr)) if t.probe.is_none() && port != 0 => {
                         t.probe = Some(tokio::spawn(probe(
                             addr,
+                            http_check.clone(),
                             sh.cfg.probe_interval_max,
                             name.clone(),
                             self.probe_tx.clone(),
@@ -502,15 +510,14 @@ impl Scaler {
 /// period); connecting ourselves lets the first request in as soon as the app listens.
 async fn probe(
     addr: SocketAddr,
+    http: Option<crate::readiness::HttpCheck>,
     max_interval: Duration,
     name: String,
     tx: mpsc::UnboundedSender<String>,
 ) {
     let mut wait = Duration::from_millis(2);
     loop {
-        if let Ok(Ok(_)) =
-            tokio::time::timeout(Duration::from_secs(1), tokio::net::TcpStream::connect(addr)).await
-        {
+        if crate::readiness::check(addr.ip(), addr.port(), http.as_ref()).await {
             let _ = tx.send(name);
             return;
         }
