@@ -638,7 +638,7 @@ async fn watch_endpoints(
                 // A just-created object has no status yet (the status subresource is written
                 // next); keep the members the reconciler reserved rather than zero.
                 let key = key_of(&ae);
-                if ae.status.is_some() || ix.members(&key).is_none() {
+                if ae.status.is_some() || !ix.contains(&key) {
                     let (nodes, short) = crate::index::entry_of(&ae);
                     ix.set(&key, nodes, short);
                 }

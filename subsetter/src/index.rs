@@ -195,6 +195,11 @@ impl MembershipIndex {
         self.by_node.get(node).map(FastSet::len).unwrap_or(0)
     }
 
+    /// Whether the index has an entry for `key`.
+    pub fn contains(&self, key: &Key) -> bool {
+        self.members.contains_key(key)
+    }
+
     /// The member nodes of `key`, if the index has it.
     pub fn members(&self, key: &Key) -> Option<Vec<&str>> {
         self.members
