@@ -8,9 +8,11 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
+use std::pin::Pin;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::time::Instant;
+
+use tokio::time::{Instant, Sleep};
 
 use super::chunked::ChunkedEnd;
 use super::head::{self, Additions, BodyFraming, RequestHead, ResponseHead};
@@ -22,9 +24,15 @@ const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 /// Read size for bodies; the buffers grow to it only for bodies that need it.
 const READ_CHUNK: usize = 8 * 1024;
 
-/// Buffers one client connection reuses for every request it carries.
-#[derive(Default)]
+/// Buffers and timers one client connection reuses for every request it carries.
 pub struct Scratch {
+    /// Bounds the wait for a request head; moved later for each one. A timer made per request
+    /// would be put in and taken out of the runtime's timer wheel each time; moving a
+    /// registered one later is a field update (the wheel sees it when the old time comes).
+    pub head_timer: Pin<Box<Sleep>>,
+    /// Bounds the wait for a response head (the revision's timeoutSeconds), made on the
+    /// first request and moved later for each.
+    pub deadline_timer: Option<Pin<Box<Sleep>>>,
     /// The head (and the start of the body) going out, to the pod or the client.
     pub out: Vec<u8>,
     /// What the pod sent.
@@ -35,6 +43,18 @@ pub struct Scratch {
         std::sync::Arc<crds::Revision>,
         crate::proxy::UpstreamProtocol,
     )>,
+}
+
+impl Default for Scratch {
+    fn default() -> Self {
+        Self {
+            head_timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
+            deadline_timer: None,
+            out: Vec::new(),
+            resp: BytesMut::new(),
+            protocol: None,
+        }
+    }
 }
 
 /// What the exchange needs besides the two connections.
@@ -85,7 +105,19 @@ pub async fn exchange<C>(
 where
     C: AsyncRead + AsyncWrite + Unpin,
 {
-    let Scratch { out, resp, .. } = scratch;
+    let Scratch {
+        out,
+        resp,
+        deadline_timer,
+        ..
+    } = scratch;
+    let deadline = match deadline_timer {
+        Some(t) => {
+            t.as_mut().reset(req.deadline);
+            t
+        }
+        None => deadline_timer.insert(Box::pin(tokio::time::sleep_until(req.deadline))),
+    };
     let h = req.head;
     out.clear();
     head::write_request(out, &buf[..h.len], h, req.client, req.target);
@@ -112,7 +144,7 @@ where
             return ended;
         }
         resp.clear();
-        match read_head(&mut stream, resp, h.is_head, req.deadline).await {
+        match read_head(&mut stream, resp, h.is_head, deadline.as_mut()).await {
             Ok(rh) => break rh,
             Err(HeadError::ClosedEarly(_)) if retry => {
                 if let Ok(fresh) = pods.connect(req.target).await {
@@ -127,7 +159,16 @@ where
             Err(e) => return Ended::Refused(e.refusal(req.target)),
         }
     };
-    let ended = relay(client, &mut stream, resp, resp_head, req, out).await;
+    let ended = relay(
+        client,
+        &mut stream,
+        resp,
+        resp_head,
+        req,
+        out,
+        deadline.as_mut(),
+    )
+    .await;
     if let Ended::Done { reuse: true, .. } = ended {
         pods.put(req.target, stream);
     }
@@ -198,7 +239,7 @@ async fn read_head(
     stream: &mut TcpStream,
     resp: &mut BytesMut,
     to_head: bool,
-    deadline: Instant,
+    mut deadline: Pin<&mut Sleep>,
 ) -> Result<ResponseHead, HeadError> {
     loop {
         if !resp.is_empty() {
@@ -214,9 +255,13 @@ async fn read_head(
         if resp.capacity() - resp.len() < 1024 {
             resp.reserve(READ_CHUNK);
         }
-        let read = tokio::time::timeout_at(deadline, stream.read_buf(resp)).await;
+        let read = tokio::select! {
+            biased;
+            r = stream.read_buf(resp) => Ok(r),
+            () = deadline.as_mut() => Err(()),
+        };
         match read {
-            Err(_) => return Err(HeadError::Late),
+            Err(()) => return Err(HeadError::Late),
             Ok(Ok(0)) if resp.is_empty() => return Err(HeadError::ClosedEarly(None)),
             Ok(Ok(0)) => {
                 return Err(HeadError::Broken(io::ErrorKind::UnexpectedEof.into()));
@@ -237,6 +282,7 @@ async fn relay<C>(
     mut rh: ResponseHead,
     req: &Request<'_>,
     out: &mut Vec<u8>,
+    mut deadline: Pin<&mut Sleep>,
 ) -> Ended
 where
     C: AsyncRead + AsyncWrite + Unpin,
@@ -257,7 +303,7 @@ where
             return Ended::Broken { status: None };
         }
         // A head went out already: a failure now can only close the connection.
-        rh = match read_head(stream, resp, req.head.is_head, req.deadline).await {
+        rh = match read_head(stream, resp, req.head.is_head, deadline.as_mut()).await {
             Ok(rh) => rh,
             Err(_) => return Ended::Broken { status: None },
         };
@@ -541,6 +587,48 @@ mod tests {
             panic!("{ended:?}")
         };
         assert_eq!(r.status, 502);
+    }
+
+    #[tokio::test]
+    async fn no_answer_by_the_deadline_is_a_504_and_the_timer_serves_the_next_request() {
+        // A pod that takes requests and never answers.
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let target = l.local_addr().unwrap();
+        let held = tokio::spawn(async move {
+            let mut conns = Vec::new();
+            while let Ok((s, _)) = l.accept().await {
+                conns.push(s);
+            }
+        });
+        let pods = PodConns::new(Duration::from_secs(1), Duration::from_secs(60));
+        let req = format!("GET / HTTP/1.1\r\n{REV}\r\n");
+        let Classified::Fast(head) = classify_request(req.as_bytes()) else {
+            panic!("not fast")
+        };
+        let client_addr = head::Client::new("127.0.0.9".parse().unwrap());
+        let mut scratch = Scratch::default();
+        // Twice on one connection's scratch: the deadline timer is moved, not made again.
+        for _ in 0..2 {
+            let (mut client, _far) = tokio::io::duplex(1 << 16);
+            let mut buf = BytesMut::from(req.as_bytes());
+            let r = Request {
+                head: &head,
+                client: &client_addr,
+                target,
+                deadline: Instant::now() + Duration::from_millis(100),
+                body_idle_timeout: Duration::from_secs(5),
+                served_by: b"n1",
+                cold: None,
+                close: false,
+            };
+            let conn = pods.get(target).await.unwrap();
+            let ended = exchange(&mut client, &mut buf, conn, &pods, &r, &mut scratch).await;
+            let Ended::Refused(refusal) = ended else {
+                panic!("{ended:?}")
+            };
+            assert_eq!(refusal.status, 504);
+        }
+        held.abort();
     }
 
     #[test]

@@ -113,7 +113,7 @@ impl FastLane {
         let mut scratch = Scratch::default();
         let client = head::Client::new(peer.ip());
         loop {
-            let head = match self.next_head(&mut stream, &mut buf).await {
+            let head = match self.next_head(&mut stream, &mut buf, &mut scratch).await {
                 Ok(Some(head)) => head,
                 Ok(None) => return None,
                 Err(why) => return self.hand_over(why, buf, stream),
@@ -149,9 +149,11 @@ impl FastLane {
         &self,
         stream: &mut TcpStream,
         buf: &mut BytesMut,
+        scratch: &mut Scratch,
     ) -> Result<Option<RequestHead>, &'static str> {
-        let timeout = tokio::time::sleep(HEADER_READ_TIMEOUT);
-        let mut timeout = std::pin::pin!(timeout);
+        // The connection's own timer, moved later: no timer-wheel work per request.
+        let timeout = &mut scratch.head_timer;
+        timeout.as_mut().reset(Instant::now() + HEADER_READ_TIMEOUT);
         loop {
             if !buf.is_empty() {
                 match head::classify_request(buf) {
@@ -168,7 +170,7 @@ impl FastLane {
                 biased;
                 r = stream.read_buf(buf) => r,
                 _ = self.stop.cancelled(), if buf.is_empty() => return Ok(None),
-                _ = &mut timeout => {
+                _ = timeout.as_mut() => {
                     // A head that stopped half way: hyper's own timeout answers it.
                     return if buf.is_empty() { Ok(None) } else { Err("slow head") };
                 }
