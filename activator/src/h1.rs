@@ -12,7 +12,6 @@
 //! Each serving thread has its own pool (see `ActivatorConfig::io_threads`), so the lock is
 //! uncontended in production.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -27,39 +26,11 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::h2c::{ConnectError, UpBody};
-
-/// Idle connections kept per target; more are closed when their response ends. A pod takes
-/// at most containerConcurrency requests at once, so this bounds only the unlimited case.
-const MAX_IDLE_PER_TARGET: usize = 256;
-
-struct Idle {
-    send: SendRequest<UpBody>,
-    since: Instant,
-}
-
-/// The idle connections, and when the whole set was last swept of closed and expired ones
-/// (targets are pods, which come and go: a pod that went away must not leave entries behind).
-struct IdleSet {
-    by_target: HashMap<SocketAddr, Vec<Idle>>,
-    swept: Instant,
-}
-
-impl IdleSet {
-    fn sweep_if_due(&mut self, now: Instant, idle_timeout: Duration) {
-        if now.duration_since(self.swept) < idle_timeout / 2 {
-            return;
-        }
-        self.swept = now;
-        self.by_target.retain(|_, list| {
-            list.retain(|i| !i.send.is_closed() && now.duration_since(i.since) < idle_timeout);
-            !list.is_empty()
-        });
-    }
-}
+use crate::idle::IdleSet;
 
 /// Keep-alive HTTP/1.1 connections by target address.
 pub struct H1Pool {
-    idle: Mutex<IdleSet>,
+    idle: Mutex<IdleSet<SendRequest<UpBody>>>,
     connect_timeout: Duration,
     idle_timeout: Duration,
 }
@@ -75,10 +46,7 @@ pub struct H1Conn {
 impl H1Pool {
     pub fn new(connect_timeout: Duration, idle_timeout: Duration) -> Arc<Self> {
         Arc::new(Self {
-            idle: Mutex::new(IdleSet {
-                by_target: HashMap::new(),
-                swept: Instant::now(),
-            }),
+            idle: Mutex::new(IdleSet::new(idle_timeout)),
             connect_timeout,
             idle_timeout,
         })
@@ -119,13 +87,12 @@ impl H1Pool {
     fn take_idle(&self, target: SocketAddr) -> Option<SendRequest<UpBody>> {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
-        idle.sweep_if_due(now, self.idle_timeout);
-        let list = idle.by_target.get_mut(&target)?;
-        list.retain(|i| !i.send.is_closed() && now.duration_since(i.since) < self.idle_timeout);
+        let list = idle.of(target, now, open)?;
+        list.retain(|i| open(&i.conn) && now.duration_since(i.since) < self.idle_timeout);
         // Newest first: the most recently used connection is the likeliest to be alive. One
         // whose last response is still being finished is left for later.
-        let ready = list.iter().rposition(|i| i.send.is_ready())?;
-        Some(list.swap_remove(ready).send)
+        let ready = list.iter().rposition(|i| i.conn.is_ready())?;
+        Some(list.swap_remove(ready).conn)
     }
 
     /// Puts a connection whose response has ended back.
@@ -134,13 +101,13 @@ impl H1Pool {
             return;
         }
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        let now = Instant::now();
-        idle.sweep_if_due(now, self.idle_timeout);
-        let list = idle.by_target.entry(target).or_default();
-        if list.len() < MAX_IDLE_PER_TARGET {
-            list.push(Idle { send, since: now });
-        }
+        idle.put(target, send, Instant::now(), open);
     }
+}
+
+/// Whether a pooled connection's task still runs.
+fn open(send: &SendRequest<UpBody>) -> bool {
+    !send.is_closed()
 }
 
 /// A response body that gives its connection back to the pool once it has been read to the
@@ -298,13 +265,7 @@ mod tests {
         get(&pool, addr).await;
         get(&pool, addr).await;
         assert_eq!(accepted.load(Ordering::SeqCst), 2);
-        assert!(
-            pool.idle
-                .lock()
-                .unwrap()
-                .by_target
-                .values()
-                .all(|l| l.len() <= 1)
-        );
+        // The first, expired, was dropped when the second was taken: at most one is held.
+        assert!(pool.idle.lock().unwrap().len() <= 1);
     }
 }

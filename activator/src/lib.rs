@@ -18,6 +18,7 @@ pub mod forwarded;
 pub mod h1;
 pub mod h2c;
 pub mod handler;
+pub mod idle;
 pub mod metrics;
 pub mod parse_errors;
 pub mod pod_spec;

@@ -162,6 +162,21 @@ pub async fn run(cluster: &SimCluster, opts: &DemoOptions) -> Result<Summary, Er
     Ok(summary)
 }
 
+/// The nodes of a revision's members, from its ActivationEndpoints' status (none before the
+/// subsetter wrote it).
+pub async fn member_nodes(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+) -> Result<Vec<String>, Error> {
+    let api: Api<ActivationEndpoints> = Api::namespaced(client.clone(), namespace);
+    let aep = api.get(name).await?;
+    Ok(aep
+        .status
+        .map(|s| s.activators.into_iter().map(|m| m.node).collect())
+        .unwrap_or_default())
+}
+
 /// Waits until every named revision has an ActivationEndpoints with members.
 pub async fn wait_subsets(
     client: &Client,

@@ -6,11 +6,10 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crds::ActivationEndpoints;
 use kube::Api;
 use kube::api::PostParams;
 use kubesim::node::Delay;
-use loadtest::demo::{echo_revision, host_of, wait_subsets};
+use loadtest::demo::{echo_revision, host_of, member_nodes, wait_subsets};
 use loadtest::{ClusterOptions, SimCluster};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -53,17 +52,7 @@ async fn setup(
     wait_subsets(&c.client, &ns, &[name.to_string()], LIMIT)
         .await
         .unwrap();
-    let aep: Api<ActivationEndpoints> = Api::namespaced(c.client.clone(), &ns);
-    let members: Vec<String> = aep
-        .get(name)
-        .await
-        .unwrap()
-        .status
-        .unwrap()
-        .activators
-        .into_iter()
-        .map(|m| m.node)
-        .collect();
+    let members = member_nodes(&c.client, &ns, name).await.unwrap();
     let entries = c.entries();
     let member = entries
         .iter()

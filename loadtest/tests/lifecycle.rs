@@ -15,7 +15,7 @@ use kube::api::{ListParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, ResourceExt};
 use kubesim::node::Delay;
-use loadtest::demo::{echo_revision, host_of, wait_subsets};
+use loadtest::demo::{echo_revision, host_of, member_nodes, wait_subsets};
 use loadtest::driver::{Driver, Sample};
 use loadtest::{ClusterOptions, SimCluster};
 
@@ -61,16 +61,7 @@ async fn revision(
     wait_subsets(&c.client, ns, &[name.to_string()], LIMIT)
         .await
         .unwrap();
-    let aep: Api<crds::ActivationEndpoints> = Api::namespaced(c.client.clone(), ns);
-    aep.get(name)
-        .await
-        .unwrap()
-        .status
-        .unwrap()
-        .activators
-        .into_iter()
-        .map(|m| m.node)
-        .collect()
+    member_nodes(&c.client, ns, name).await.unwrap()
 }
 
 /// Sets the sim app's env (`SIM_CONCURRENCY`, `SIM_DELAY_MS`) in the revision's template.

@@ -14,7 +14,6 @@ use activator::ActivatorConfig;
 use activator::answer::full;
 use activator::proxy::{Upstream, UpstreamProtocol};
 use bytes::Bytes;
-use crds::ActivationEndpoints;
 use crds::contract::{HEADER_REVISION_NAME, HEADER_REVISION_NAMESPACE, REVISION_LABEL};
 use futures::SinkExt;
 use http::{Request, Response, StatusCode, Version};
@@ -27,7 +26,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ListParams, PostParams};
 use kube::{Api, ResourceExt};
 use kubesim::node::{AppStats, Delay};
-use loadtest::demo::{echo_revision, host_of, wait_subsets};
+use loadtest::demo::{echo_revision, host_of, member_nodes, wait_subsets};
 use loadtest::{ClusterOptions, SimCluster};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
@@ -88,17 +87,7 @@ async fn revision(c: &SimCluster, ns: &str, name: &str, port_name: &str) -> Entr
     wait_subsets(&c.client, ns, &[name.to_string()], LIMIT)
         .await
         .unwrap();
-    let aep: Api<ActivationEndpoints> = Api::namespaced(c.client.clone(), ns);
-    let members: Vec<String> = aep
-        .get(name)
-        .await
-        .unwrap()
-        .status
-        .unwrap()
-        .activators
-        .into_iter()
-        .map(|m| m.node)
-        .collect();
+    let members = member_nodes(&c.client, ns, name).await.unwrap();
     let entries = c.entries();
     let member = entries
         .iter()

@@ -2,7 +2,6 @@
 //! owned by one request at a time. No task per connection (hyper's client needs one): the
 //! request's own task writes the head and reads the answer.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -11,27 +10,16 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::h2c::ConnectError;
+use crate::idle::IdleSet;
 
-/// Idle connections kept per pod (as [`crate::h1`]).
-const MAX_IDLE_PER_TARGET: usize = 256;
 /// A connection idle for longer is checked before use: an app that closes idle connections
 /// (Node.js does after 5 s) must not fail the next request. A busy connection skips the check
 /// (one more syscall per request).
 const CHECK_AFTER: Duration = Duration::from_millis(500);
 
-struct Idle {
-    stream: TcpStream,
-    since: Instant,
-}
-
-struct IdleSet {
-    by_target: HashMap<SocketAddr, Vec<Idle>>,
-    swept: Instant,
-}
-
 /// Idle connections by pod address.
 pub struct PodConns {
-    idle: Mutex<IdleSet>,
+    idle: Mutex<IdleSet<TcpStream>>,
     connect_timeout: Duration,
     idle_timeout: Duration,
 }
@@ -47,10 +35,7 @@ pub struct PodConn {
 impl PodConns {
     pub fn new(connect_timeout: Duration, idle_timeout: Duration) -> Arc<Self> {
         Arc::new(Self {
-            idle: Mutex::new(IdleSet {
-                by_target: HashMap::new(),
-                swept: Instant::now(),
-            }),
+            idle: Mutex::new(IdleSet::new(idle_timeout)),
             connect_timeout,
             idle_timeout,
         })
@@ -84,18 +69,18 @@ impl PodConns {
     fn take_idle(&self, target: SocketAddr) -> Option<TcpStream> {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
-        idle.sweep_if_due(now, self.idle_timeout);
-        let list = idle.by_target.get_mut(&target)?;
+        // A sweep drops only expired ones: checking every idle connection is a syscall each.
+        let list = idle.of(target, now, |_| true)?;
         // Newest first: the most recently used connection is the likeliest to be alive.
         while let Some(i) = list.pop() {
             let age = now.duration_since(i.since);
             if age >= self.idle_timeout {
                 continue;
             }
-            if age >= CHECK_AFTER && !open(&i.stream) {
+            if age >= CHECK_AFTER && !open(&i.conn) {
                 continue;
             }
-            return Some(i.stream);
+            return Some(i.conn);
         }
         None
     }
@@ -103,32 +88,12 @@ impl PodConns {
     /// Puts a connection whose response has been read to its end back.
     pub fn put(&self, target: SocketAddr, stream: TcpStream) {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        let now = Instant::now();
-        idle.sweep_if_due(now, self.idle_timeout);
-        let list = idle.by_target.entry(target).or_default();
-        if list.len() < MAX_IDLE_PER_TARGET {
-            list.push(Idle { stream, since: now });
-        }
+        idle.put(target, stream, Instant::now(), |_| true);
     }
 
     /// Idle connections held (for tests).
     pub fn idle(&self) -> usize {
-        let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        idle.by_target.values().map(Vec::len).sum()
-    }
-}
-
-impl IdleSet {
-    /// Pods come and go: a pod that went away must not leave its connections behind.
-    fn sweep_if_due(&mut self, now: Instant, idle_timeout: Duration) {
-        if now.duration_since(self.swept) < idle_timeout / 2 {
-            return;
-        }
-        self.swept = now;
-        self.by_target.retain(|_, list| {
-            list.retain(|i| now.duration_since(i.since) < idle_timeout);
-            !list.is_empty()
-        });
+        self.idle.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 }
 
@@ -166,13 +131,7 @@ mod tests {
         pool.idle
             .lock()
             .unwrap()
-            .by_target
-            .entry(target)
-            .or_default()
-            .push(Idle {
-                stream: closed,
-                since,
-            });
+            .put(target, closed, since, |_| true);
         let c = pool.get(target).await.unwrap();
         assert!(!c.reused, "a closed connection was handed out");
     }
