@@ -5,6 +5,9 @@ use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode};
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
 
+/// The content type of the activator's own answers.
+pub const CONTENT_TYPE: &str = "text/plain; charset=utf-8";
+
 /// The body type of every response the activator returns (proxied or its own).
 pub type Body = BoxBody<Bytes, hyper::Error>;
 
@@ -66,14 +69,19 @@ impl Refusal {
         }
     }
 
+    /// The body of the answer: the reason, on one line.
+    pub fn body_text(&self) -> String {
+        format!("{}\n", self.reason)
+    }
+
     /// The HTTP response for this refusal.
     pub fn into_response(self) -> Response<Body> {
-        let mut resp = Response::new(full(format!("{}\n", self.reason)));
+        let mut resp = Response::new(full(self.body_text()));
         *resp.status_mut() = self.status;
         let h = resp.headers_mut();
         h.insert(
             http::header::CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; charset=utf-8"),
+            HeaderValue::from_static(CONTENT_TYPE),
         );
         if let Some(s) = self.retry_after_secs {
             h.insert(http::header::RETRY_AFTER, HeaderValue::from(s));

@@ -124,12 +124,7 @@ impl Handler {
         let timeout = request_timeout(&rev);
         let deadline = arrived + timeout;
         let hopped = req.headers().contains_key(&HOP);
-        let late = || {
-            Refusal::timeout(format!(
-                "revision {key}: no answer within its timeout of {}s",
-                timeout.as_secs()
-            ))
-        };
+        let late = || too_late(&key, timeout);
         // 2. route
         let routed = self.route(&key, &rev, hopped, deadline);
         let (spec, peers) = match in_span(stage("route"), routed).await? {
@@ -359,19 +354,7 @@ impl Handler {
                         Box::pin(self.forward(key, &spec.rev, req, starters())).await?,
                     ));
                 }
-                Err(NoSlot::Full(why)) => {
-                    self.metrics.buffer_full.inc();
-                    return Err(Refusal::unavailable(why));
-                }
-                Err(NoSlot::Elsewhere(why)) => {
-                    return Err(Refusal::unavailable(why));
-                }
-                Err(NoSlot::Retired) => {
-                    return Err(Refusal::unavailable(format!(
-                        "revision {key}: no pool on this node took the request"
-                    )));
-                }
-                Err(NoSlot::Failed(why)) => return Err(Refusal::bad_gateway(why)),
+                Err(no) => return Err(self.no_slot(key, no)),
             };
             // 4. proxy: the connection first. A pod that refuses it never saw the request,
             // which goes to the next slot as it is, body and all.
@@ -443,6 +426,23 @@ impl Handler {
             }
         }
         Err(NoSlot::Retired)
+    }
+
+    /// The answer to a request no slot can be found for here (and that is not forwarded):
+    /// 503 for a full buffer (counted) or a node that cannot serve it, 502 for a revision
+    /// whose pods cannot be made. Both request paths answer with it.
+    pub(crate) fn no_slot(&self, key: &RevisionKey, no: NoSlot) -> Refusal {
+        match no {
+            NoSlot::Full(why) => {
+                self.metrics.buffer_full.inc();
+                Refusal::unavailable(why)
+            }
+            NoSlot::Elsewhere(why) => Refusal::unavailable(why),
+            NoSlot::Retired => Refusal::unavailable(format!(
+                "revision {key}: no pool on this node took the request"
+            )),
+            NoSlot::Failed(why) => Refusal::bad_gateway(why),
+        }
     }
 
     /// Stage 2b: forward to a member, trying the next one when a member is unreachable or,
@@ -561,6 +561,14 @@ pub(crate) fn request_timeout(rev: &Revision) -> Duration {
             .clamp(1, MAX_TIMEOUT_SECONDS)
             .unsigned_abs(),
     )
+}
+
+/// 504: the revision's `timeoutSeconds` passed before its answer began.
+pub(crate) fn too_late(key: &RevisionKey, timeout: Duration) -> Refusal {
+    Refusal::timeout(format!(
+        "revision {key}: no answer within its timeout of {}s",
+        timeout.as_secs()
+    ))
 }
 
 /// An API read on the request path, bounded (the client has no read timeout of its own).

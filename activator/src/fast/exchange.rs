@@ -422,13 +422,14 @@ fn pod_failed(target: SocketAddr, e: &io::Error) -> Refusal {
 /// (the request's body may not have been read).
 pub fn refusal_bytes(out: &mut Vec<u8>, r: &Refusal, served_by: &[u8]) {
     use std::fmt::Write as _;
-    let body = format!("{}\n", r.reason);
+    let body = r.body_text();
     let mut s = String::with_capacity(160 + body.len());
     let _ = write!(
         s,
-        "HTTP/1.1 {} {}\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: {}\r\n",
+        "HTTP/1.1 {} {}\r\ncontent-type: {}\r\ncontent-length: {}\r\n",
         r.status.as_u16(),
         r.status.canonical_reason().unwrap_or(""),
+        crate::answer::CONTENT_TYPE,
         body.len()
     );
     if let Some(secs) = r.retry_after_secs {

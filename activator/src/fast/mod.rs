@@ -41,7 +41,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::answer::Refusal;
 use crate::cache::endpoints::Membership;
-use crate::handler::{Handler, can_start, request_timeout, upstream_protocol};
+use crate::handler::{Handler, can_start, request_timeout, too_late, upstream_protocol};
 use crate::metrics::{Outcome, Phase, Route};
 use crate::pool::{NoSlot, Spec};
 use crate::proxy::UpstreamProtocol;
@@ -255,11 +255,7 @@ impl FastLane {
                 _ = h.draining.cancelled(), if can_forward => return Next::Hyper("draining"),
                 () = client_gone(stream, buf) => return Next::Close,
                 () = tokio::time::sleep_until(deadline) => {
-                    let r = Refusal::timeout(format!(
-                        "revision {}: no answer within its timeout of {}s",
-                        key,
-                        deadline.duration_since(arrived).as_secs()
-                    ));
+                    let r = too_late(&key, deadline.duration_since(arrived));
                     return self.refuse(stream, scratch, r).await;
                 }
             };
@@ -267,27 +263,9 @@ impl FastLane {
                 Ok(lease) => lease,
                 // Another member serves it: hyper's path forwards (nothing was consumed).
                 Err(NoSlot::Elsewhere(_)) if can_forward => return Next::Hyper("elsewhere"),
-                Err(NoSlot::Full(why)) => {
-                    h.metrics.buffer_full.inc();
-                    return self
-                        .refuse(stream, scratch, Refusal::unavailable(why))
-                        .await;
-                }
-                Err(NoSlot::Elsewhere(why)) => {
-                    return self
-                        .refuse(stream, scratch, Refusal::unavailable(why))
-                        .await;
-                }
-                Err(NoSlot::Retired) => {
-                    let why = format!("revision {}: no pool on this node took the request", key);
-                    return self
-                        .refuse(stream, scratch, Refusal::unavailable(why))
-                        .await;
-                }
-                Err(NoSlot::Failed(why)) => {
-                    return self
-                        .refuse(stream, scratch, Refusal::bad_gateway(why))
-                        .await;
+                Err(no) => {
+                    let r = h.no_slot(&key, no);
+                    return self.refuse(stream, scratch, r).await;
                 }
             };
             match self.pods.get(lease.addr()).await {
