@@ -55,12 +55,16 @@ struct WarmArgs {
     /// Connection counts, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
     conns: Vec<usize>,
-    /// Measured time per target and connection count.
-    #[arg(long, default_value = "10s", value_parser = duration)]
+    /// Measured time per target, connection count and round.
+    #[arg(long, default_value = "5s", value_parser = duration)]
     duration: Duration,
     /// Warm-up before each measurement (discarded).
-    #[arg(long, default_value = "2s", value_parser = duration)]
+    #[arg(long, default_value = "1s", value_parser = duration)]
     warmup: Duration,
+    /// Rounds: each target measured this many times per connection count, nginx and the
+    /// activator in alternating order; ratios are taken within a round.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
     /// Use the built-in load generator even when wrk is installed.
     #[arg(long)]
     builtin: bool,
@@ -130,6 +134,7 @@ async fn main() -> anyhow::Result<()> {
                 conns: a.conns,
                 duration: a.duration,
                 warmup: a.warmup,
+                rounds: a.rounds,
                 builtin: a.builtin,
                 activator_bin: bin,
             };
@@ -176,10 +181,11 @@ async fn main() -> anyhow::Result<()> {
                 conns: vec![1, 8, 32],
                 duration: Duration::from_secs(3),
                 warmup: Duration::from_secs(1),
+                rounds: 1,
                 builtin,
                 activator_bin: bin.clone(),
             };
-            println!("== bench warm --conns 1,8,32 --duration 3s --warmup 1s");
+            println!("== bench warm --conns 1,8,32 --duration 3s --warmup 1s --rounds 1");
             print!("{}", bench::warm::run(&warm).await.context("bench warm")?);
             let control = ControlOptions {
                 revisions: 50,

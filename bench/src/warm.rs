@@ -1,5 +1,10 @@
 //! `bench warm`: the warm path. One app pod made warm first, then the same load against it
 //! directly, through nginx (when installed) and through the activator process.
+//!
+//! On a shared machine one run of each says little: a neighbour's build takes a core for a
+//! few seconds and one target loses 20 %. So the targets are measured in rounds, nginx and
+//! the activator back to back and in alternating order, and the ratios are taken within each
+//! round; the summary is their median and range.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -19,6 +24,8 @@ pub struct WarmOptions {
     pub conns: Vec<usize>,
     pub duration: Duration,
     pub warmup: Duration,
+    /// How many times each target is measured at each connection count.
+    pub rounds: usize,
     /// Use the built-in generator even when wrk is installed.
     pub builtin: bool,
     pub activator_bin: Option<PathBuf>,
@@ -28,8 +35,9 @@ impl Default for WarmOptions {
     fn default() -> Self {
         Self {
             conns: vec![1, 8, 32],
-            duration: Duration::from_secs(10),
-            warmup: Duration::from_secs(2),
+            duration: Duration::from_secs(5),
+            warmup: Duration::from_secs(1),
+            rounds: 3,
             builtin: false,
             activator_bin: None,
         }
@@ -41,6 +49,8 @@ impl Default for WarmOptions {
 pub struct Row {
     pub target: &'static str,
     pub conns: usize,
+    /// Which round (from 0) this run belongs to.
+    pub round: usize,
     pub result: LoadResult,
     /// CPU the target's processes used per answered request during the measured run (None
     /// for the app itself, which runs in this process beside the load generator).
@@ -58,6 +68,7 @@ pub struct WarmReport {
     pub nginx: Result<SocketAddr, String>,
     pub duration: Duration,
     pub warmup: Duration,
+    pub rounds: usize,
     pub rows: Vec<Row>,
 }
 
@@ -68,6 +79,9 @@ pub const ACTIVATOR: &str = "activator";
 pub async fn run(opts: &WarmOptions) -> Result<WarmReport, Error> {
     if opts.conns.is_empty() || opts.conns.contains(&0) {
         return Err(Error::Options("--conns needs positive numbers".into()));
+    }
+    if opts.rounds == 0 {
+        return Err(Error::Options("--rounds needs a positive number".into()));
     }
     let bin = activator_binary(opts.activator_bin.as_deref())?;
     let loadgen = LoadGen::detect(opts.builtin);
@@ -135,36 +149,40 @@ pub async fn run(opts: &WarmOptions) -> Result<WarmReport, Error> {
     let mut rows = Vec::new();
     let measured = async {
         for &conns in &opts.conns {
-            for (target, addr, headers, pid) in &targets {
-                tracing::info!(target, conns, "measuring");
-                if !opts.warmup.is_zero() {
-                    loadgen
-                        .measure(*addr, headers, conns, Duration::ZERO, opts.warmup)
+            for round in 0..opts.rounds {
+                for (target, addr, headers, pid) in in_round_order(&targets, round) {
+                    tracing::info!(target, conns, round, "measuring");
+                    if !opts.warmup.is_zero() {
+                        loadgen
+                            .measure(*addr, headers, conns, Duration::ZERO, opts.warmup)
+                            .await?;
+                    }
+                    let cpu_before = pid.and_then(crate::cpu::of_tree);
+                    let result = loadgen
+                        .measure(*addr, headers, conns, Duration::ZERO, opts.duration)
                         .await?;
+                    let cpu = cpu_before.zip(pid.and_then(crate::cpu::of_tree));
+                    let cpu_per_request = cpu
+                        .filter(|_| result.requests > 0)
+                        .map(|(a, b)| b.saturating_sub(a) / result.requests as u32);
+                    tracing::info!(
+                        target,
+                        conns,
+                        round,
+                        rps = result.rps() as u64,
+                        p50_us = result.p50.as_micros() as u64,
+                        "measured"
+                    );
+                    rows.push(Row {
+                        target,
+                        conns,
+                        round,
+                        result,
+                        cpu_per_request,
+                    });
                 }
-                let cpu_before = pid.and_then(crate::cpu::of_tree);
-                let result = loadgen
-                    .measure(*addr, headers, conns, Duration::ZERO, opts.duration)
-                    .await?;
-                let cpu = cpu_before.zip(pid.and_then(crate::cpu::of_tree));
-                let cpu_per_request = cpu
-                    .filter(|_| result.requests > 0)
-                    .map(|(a, b)| b.saturating_sub(a) / result.requests as u32);
-                tracing::info!(
-                    target,
-                    conns,
-                    rps = result.rps() as u64,
-                    p50_us = result.p50.as_micros() as u64,
-                    "measured"
-                );
-                rows.push(Row {
-                    target,
-                    conns,
-                    result,
-                    cpu_per_request,
-                });
+                activator.check_alive()?;
             }
-            activator.check_alive()?;
         }
         Ok::<(), Error>(())
     }
@@ -186,16 +204,66 @@ pub async fn run(opts: &WarmOptions) -> Result<WarmReport, Error> {
         nginx: nginx_addr,
         duration: opts.duration,
         warmup: opts.warmup,
+        rounds: opts.rounds,
         rows,
     })
 }
 
+/// The targets in the order round `round` measures them: direct first, then the rest
+/// forwards in even rounds and backwards in odd ones, so neither proxy always runs second
+/// (and alone inherits a warmer or a busier machine).
+fn in_round_order<T>(targets: &[T], round: usize) -> Vec<&T> {
+    let Some((first, rest)) = targets.split_first() else {
+        return Vec::new();
+    };
+    let mut order = vec![first];
+    if round.is_multiple_of(2) {
+        order.extend(rest);
+    } else {
+        order.extend(rest.iter().rev());
+    }
+    order
+}
+
+/// The median of `xs` (the mean of the middle two when even); None when empty.
+fn median(mut xs: Vec<f64>) -> Option<f64> {
+    if xs.is_empty() {
+        return None;
+    }
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    Some(if !n.is_multiple_of(2) {
+        xs[n / 2]
+    } else {
+        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
+    })
+}
+
+/// A summary of per-round figures: median, least and most.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Spread {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+impl Spread {
+    fn of(xs: Vec<f64>) -> Option<Self> {
+        let min = xs.iter().copied().reduce(f64::min)?;
+        let max = xs.iter().copied().reduce(f64::max)?;
+        Some(Self {
+            median: median(xs)?,
+            min,
+            max,
+        })
+    }
+}
+
 impl WarmReport {
-    fn find(&self, target: &str, conns: usize) -> Option<&LoadResult> {
+    fn row(&self, target: &str, conns: usize, round: usize) -> Option<&Row> {
         self.rows
             .iter()
-            .find(|r| r.target == target && r.conns == conns)
-            .map(|r| &r.result)
+            .find(|r| r.target == target && r.conns == conns && r.round == round)
     }
 
     fn conns(&self) -> Vec<usize> {
@@ -204,30 +272,36 @@ impl WarmReport {
         c
     }
 
-    /// activator throughput / `other`'s, per connection count.
-    pub fn throughput_ratio(&self, other: &str, conns: usize) -> Option<f64> {
-        let a = self.find(ACTIVATOR, conns)?.rps();
-        let o = self.find(other, conns)?.rps();
-        (o > 0.0).then(|| a / o)
+    /// A figure of each round that has it, summarised.
+    fn per_round(&self, figure: impl Fn(usize) -> Option<f64>) -> Option<Spread> {
+        Spread::of((0..self.rounds).filter_map(figure).collect())
     }
 
-    /// The activator's CPU per request over nginx's, per connection count (below 1: cheaper).
-    pub fn cpu_ratio(&self, conns: usize) -> Option<f64> {
-        let cpu = |t: &str| {
-            self.rows
-                .iter()
-                .find(|r| r.target == t && r.conns == conns)?
-                .cpu_per_request
-        };
-        let (a, n) = (cpu(ACTIVATOR)?, cpu(NGINX)?);
-        (!n.is_zero()).then(|| a.as_secs_f64() / n.as_secs_f64())
+    /// activator throughput / `other`'s, within each round, per connection count.
+    pub fn throughput_ratio(&self, other: &str, conns: usize) -> Option<Spread> {
+        self.per_round(|round| {
+            let a = self.row(ACTIVATOR, conns, round)?.result.rps();
+            let o = self.row(other, conns, round)?.result.rps();
+            (o > 0.0).then(|| a / o)
+        })
     }
 
-    /// `target`'s p50 minus direct's, at `conns` connections, in ms.
-    pub fn added_p50_ms(&self, target: &str, conns: usize) -> Option<f64> {
-        let t = self.find(target, conns)?.p50.as_secs_f64();
-        let d = self.find(DIRECT, conns)?.p50.as_secs_f64();
-        Some((t - d) * 1e3)
+    /// The activator's CPU per request over nginx's, within each round (below 1: cheaper).
+    pub fn cpu_ratio(&self, conns: usize) -> Option<Spread> {
+        self.per_round(|round| {
+            let a = self.row(ACTIVATOR, conns, round)?.cpu_per_request?;
+            let n = self.row(NGINX, conns, round)?.cpu_per_request?;
+            (!n.is_zero()).then(|| a.as_secs_f64() / n.as_secs_f64())
+        })
+    }
+
+    /// `target`'s p50 minus direct's, at `conns` connections, in ms, within each round.
+    pub fn added_p50_ms(&self, target: &str, conns: usize) -> Option<Spread> {
+        self.per_round(|round| {
+            let t = self.row(target, conns, round)?.result.p50.as_secs_f64();
+            let d = self.row(DIRECT, conns, round)?.result.p50.as_secs_f64();
+            Some((t - d) * 1e3)
+        })
     }
 }
 
@@ -240,17 +314,30 @@ fn opt(v: Option<f64>, digits: usize) -> String {
         .unwrap_or_else(|| "-".into())
 }
 
+/// "median (min–max)", or just the figure when there was one round.
+fn spread(s: Option<Spread>, digits: usize) -> String {
+    match s {
+        None => "-".into(),
+        Some(s) if s.min == s.max => format!("{:.digits$}", s.median),
+        Some(s) => format!(
+            "{:.digits$} ({:.digits$}–{:.digits$})",
+            s.median, s.min, s.max
+        ),
+    }
+}
+
 impl fmt::Display for WarmReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "warm path: node {}, app pod {}, activator {}, load {} ({} s per run after a {} s warm-up)",
+            "warm path: node {}, app pod {}, activator {}, load {} ({} s per run after a {} s warm-up, {} round(s))",
             self.node,
             self.pod,
             self.activator,
             self.generator,
             self.duration.as_secs_f64(),
-            self.warmup.as_secs_f64()
+            self.warmup.as_secs_f64(),
+            self.rounds
         )?;
         match &self.nginx {
             Ok(a) => writeln!(f, "nginx: {a} (keepalive 64 to the pod)")?,
@@ -258,15 +345,16 @@ impl fmt::Display for WarmReport {
         }
         writeln!(
             f,
-            "{:<10} {:>5} {:>10} {:>9} {:>9} {:>7} {:>11}",
-            "target", "conns", "req/s", "p50 ms", "p99 ms", "errors", "cpu µs/req"
+            "{:<10} {:>5} {:>5} {:>10} {:>9} {:>9} {:>7} {:>11}",
+            "target", "conns", "round", "req/s", "p50 ms", "p99 ms", "errors", "cpu µs/req"
         )?;
         for r in &self.rows {
             writeln!(
                 f,
-                "{:<10} {:>5} {:>10.0} {:>9.3} {:>9.3} {:>7} {:>11}",
+                "{:<10} {:>5} {:>5} {:>10.0} {:>9.3} {:>9.3} {:>7} {:>11}",
                 r.target,
                 r.conns,
+                r.round + 1,
                 r.result.rps(),
                 ms(r.result.p50),
                 ms(r.result.p99),
@@ -276,24 +364,102 @@ impl fmt::Display for WarmReport {
         }
         writeln!(
             f,
-            "throughput ratio  {:>5} {:>16} {:>17} {:>24}",
+            "ratios within a round, median (least–most) of {} round(s):",
+            self.rounds
+        )?;
+        writeln!(
+            f,
+            "{:>5} {:>20} {:>20} {:>24}",
             "conns", "activator/nginx", "activator/direct", "cpu/req activator/nginx"
         )?;
         for c in self.conns() {
             writeln!(
                 f,
-                "                  {:>5} {:>16} {:>17} {:>24}",
+                "{:>5} {:>20} {:>20} {:>24}",
                 c,
-                opt(self.throughput_ratio(NGINX, c), 2),
-                opt(self.throughput_ratio(DIRECT, c), 2),
-                opt(self.cpu_ratio(c), 2)
+                spread(self.throughput_ratio(NGINX, c), 2),
+                spread(self.throughput_ratio(DIRECT, c), 2),
+                spread(self.cpu_ratio(c), 2)
             )?;
         }
         writeln!(
             f,
             "added p50 latency at 1 connection (over direct): activator {} ms, nginx {} ms",
-            opt(self.added_p50_ms(ACTIVATOR, 1), 3),
-            opt(self.added_p50_ms(NGINX, 1), 3)
+            spread(self.added_p50_ms(ACTIVATOR, 1), 3),
+            spread(self.added_p50_ms(NGINX, 1), 3)
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_odd_even_and_none() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), Some(2.5));
+        assert_eq!(median(Vec::new()), None);
+    }
+
+    #[test]
+    fn spread_is_median_least_and_most() {
+        let s = Spread::of(vec![0.9, 1.2, 1.05]).unwrap();
+        assert_eq!((s.median, s.min, s.max), (1.05, 0.9, 1.2));
+        assert_eq!(spread(Some(s), 2), "1.05 (0.90–1.20)");
+        assert_eq!(spread(Spread::of(vec![1.0]), 2), "1.00");
+        assert_eq!(spread(None, 2), "-");
+    }
+
+    #[test]
+    fn rounds_alternate_the_proxies_after_direct() {
+        let t = ["direct", "nginx", "activator"];
+        assert_eq!(in_round_order(&t, 0), [&"direct", &"nginx", &"activator"]);
+        assert_eq!(in_round_order(&t, 1), [&"direct", &"activator", &"nginx"]);
+        assert_eq!(in_round_order(&t, 2), [&"direct", &"nginx", &"activator"]);
+        assert!(in_round_order::<&str>(&[], 0).is_empty());
+    }
+
+    fn row(target: &'static str, conns: usize, round: usize, requests: u64) -> Row {
+        Row {
+            target,
+            conns,
+            round,
+            result: LoadResult {
+                generator: Generator::Builtin,
+                requests,
+                errors: 0,
+                elapsed: Duration::from_secs(1),
+                p50: Duration::ZERO,
+                p99: Duration::ZERO,
+            },
+            cpu_per_request: None,
+        }
+    }
+
+    #[test]
+    fn ratios_are_taken_within_each_round() {
+        // Round 1 is twice as fast for both: per-round ratios are 0.9 and 1.1, not the
+        // 0.97 or 1.03 a mix of rounds would give.
+        let report = WarmReport {
+            generator: Generator::Builtin,
+            node: "n".into(),
+            pod: "127.0.0.1:1".parse().unwrap(),
+            activator: "127.0.0.1:2".parse().unwrap(),
+            nginx: Err("none".into()),
+            duration: Duration::from_secs(1),
+            warmup: Duration::ZERO,
+            rounds: 2,
+            rows: vec![
+                row(NGINX, 8, 0, 1000),
+                row(ACTIVATOR, 8, 0, 900),
+                row(NGINX, 8, 1, 2000),
+                row(ACTIVATOR, 8, 1, 2200),
+            ],
+        };
+        let r = report.throughput_ratio(NGINX, 8).unwrap();
+        assert!((r.min - 0.9).abs() < 1e-9 && (r.max - 1.1).abs() < 1e-9);
+        assert!((r.median - 1.0).abs() < 1e-9);
+        assert!(report.throughput_ratio(NGINX, 32).is_none());
     }
 }
