@@ -20,6 +20,7 @@ use crate::cache::pods::{LocalPod, RevisionPods};
 use crate::cold_start::ColdStart;
 use crate::metrics::{Phase, PodReason};
 use crate::pool::{Pool, deliver};
+use crate::readiness::Check;
 use crate::routing::RevisionKey;
 use crate::scale::{self, Decision, Observed, Policy};
 use crate::scheduler::{CreateError, LocalScheduler};
@@ -149,13 +150,11 @@ impl Scaler {
         let now = Instant::now();
         let pool = self.pool.clone();
         let sh = &pool.shared;
-        let (port, http_check) = {
+        let (port, check) = {
             let s = pool.lock();
             let rev = &s.spec.rev;
-            (
-                u16::try_from(rev.spec.port).unwrap_or(0),
-                crate::readiness::HttpCheck::of_template(&rev.spec.template.0),
-            )
+            let port = u16::try_from(rev.spec.port).unwrap_or(0);
+            (port, Check::of_template(&rev.spec.template.0, port))
         };
         let mut grants = Vec::new();
         let mut to_delete: Vec<(String, PodReason)> = Vec::new();
@@ -237,15 +236,18 @@ impl Scaler {
                     }
                     _ => {}
                 }
+                // A pod that stopped answering is checked until it answers again; one not
+                // Ready yet only when its template's probe can be run from here.
                 let wants_probe = p.live()
                     && !t.removing
                     && !usable
-                    && (t.suspect || (!p.ready && !t.probed && !t.was_ready));
+                    && (t.suspect
+                        || (check.before_ready() && !p.ready && !t.probed && !t.was_ready));
                 match (wants_probe, addr) {
                     (true, Some(addr)) if t.probe.is_none() && port != 0 => {
                         t.probe = Some(tokio::spawn(probe(
                             addr,
-                            http_check.clone(),
+                            check.clone(),
                             sh.cfg.probe_interval_max,
                             name.clone(),
                             self.probe_tx.clone(),
@@ -505,19 +507,19 @@ impl Scaler {
     }
 }
 
-/// Polls `addr` with TCP connects (backing off to `max_interval`) until one succeeds, then
-/// reports `name`. Kubelets report readiness late (a status write after their own probe
-/// period); connecting ourselves lets the first request in as soon as the app listens.
+/// Runs `check` against the pod at `addr` (backing off to `max_interval`) until it passes,
+/// then reports `name`. Kubelets report readiness late (a status write after their own probe
+/// period); checking ourselves lets the first request in as soon as the app can serve it.
 async fn probe(
     addr: SocketAddr,
-    http: Option<crate::readiness::HttpCheck>,
+    check: Check,
     max_interval: Duration,
     name: String,
     tx: mpsc::UnboundedSender<String>,
 ) {
     let mut wait = Duration::from_millis(2);
     loop {
-        if crate::readiness::check(addr.ip(), addr.port(), http.as_ref()).await {
+        if check.run(addr.ip()).await {
             let _ = tx.send(name);
             return;
         }

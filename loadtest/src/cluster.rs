@@ -56,6 +56,9 @@ pub struct ClusterOptions {
     pub nodes: usize,
     /// Simulated time from a pod's admission to its app answering and being Ready.
     pub start_delay: Delay,
+    /// Simulated time from the app answering to the kubelet reporting it Ready (its
+    /// readiness probe passing, then a status write).
+    pub ready_delay: Delay,
     /// N for revisions without `spec.activators`.
     pub default_activators: usize,
     /// Use the API server of `KUBECONFIG` instead of an embedded kubesim one.
@@ -99,6 +102,7 @@ impl Default for ClusterOptions {
         Self {
             nodes: 5,
             start_delay: Delay::fixed_ms(300),
+            ready_delay: Delay::ZERO,
             default_activators: 3,
             use_kubeconfig: std::env::var_os("KUBECONFIG").is_some(),
             shared_client: None,
@@ -184,6 +188,7 @@ impl SimCluster {
                     .with_max_pods(opts.max_pods)
                     .with_delays(StartDelays {
                         container_start: opts.start_delay.clone(),
+                        readiness: opts.ready_delay.clone(),
                         ..StartDelays::default()
                     });
                 if opts.node_grace < DEFAULT_NODE_GRACE {

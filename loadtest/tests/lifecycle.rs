@@ -297,6 +297,47 @@ async fn an_idle_revision_goes_to_zero_and_its_next_request_is_cold_again() {
     c.shutdown().await;
 }
 
+/// The activator's own readiness check follows the template's probe. An `exec` probe runs
+/// inside the container, which only the kubelet can do: the first request waits for the
+/// kubelet's Ready. Without a probe, a connection accepted is enough, and the first request
+/// is answered while the kubelet has not reported Ready yet (kubesim's kubelet reports it
+/// seconds after the app listens, as a real one does after its probe period).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exec_probe_waits_for_the_kubelets_ready_and_no_probe_does_not() {
+    let (c, ns) = cluster_with(ClusterOptions {
+        ready_delay: Delay::fixed_ms(4000),
+        ..options()
+    })
+    .await;
+    let exec = revision(&c, &ns, "exec-probe", |r| {
+        r.spec.activators = Some(1);
+        r.spec.template.0["spec"]["containers"][0]["readinessProbe"] =
+            serde_json::json!({"exec": {"command": ["cat", "/tmp/ready"]}});
+    })
+    .await;
+    let plain = revision(&c, &ns, "no-probe", |r| r.spec.activators = Some(1)).await;
+    let driver = Driver::new();
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), &ns);
+    for (name, members, ready_when_answered) in
+        [("exec-probe", &exec, true), ("no-probe", &plain, false)]
+    {
+        let (m, addr) = entry(&c, &members[0]);
+        let first = driver.get_named((&m, addr), &ns, name, "/").await;
+        assert!(first.ok() && first.cold, "{name}: {first:?}");
+        // Read after the answer: the API server's state, ahead of any watch.
+        let pod = pods
+            .get(first.pod.as_deref().expect("x-pod-name"))
+            .await
+            .unwrap();
+        assert_eq!(
+            ready(&pod),
+            ready_when_answered,
+            "{name}: was the pod Ready when its first request was answered?"
+        );
+    }
+    c.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn min_scale_starts_pods_without_a_request_and_keeps_them_when_idle() {
     let (c, ns) = cluster_with(options()).await;
