@@ -6,9 +6,11 @@
 //! server, whose objects also carry managedFields). A reconcile reads the members, the
 //! conditions, the policy and observedGeneration (the plan compares the whole status), the
 //! labels (the label patch, a host's winner), the resourceVersion (whether the store lags its
-//! own writes), the uid and the controller owner's uid. [`Compact`] keeps those; node names,
-//! addresses, pod names, label keys and condition words are interned ([`Interner`]), since
-//! 100,000 subsets of 3 share 5,000 nodes' strings and a handful of condition messages.
+//! own writes), the uid and the controller owner's uid. [`Compact`] keeps those, with what
+//! repeats interned ([`Interner`]), since 100,000 subsets of 3 share 5,000 nodes' strings and a
+//! handful of condition messages: a member's (node, address, pod) is one shared value, found
+//! with one lookup, and so are a condition's four words; label keys and the policy are shared
+//! strings, and the empty label value is shared without a lookup.
 //! [`AeStore::current`] gives a reconcile an `ActivationEndpoints` rebuilt from it, so the plan
 //! reads the same object it did.
 //!
@@ -20,61 +22,175 @@
 //! the reconciler reads.
 
 use std::collections::BTreeMap;
+use std::hash::BuildHasher;
 use std::sync::Arc;
 
 use crds::{ActivationEndpoints, ActivationEndpointsStatus, ActivatorMember, Revision};
-use foldhash::{HashMap as FastMap, HashSet as FastSet};
+use foldhash::HashMap as FastMap;
+use hashbrown::HashTable;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
 use kube::{Resource, ResourceExt};
 
 use crate::index::Key;
 
-/// Shared copies of strings many objects carry. An entry no object uses any more is dropped at
-/// the next sweep, which runs when the table has doubled since the last one.
-#[derive(Debug, Default)]
-pub struct Interner {
-    strings: FastSet<Arc<str>>,
+/// One table of shared values, found by a hash and an equality on a borrowed form (so a lookup
+/// that hits allocates nothing). An entry no object uses any more is dropped at the next sweep,
+/// which runs when the table has doubled since the last one.
+#[derive(Debug)]
+struct Table<T: ?Sized> {
+    items: HashTable<Arc<T>>,
     swept_at: usize,
+}
+
+impl<T: ?Sized> Default for Table<T> {
+    fn default() -> Self {
+        Self {
+            items: HashTable::new(),
+            swept_at: 0,
+        }
+    }
+}
+
+impl<T: ?Sized> Table<T> {
+    /// The shared value `hash` and `is` find, else the one `make` gives (then kept); `hash_of`
+    /// hashes a kept value as `hash` was computed.
+    fn get(
+        &mut self,
+        hash: u64,
+        is: impl Fn(&T) -> bool,
+        make: impl FnOnce() -> Arc<T>,
+        hash_of: impl Fn(&T) -> u64,
+    ) -> Arc<T> {
+        if let Some(a) = self.items.find(hash, |a| is(a)) {
+            return Arc::clone(a);
+        }
+        if self.items.len() >= 2 * self.swept_at.max(1024) {
+            self.items.retain(|a| Arc::strong_count(a) > 1);
+            self.swept_at = self.items.len();
+        }
+        let a = make();
+        self.items
+            .insert_unique(hash, Arc::clone(&a), |a| hash_of(a));
+        a
+    }
+}
+
+/// What a member says of its activator: the same for every subset the node is in, so it is
+/// shared whole (one lookup per member, not one per string).
+#[derive(Debug, PartialEq, Eq)]
+struct Endpoint {
+    node: Box<str>,
+    address: Box<str>,
+    pod: Box<str>,
+}
+
+/// The words of a condition: a handful of distinct ones across all objects.
+#[derive(Debug, PartialEq, Eq)]
+struct CondText {
+    type_: Box<str>,
+    status: Box<str>,
+    reason: Box<str>,
+    message: Box<str>,
+}
+
+/// Shared copies of what many objects carry: strings (label keys and values, the policy), the
+/// members' (node, address, pod) and the conditions' words. The empty string (every label's
+/// value) is shared without a lookup.
+#[derive(Debug)]
+pub struct Interner {
+    hasher: foldhash::fast::RandomState,
+    strings: Table<str>,
+    endpoints: Table<Endpoint>,
+    conditions: Table<CondText>,
+    empty: Arc<str>,
+}
+
+impl Default for Interner {
+    fn default() -> Self {
+        Self {
+            hasher: Default::default(),
+            strings: Table::default(),
+            endpoints: Table::default(),
+            conditions: Table::default(),
+            empty: Arc::from(""),
+        }
+    }
 }
 
 impl Interner {
     pub fn get(&mut self, s: &str) -> Arc<str> {
-        if let Some(a) = self.strings.get(s) {
-            return Arc::clone(a);
+        if s.is_empty() {
+            return Arc::clone(&self.empty);
         }
-        if self.strings.len() >= 2 * self.swept_at.max(1024) {
-            self.strings.retain(|a| Arc::strong_count(a) > 1);
-            self.swept_at = self.strings.len();
-        }
-        let a: Arc<str> = Arc::from(s);
-        self.strings.insert(Arc::clone(&a));
-        a
+        let h = &self.hasher;
+        self.strings.get(
+            h.hash_one(s),
+            |a| a == s,
+            || Arc::from(s),
+            |a| h.hash_one(a),
+        )
     }
 
+    fn endpoint(&mut self, m: &ActivatorMember) -> Arc<Endpoint> {
+        let h = &self.hasher;
+        let hash_of = |node: &str, address: &str, pod: &str| h.hash_one((node, address, pod));
+        self.endpoints.get(
+            hash_of(&m.node, &m.address, &m.pod),
+            |e| *e.node == *m.node && *e.address == *m.address && *e.pod == *m.pod,
+            || {
+                Arc::new(Endpoint {
+                    node: m.node.as_str().into(),
+                    address: m.address.as_str().into(),
+                    pod: m.pod.as_str().into(),
+                })
+            },
+            |e| hash_of(&e.node, &e.address, &e.pod),
+        )
+    }
+
+    fn condition(&mut self, c: &Condition) -> Arc<CondText> {
+        let h = &self.hasher;
+        let hash_of = |t: &str, s: &str, r: &str, m: &str| h.hash_one((t, s, r, m));
+        self.conditions.get(
+            hash_of(&c.type_, &c.status, &c.reason, &c.message),
+            |t| {
+                *t.type_ == *c.type_
+                    && *t.status == *c.status
+                    && *t.reason == *c.reason
+                    && *t.message == *c.message
+            },
+            || {
+                Arc::new(CondText {
+                    type_: c.type_.as_str().into(),
+                    status: c.status.as_str().into(),
+                    reason: c.reason.as_str().into(),
+                    message: c.message.as_str().into(),
+                })
+            },
+            |t| hash_of(&t.type_, &t.status, &t.reason, &t.message),
+        )
+    }
+
+    /// Distinct values kept (strings, members' endpoints, conditions' words).
     pub fn len(&self) -> usize {
-        self.strings.len()
+        self.strings.items.len() + self.endpoints.items.len() + self.conditions.items.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.strings.is_empty()
+        self.len() == 0
     }
 }
 
 #[derive(Clone, Debug, PartialEq)]
 struct Member {
-    node: Arc<str>,
-    address: Arc<str>,
-    pod: Arc<str>,
+    endpoint: Arc<Endpoint>,
     max_pods: i32,
     min_pods: i32,
 }
 
 #[derive(Clone, Debug, PartialEq)]
 struct Cond {
-    type_: Arc<str>,
-    status: Arc<str>,
-    reason: Arc<str>,
-    message: Arc<str>,
+    text: Arc<CondText>,
     last_transition_time: Time,
     observed_generation: Option<i64>,
 }
@@ -105,9 +221,7 @@ impl Compact {
                 .activators
                 .iter()
                 .map(|m| Member {
-                    node: strings.get(&m.node),
-                    address: strings.get(&m.address),
-                    pod: strings.get(&m.pod),
+                    endpoint: strings.endpoint(m),
                     max_pods: m.max_pods,
                     min_pods: m.min_pods,
                 })
@@ -118,10 +232,7 @@ impl Compact {
                 .conditions
                 .iter()
                 .map(|c| Cond {
-                    type_: strings.get(&c.type_),
-                    status: strings.get(&c.status),
-                    reason: strings.get(&c.reason),
-                    message: strings.get(&c.message),
+                    text: strings.condition(c),
                     last_transition_time: c.last_transition_time.clone(),
                     observed_generation: c.observed_generation,
                 })
@@ -175,9 +286,9 @@ impl Compact {
                 .members
                 .iter()
                 .map(|m| ActivatorMember {
-                    node: m.node.to_string(),
-                    address: m.address.to_string(),
-                    pod: m.pod.to_string(),
+                    node: m.endpoint.node.to_string(),
+                    address: m.endpoint.address.to_string(),
+                    pod: m.endpoint.pod.to_string(),
                     max_pods: m.max_pods,
                     min_pods: m.min_pods,
                 })
@@ -188,10 +299,10 @@ impl Compact {
                 .conditions
                 .iter()
                 .map(|c| Condition {
-                    type_: c.type_.to_string(),
-                    status: c.status.to_string(),
-                    reason: c.reason.to_string(),
-                    message: c.message.to_string(),
+                    type_: c.text.type_.to_string(),
+                    status: c.text.status.to_string(),
+                    reason: c.text.reason.to_string(),
+                    message: c.text.message.to_string(),
                     last_transition_time: c.last_transition_time.clone(),
                     observed_generation: c.observed_generation,
                 })
@@ -431,9 +542,42 @@ mod tests {
         for i in 0..100 {
             s.apply(&ae(&format!("r{i}"), "1", &["n1", "n2"]));
         }
-        // Two nodes' name, address, pod and label, the empty label value, the policy and the
-        // condition's four words: not 100 of each.
-        assert_eq!(s.interned(), 2 * 4 + 1 + 1 + 4);
+        // Two nodes' (name, address, pod) and label, the policy and the condition's words:
+        // not 100 of each (the empty label value is shared without a table).
+        assert_eq!(s.interned(), 2 * 2 + 1 + 1);
+        let status = |i: usize| {
+            s.objects[&Key::new("ns", format!("r{i}"))]
+                .status
+                .clone()
+                .unwrap()
+        };
+        let (a, b) = (status(0), status(99));
+        for (x, y) in a.members.iter().zip(b.members.iter()) {
+            assert!(Arc::ptr_eq(&x.endpoint, &y.endpoint));
+        }
+        assert!(Arc::ptr_eq(&a.conditions[0].text, &b.conditions[0].text));
+    }
+
+    #[test]
+    fn a_member_whose_address_changed_is_another_endpoint() {
+        let mut strings = Interner::default();
+        let member = |address: &str| ActivatorMember {
+            node: "n1".into(),
+            address: address.into(),
+            pod: "activator-n1".into(),
+            max_pods: 0,
+            min_pods: 0,
+        };
+        let old = strings.endpoint(&member("10.0.0.1:8080"));
+        let new = strings.endpoint(&member("10.0.0.2:8080"));
+        assert!(!Arc::ptr_eq(&old, &new));
+        assert_eq!(&*new.address, "10.0.0.2:8080");
+        assert!(Arc::ptr_eq(
+            &old,
+            &strings.endpoint(&member("10.0.0.1:8080"))
+        ));
+        assert!(Arc::ptr_eq(&strings.get(""), &strings.get("")));
+        assert_eq!(strings.len(), 2);
     }
 
     #[test]
