@@ -421,7 +421,7 @@ async fn rebalance_loop(
                 .loads()
                 .nodes()
                 .iter()
-                .map(|n| (n.clone(), ix.load(n)))
+                .map(|n| (n.to_string(), ix.load(n)))
                 .collect();
             rebalance::moves(&loads, |n| ix.revisions_on(n), limits)
         };

@@ -47,15 +47,34 @@ pub fn entry_of(ae: &crds::ActivationEndpoints) -> (Vec<String>, bool) {
     )
 }
 
+/// A revision's shared key, hashed and compared by address: the index holds one `Arc<Key>` per
+/// revision (the key of `members`), so its node sets and the short set need not hash the names.
+#[derive(Clone, Debug)]
+struct Shared(Arc<Key>);
+
+impl PartialEq for Shared {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for Shared {}
+
+impl std::hash::Hash for Shared {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        std::ptr::hash(Arc::as_ptr(&self.0), state);
+    }
+}
+
 /// 300,000 memberships at 100,000 revisions: each revision's key is allocated once and shared
-/// by its entries (`Arc<Key>`), and each node's name once, shared by the subsets it is in
-/// (the keys of `by_node` are the interned names: a node in no subset has no entry, and then
-/// no subset names it either).
+/// by its entries (`Arc<Key>`, hashed by address outside `members`), and each node's name once,
+/// shared by the subsets it is in (the keys of `by_node` are the interned names: a node in no
+/// subset has no entry, and then no subset names it either).
 #[derive(Default, Debug)]
 pub struct MembershipIndex {
     members: FastMap<Arc<Key>, Box<[Arc<str>]>>,
-    by_node: FastMap<Arc<str>, FastSet<Arc<Key>>>,
-    short: FastSet<Arc<Key>>,
+    by_node: hashbrown::HashMap<Arc<str>, FastSet<Shared>, foldhash::fast::RandomState>,
+    short: FastSet<Shared>,
     /// The available activators by load, kept in step with every `set` and `remove`.
     loads: LoadIndex,
 }
@@ -64,35 +83,48 @@ impl MembershipIndex {
     /// Records the subset of `key`: its member nodes, and whether it is short of its N.
     pub fn set(&mut self, key: &Key, nodes: Vec<String>, short: bool) {
         // Unlinking keeps the entry (and its shared key) for the relink below.
-        self.unlink(key);
         let shared = match self.members.get_key_value(key) {
-            Some((k, _)) => Arc::clone(k),
-            None => Arc::new(key.clone()),
+            Some((k, _)) => {
+                let k = Shared(Arc::clone(k));
+                self.unlink(&k);
+                k
+            }
+            None => Shared(Arc::new(key.clone())),
         };
         let mut names: Vec<Arc<str>> = Vec::with_capacity(nodes.len());
         for n in nodes {
-            let name = match self.by_node.get_key_value(n.as_str()) {
-                Some((name, _)) => Arc::clone(name),
-                None => Arc::from(n),
+            let (name, set) = match self.by_node.entry_ref(n.as_str()) {
+                hashbrown::hash_map::EntryRef::Occupied(o) => {
+                    let name = Arc::clone(o.key());
+                    (name, o.into_mut())
+                }
+                hashbrown::hash_map::EntryRef::Vacant(v) => {
+                    let o = v.insert_entry(FastSet::default());
+                    let name = Arc::clone(o.key());
+                    (name, o.into_mut())
+                }
             };
-            let set = self.by_node.entry(Arc::clone(&name)).or_default();
-            if set.insert(Arc::clone(&shared)) {
+            if set.insert(shared.clone()) {
                 self.loads.adjust(&name, true);
             }
             names.push(name);
         }
         if short {
-            self.short.insert(Arc::clone(&shared));
+            self.short.insert(shared.clone());
         } else {
-            self.short.remove(key);
+            self.short.remove(&shared);
         }
-        self.members.insert(shared, names.into_boxed_slice());
+        self.members.insert(shared.0, names.into_boxed_slice());
     }
 
     pub fn remove(&mut self, key: &Key) {
-        self.unlink(key);
+        let Some((k, _)) = self.members.get_key_value(key) else {
+            return;
+        };
+        let shared = Shared(Arc::clone(k));
+        self.unlink(&shared);
+        self.short.remove(&shared);
         self.members.remove(key);
-        self.short.remove(key);
     }
 
     /// Keeps only `keys` (after a relist, drop what the relist no longer shows).
@@ -108,8 +140,8 @@ impl MembershipIndex {
         }
     }
 
-    fn unlink(&mut self, key: &Key) {
-        if let Some(old) = self.members.get(key) {
+    fn unlink(&mut self, key: &Shared) {
+        if let Some(old) = self.members.get(&*key.0) {
             for n in old.iter() {
                 if let Some(set) = self.by_node.get_mut(&**n) {
                     if set.remove(key) {
@@ -127,13 +159,13 @@ impl MembershipIndex {
     pub fn revisions_on(&self, node: &str) -> BTreeSet<Key> {
         self.by_node
             .get(node)
-            .map(|s| s.iter().map(|k| (**k).clone()).collect())
+            .map(|s| s.iter().map(|k| (*k.0).clone()).collect())
             .unwrap_or_default()
     }
 
     /// The revisions with fewer members than they want.
     pub fn short(&self) -> BTreeSet<Key> {
-        self.short.iter().map(|k| (**k).clone()).collect()
+        self.short.iter().map(|k| (*k.0).clone()).collect()
     }
 
     /// How many revisions have fewer members than they want (O(1), for the gauge).

@@ -8,6 +8,7 @@
 //! [`crate::policy::LeastLoaded`] uses without an index, so both give the same members.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 /// A position on the ring: FNV-1a 64 (stable across processes, unlike std's seeded hasher),
 /// then MurmurHash3's 64-bit finalizer, because names that differ only in their last
@@ -28,15 +29,26 @@ pub fn ring_distance(revision_hash: u64, node_hash: u64) -> u64 {
     node_hash.wrapping_sub(revision_hash)
 }
 
+/// One available node: its load, its place on the ring, and its name (shared with its entry in
+/// `by_load`, so a change of load allocates nothing).
+#[derive(Clone, Debug)]
+struct Slot {
+    load: usize,
+    hash: u64,
+    name: Arc<str>,
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct LoadIndex {
-    load: foldhash::HashMap<String, usize>,
-    by_load: BTreeMap<usize, BTreeSet<(u64, String)>>,
+    load: foldhash::HashMap<Arc<str>, Slot>,
+    by_load: BTreeMap<usize, BTreeSet<(u64, Arc<str>)>>,
     /// The nodes in a fixed order, for uniform random picks.
-    nodes: Vec<String>,
+    nodes: Vec<Arc<str>>,
     /// How many of the nodes any template may use (no filtering taint, not cordoned): the
     /// eligible count of an unconstrained revision, without a scan. Set by the builder.
     pub clean: usize,
+    /// The empty name: with a ring position, the least entry at that position.
+    origin: Arc<str>,
 }
 
 impl LoadIndex {
@@ -47,16 +59,7 @@ impl LoadIndex {
     ) -> Self {
         let mut ix = Self::default();
         for node in available {
-            if ix.load.contains_key(node) {
-                continue;
-            }
-            let l = load(node);
-            ix.load.insert(node.to_owned(), l);
-            ix.by_load
-                .entry(l)
-                .or_default()
-                .insert((ring_hash(node), node.to_owned()));
-            ix.nodes.push(node.to_owned());
+            ix.insert(node, load(node));
         }
         ix
     }
@@ -74,10 +77,10 @@ impl LoadIndex {
     }
 
     pub fn load(&self, node: &str) -> Option<usize> {
-        self.load.get(node).copied()
+        self.load.get(node).map(|s| s.load)
     }
 
-    pub fn nodes(&self) -> &[String] {
+    pub fn nodes(&self) -> &[Arc<str>] {
         &self.nodes
     }
 
@@ -86,38 +89,41 @@ impl LoadIndex {
         if self.load.contains_key(node) {
             return;
         }
-        self.load.insert(node.to_owned(), load);
+        let name: Arc<str> = Arc::from(node);
+        let hash = ring_hash(node);
         self.by_load
             .entry(load)
             .or_default()
-            .insert((ring_hash(node), node.to_owned()));
-        self.nodes.push(node.to_owned());
+            .insert((hash, Arc::clone(&name)));
+        self.nodes.push(Arc::clone(&name));
+        self.load
+            .insert(Arc::clone(&name), Slot { load, hash, name });
     }
 
     /// `node` is no longer available. O(log A) plus a scan of `nodes` for its position (a
     /// memcmp per node; removals are rare: a lost activator).
     pub fn remove(&mut self, node: &str) {
-        let Some(l) = self.load.remove(node) else {
+        let Some(slot) = self.load.remove(node) else {
             return;
         };
-        let entry = (ring_hash(node), node.to_owned());
-        if let Some(set) = self.by_load.get_mut(&l) {
+        let entry = (slot.hash, slot.name);
+        if let Some(set) = self.by_load.get_mut(&slot.load) {
             set.remove(&entry);
             if set.is_empty() {
-                self.by_load.remove(&l);
+                self.by_load.remove(&slot.load);
             }
         }
-        if let Some(i) = self.nodes.iter().position(|n| n == node) {
+        if let Some(i) = self.nodes.iter().position(|n| **n == *node) {
             self.nodes.swap_remove(i);
         }
     }
 
     /// `node` joined (`+1`) or left (`-1`) a subset. Nodes not in the index are ignored.
     pub fn adjust(&mut self, node: &str, joined: bool) {
-        let Some(l) = self.load.get_mut(node) else {
+        let Some(slot) = self.load.get_mut(node) else {
             return;
         };
-        let old = *l;
+        let old = slot.load;
         let new = if joined {
             old + 1
         } else {
@@ -126,8 +132,8 @@ impl LoadIndex {
         if new == old {
             return;
         }
-        *l = new;
-        let entry = (ring_hash(node), node.to_owned());
+        slot.load = new;
+        let entry = (slot.hash, Arc::clone(&slot.name));
         if let Some(set) = self.by_load.get_mut(&old) {
             set.remove(&entry);
             if set.is_empty() {
@@ -140,10 +146,15 @@ impl LoadIndex {
     /// The least-loaded node that `skip` does not refuse; among equals, the first at or after
     /// `revision_hash` on the ring. O(log A) plus one step per skipped node.
     pub fn least_loaded(&self, revision_hash: u64, skip: impl Fn(&str) -> bool) -> Option<&str> {
+        let start = (revision_hash, Arc::clone(&self.origin));
         for set in self.by_load.values() {
-            let after = set.range((revision_hash, String::new())..);
-            let before = set.range(..(revision_hash, String::new()));
-            if let Some((_, node)) = after.chain(before).find(|(_, n)| !skip(n)) {
+            // The part of the ring before the revision's position is only looked at when
+            // every node after it is refused.
+            let found = set
+                .range(&start..)
+                .find(|(_, n)| !skip(n))
+                .or_else(|| set.range(..&start).find(|(_, n)| !skip(n)));
+            if let Some((_, node)) = found {
                 return Some(node);
             }
         }

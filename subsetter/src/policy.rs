@@ -10,6 +10,7 @@
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Mutex;
 
+use foldhash::HashSet as FastSet;
 use rand::rngs::StdRng;
 
 use crate::load_index::{LoadIndex, ring_distance, ring_hash};
@@ -76,7 +77,7 @@ pub fn keep_and_fill_indexed(
 ) -> Vec<String> {
     let usable = |n: &str| request.index.contains(n) && (request.eligible)(n);
     let n = request.wanted.min(request.eligible_count);
-    let mut seen = HashSet::new();
+    let mut seen = FastSet::default();
     let mut slots: Vec<Option<String>> = request
         .current
         .iter()
@@ -91,10 +92,10 @@ pub fn keep_and_fill_indexed(
             kept -= 1;
         }
     }
-    let mut taken: HashSet<String> = slots.iter().flatten().cloned().collect();
+    let mut taken: FastSet<String> = slots.iter().flatten().cloned().collect();
     let mut missing = n - kept;
     let mut next =
-        |taken: &HashSet<String>| pick(&|x: &str| taken.contains(x) || !(request.eligible)(x));
+        |taken: &FastSet<String>| pick(&|x: &str| taken.contains(x) || !(request.eligible)(x));
     for slot in slots.iter_mut().filter(|s| s.is_none()) {
         if missing == 0 {
             break;
@@ -212,11 +213,11 @@ impl SubsetPolicy for Random {
                 }
                 let n = &nodes[rng.random_range(0..nodes.len())];
                 if !skip(n) {
-                    return Some(n.clone());
+                    return Some(n.to_string());
                 }
             }
-            let rest: Vec<&String> = nodes.iter().filter(|n| !skip(n)).collect();
-            (!rest.is_empty()).then(|| rest[rng.random_range(0..rest.len())].clone())
+            let rest: Vec<&str> = nodes.iter().map(|n| &**n).filter(|n| !skip(n)).collect();
+            (!rest.is_empty()).then(|| rest[rng.random_range(0..rest.len())].to_owned())
         }))
     }
 }
