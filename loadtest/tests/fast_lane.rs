@@ -67,6 +67,23 @@ async fn setup(
     (c, ns, member, outsider)
 }
 
+/// The activator's `activator_requests_total{route="warm",code}` on `node`.
+fn warm(c: &SimCluster, node: &str, code: u16) -> u64 {
+    use activator::metrics::{Outcome, Route};
+    c.activators
+        .iter()
+        .find(|a| a.node == node)
+        .expect("an activator on the node")
+        .activator
+        .metrics()
+        .requests
+        .get_or_create(&Outcome {
+            route: Route::Warm,
+            code,
+        })
+        .get()
+}
+
 fn handovers(c: &SimCluster, node: &str) -> u64 {
     c.activators
         .iter()
@@ -141,6 +158,7 @@ async fn warm_requests_stay_in_the_fast_lane_and_pipelined_ones_keep_their_order
     assert_eq!((status, body.as_str()), (200, "GET /first\n"));
     let mut s = TcpStream::connect(addr).await.unwrap();
     let before = handovers(&c, &node);
+    let (ok_before, not_found_before) = (warm(&c, &node, 200), warm(&c, &node, 404));
 
     // Three requests in one write, one of them with a body: three answers, in order.
     let pipelined = [
@@ -167,6 +185,12 @@ async fn warm_requests_stay_in_the_fast_lane_and_pipelined_ones_keep_their_order
             "{head}"
         );
     }
+    // The app's own 404 is relayed, and counted as such between 200s on one connection.
+    s.write_all(request("GET", "/d", &ns, "fast", "x-sim-status: 404\r\n", "").as_bytes())
+        .await
+        .unwrap();
+    let (status, head, _) = within("404", response(&mut s, &mut pending)).await;
+    assert_eq!(status, 404, "{head}");
     // Named by its Host only: looked up (one LIST, then cached), still in the fast lane.
     for path in ["/by-host", "/by-host-again"] {
         let by_host = format!(
@@ -190,6 +214,14 @@ async fn warm_requests_stay_in_the_fast_lane_and_pipelined_ones_keep_their_order
         handovers(&c, &node),
         before,
         "warm requests by headers or by Host were handed to hyper"
+    );
+    assert_eq!(
+        (
+            warm(&c, &node, 200) - ok_before,
+            warm(&c, &node, 404) - not_found_before
+        ),
+        (6, 1),
+        "each answer counted once, by its status"
     );
     c.shutdown().await;
 }

@@ -68,22 +68,34 @@ impl RevisionCache {
         &self,
         key: &RevisionKey,
     ) -> Result<Option<Arc<Revision>>, kube::Error> {
-        if let Some(hit) = self.fetched.get(key).map(|e| e.clone()) {
-            match &hit.revision {
-                Some(rev) if hit.at.elapsed() >= FETCHED_TTL => {
-                    self.refresh_in_background(key, &hit);
-                    return Ok(Some(rev.clone()));
-                }
-                Some(rev) => return Ok(Some(rev.clone())),
-                None if hit.at.elapsed() < MISS_TTL => return Ok(None),
-                None => {}
-            }
+        if let Some(known) = self.cached(key, Instant::now()) {
+            return Ok(known);
         }
         self.fetch_shared(key).await.map_err(|e| match &*e {
             // kube::Error is not Clone: keep the API status where there is one.
             kube::Error::Api(s) => kube::Error::Api(s.clone()),
             other => kube::Error::Service(other.to_string().into()),
         })
+    }
+
+    /// What an earlier read says about `key` at `now`, without IO: `Some(Some(_))` the
+    /// revision (an old answer is refreshed in the background), `Some(None)` a recent "not
+    /// found", `None` when only a read can tell. The fast lane asks this first with the
+    /// request's arrival time, rather than reading the clock again and arming a timeout
+    /// around a lookup that is nearly always answered at once.
+    pub fn cached(&self, key: &RevisionKey, now: Instant) -> Option<Option<Arc<Revision>>> {
+        let hit = self.fetched.get(key).map(|e| e.clone())?;
+        let age = now.saturating_duration_since(hit.at);
+        match &hit.revision {
+            Some(rev) => {
+                if age >= FETCHED_TTL {
+                    self.refresh_in_background(key, &hit);
+                }
+                Some(Some(rev.clone()))
+            }
+            None if age < MISS_TTL => Some(None),
+            None => None,
+        }
     }
 
     /// One read per revision at a time: a burst of first requests for a revision shares it.

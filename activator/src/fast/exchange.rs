@@ -43,6 +43,12 @@ pub struct Scratch {
         std::sync::Arc<crds::Revision>,
         crate::proxy::UpstreamProtocol,
     )>,
+    /// The request counter this connection last counted on (nearly always the same one: a
+    /// warm 200): the metric family's lookup is a lock and a hash per request otherwise.
+    pub counted: Option<(
+        crate::metrics::Outcome,
+        prometheus_client::metrics::counter::Counter,
+    )>,
 }
 
 impl Default for Scratch {
@@ -53,6 +59,7 @@ impl Default for Scratch {
             out: Vec::new(),
             resp: BytesMut::new(),
             protocol: None,
+            counted: None,
         }
     }
 }

@@ -214,9 +214,16 @@ impl FastLane {
                 }
             }
         };
-        let read = tokio::time::timeout(API_READ_LIMIT, h.revisions.get_or_fetch(&key));
-        let Ok(Ok(Some(rev))) = read.await else {
-            return Next::Hyper("revision");
+        let rev = match h.revisions.cached(&key, arrived.into_std()) {
+            Some(Some(rev)) => rev,
+            Some(None) => return Next::Hyper("revision"),
+            None => {
+                let read = tokio::time::timeout(API_READ_LIMIT, h.revisions.get_or_fetch(&key));
+                let Ok(Ok(Some(rev))) = read.await else {
+                    return Next::Hyper("revision");
+                };
+                rev
+            }
         };
         if let Some(host) = &host {
             let host = normalize_host(host);
@@ -310,7 +317,7 @@ impl FastLane {
         let route = if cold { Route::Cold } else { Route::Warm };
         match ended {
             Ended::Done { status, close, .. } => {
-                self.count(route, status);
+                self.count(scratch, route, status);
                 if close { Next::Close } else { Next::KeepAlive }
             }
             Ended::Refused(r) => {
@@ -322,7 +329,7 @@ impl FastLane {
             }
             Ended::Broken { status } => {
                 if let Some(status) = status {
-                    self.count(route, status);
+                    self.count(scratch, route, status);
                 }
                 Next::Close
             }
@@ -332,18 +339,24 @@ impl FastLane {
     /// The activator's own answer, then the connection closes (a body may be left unread).
     async fn refuse(&self, stream: &mut TcpStream, scratch: &mut Scratch, r: Refusal) -> Next {
         tracing::debug!(status = %r.status, reason = %r.reason, "refused");
-        self.count(Route::Refused, r.status.as_u16());
+        self.count(scratch, Route::Refused, r.status.as_u16());
         exchange::refusal_bytes(&mut scratch.out, &r, &self.served_by);
         let _ = stream.write_all(&scratch.out).await;
         Next::Close
     }
 
-    fn count(&self, route: Route, code: u16) {
-        self.handler
-            .metrics
-            .requests
-            .get_or_create(&Outcome { route, code })
-            .inc();
+    fn count(&self, scratch: &mut Scratch, route: Route, code: u16) {
+        let outcome = Outcome { route, code };
+        match &scratch.counted {
+            Some((last, counter)) if *last == outcome => {
+                counter.inc();
+            }
+            _ => {
+                let counter = self.handler.metrics.requests.get_or_create_owned(&outcome);
+                counter.inc();
+                scratch.counted = Some((outcome, counter));
+            }
+        }
     }
 }
 
