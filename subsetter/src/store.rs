@@ -337,11 +337,13 @@ impl Written {
 /// The ActivationEndpoints by revision, as the watch shows them (see the module docs).
 #[derive(Debug, Default)]
 pub struct AeStore {
-    objects: FastMap<Key, Compact>,
+    /// Boxed: the table's entries stay small, so growing it (at 100,000 objects) moves and
+    /// faults in a third of the bytes.
+    objects: FastMap<Key, Box<Compact>>,
     written: FastMap<Key, Written>,
     strings: Interner,
     /// The objects a relist in progress has shown so far.
-    relist: Option<FastMap<Key, Compact>>,
+    relist: Option<FastMap<Key, Box<Compact>>>,
 }
 
 fn key_of(ae: &ActivationEndpoints) -> Key {
@@ -354,7 +356,7 @@ impl AeStore {
         let key = key_of(ae);
         let compact = Compact::of(ae, &mut self.strings);
         self.settle(&key, compact.resource_version());
-        self.objects.insert(key, compact);
+        self.objects.insert(key, Box::new(compact));
     }
 
     /// The watch saw `ae` deleted.
@@ -373,7 +375,7 @@ impl AeStore {
     pub fn relist_apply(&mut self, ae: &ActivationEndpoints) {
         let compact = Compact::of(ae, &mut self.strings);
         if let Some(r) = &mut self.relist {
-            r.insert(key_of(ae), compact);
+            r.insert(key_of(ae), Box::new(compact));
         }
     }
 
@@ -385,7 +387,7 @@ impl AeStore {
         self.objects = objects;
         let objects = &self.objects;
         self.written
-            .retain(|k, w| w.is_stale(objects.get(k).and_then(Compact::resource_version)));
+            .retain(|k, w| w.is_stale(objects.get(k).and_then(|c| c.resource_version())));
     }
 
     /// The reconciler wrote `object` over the versions `stale` (the one it read first).
@@ -395,7 +397,7 @@ impl AeStore {
             stale,
             object: Compact::of(object, &mut self.strings),
         };
-        if written.is_stale(self.objects.get(key).and_then(Compact::resource_version)) {
+        if written.is_stale(self.objects.get(key).and_then(|c| c.resource_version())) {
             self.written.insert(key.clone(), written);
         } else {
             self.written.remove(key);
@@ -415,7 +417,7 @@ impl AeStore {
     }
 
     fn newest(&self, key: &Key) -> Option<&Compact> {
-        let stored = self.objects.get(key);
+        let stored = self.objects.get(key).map(|c| &**c);
         match self.written.get(key) {
             Some(w) if w.is_stale(stored.and_then(Compact::resource_version)) => Some(&w.object),
             _ => stored,
