@@ -129,7 +129,7 @@ impl World {
                 now: self.now,
             });
             joined += p.joined;
-            let nodes = p.status.activators.iter().map(|m| m.node.clone()).collect();
+            let nodes = p.status.activators.iter().map(|m| &m.node);
             self.ix.set(&key, nodes, p.short);
             // What the watch then shows, and the store keeps.
             let mut ae = ActivationEndpoints::new(&name, Default::default());

@@ -9,7 +9,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 
-use foldhash::{HashMap as FastMap, HashSet as FastSet};
+use foldhash::HashSet as FastSet;
+use hashbrown::hash_map::{EntryRef, RawEntryMut};
 
 use crate::activators::Activator;
 use crate::load_index::LoadIndex;
@@ -66,14 +67,30 @@ impl std::hash::Hash for Shared {
     }
 }
 
+type ByNode = hashbrown::HashMap<Arc<str>, FastSet<Shared>, foldhash::fast::RandomState>;
+
+/// `key`'s subset no longer has the nodes `old`: out of their sets, and off their load.
+fn unlink(by_node: &mut ByNode, loads: &mut LoadIndex, key: &Shared, old: &[Arc<str>]) {
+    for n in old {
+        if let Some(set) = by_node.get_mut(&**n) {
+            if set.remove(key) {
+                loads.adjust(n, false);
+            }
+            if set.is_empty() {
+                by_node.remove(&**n);
+            }
+        }
+    }
+}
+
 /// 300,000 memberships at 100,000 revisions: each revision's key is allocated once and shared
 /// by its entries (`Arc<Key>`, hashed by address outside `members`), and each node's name once,
 /// shared by the subsets it is in (the keys of `by_node` are the interned names: a node in no
 /// subset has no entry, and then no subset names it either).
 #[derive(Default, Debug)]
 pub struct MembershipIndex {
-    members: FastMap<Arc<Key>, Box<[Arc<str>]>>,
-    by_node: hashbrown::HashMap<Arc<str>, FastSet<Shared>, foldhash::fast::RandomState>,
+    members: hashbrown::HashMap<Arc<Key>, Box<[Arc<str>]>, foldhash::fast::RandomState>,
+    by_node: ByNode,
     short: FastSet<Shared>,
     /// The available activators by load, kept in step with every `set` and `remove`.
     loads: LoadIndex,
@@ -81,40 +98,56 @@ pub struct MembershipIndex {
 
 impl MembershipIndex {
     /// Records the subset of `key`: its member nodes, and whether it is short of its N.
-    pub fn set(&mut self, key: &Key, nodes: Vec<String>, short: bool) {
-        // Unlinking keeps the entry (and its shared key) for the relink below.
-        let shared = match self.members.get_key_value(key) {
-            Some((k, _)) => {
-                let k = Shared(Arc::clone(k));
-                self.unlink(&k);
-                k
+    pub fn set<S: AsRef<str>>(
+        &mut self,
+        key: &Key,
+        nodes: impl IntoIterator<Item = S>,
+        short: bool,
+    ) {
+        let Self {
+            members,
+            by_node,
+            short: short_set,
+            loads,
+        } = self;
+        // One lookup of the key: an entry there is unlinked and keeps its shared key.
+        let (shared, slot) = match members.raw_entry_mut().from_key(key) {
+            RawEntryMut::Occupied(o) => {
+                let (k, old) = o.into_key_value();
+                let shared = Shared(Arc::clone(k));
+                unlink(by_node, loads, &shared, old);
+                (shared, old)
             }
-            None => Shared(Arc::new(key.clone())),
+            RawEntryMut::Vacant(v) => {
+                let (k, slot) = v.insert(Arc::new(key.clone()), Box::default());
+                (Shared(Arc::clone(k)), slot)
+            }
         };
-        let mut names: Vec<Arc<str>> = Vec::with_capacity(nodes.len());
+        let nodes = nodes.into_iter();
+        let mut names: Vec<Arc<str>> = Vec::with_capacity(nodes.size_hint().0);
         for n in nodes {
-            let (name, set) = match self.by_node.entry_ref(n.as_str()) {
-                hashbrown::hash_map::EntryRef::Occupied(o) => {
+            let (name, set) = match by_node.entry_ref(n.as_ref()) {
+                EntryRef::Occupied(o) => {
                     let name = Arc::clone(o.key());
                     (name, o.into_mut())
                 }
-                hashbrown::hash_map::EntryRef::Vacant(v) => {
+                EntryRef::Vacant(v) => {
                     let o = v.insert_entry(FastSet::default());
                     let name = Arc::clone(o.key());
                     (name, o.into_mut())
                 }
             };
             if set.insert(shared.clone()) {
-                self.loads.adjust(&name, true);
+                loads.adjust(&name, true);
             }
             names.push(name);
         }
+        *slot = names.into_boxed_slice();
         if short {
-            self.short.insert(shared.clone());
+            short_set.insert(shared);
         } else {
-            self.short.remove(&shared);
+            short_set.remove(&shared);
         }
-        self.members.insert(shared.0, names.into_boxed_slice());
     }
 
     pub fn remove(&mut self, key: &Key) {
@@ -122,9 +155,10 @@ impl MembershipIndex {
             return;
         };
         let shared = Shared(Arc::clone(k));
-        self.unlink(&shared);
+        if let Some(old) = self.members.remove(key) {
+            unlink(&mut self.by_node, &mut self.loads, &shared, &old);
+        }
         self.short.remove(&shared);
-        self.members.remove(key);
     }
 
     /// Keeps only `keys` (after a relist, drop what the relist no longer shows).
@@ -137,21 +171,6 @@ impl MembershipIndex {
             .collect();
         for k in gone {
             self.remove(&k);
-        }
-    }
-
-    fn unlink(&mut self, key: &Shared) {
-        if let Some(old) = self.members.get(&*key.0) {
-            for n in old.iter() {
-                if let Some(set) = self.by_node.get_mut(&**n) {
-                    if set.remove(key) {
-                        self.loads.adjust(n, false);
-                    }
-                    if set.is_empty() {
-                        self.by_node.remove(&**n);
-                    }
-                }
-            }
         }
     }
 

@@ -363,12 +363,7 @@ async fn reconcile_synced(rev: &Arc<Revision>, ctx: &Arc<Context>) -> Result<Act
         });
         // Reserve the members now, under the lock: reconciles of other revisions running
         // concurrently then see this one's load (error_policy restores it from the store).
-        let nodes = plan
-            .status
-            .activators
-            .iter()
-            .map(|m| m.node.clone())
-            .collect();
+        let nodes = plan.status.activators.iter().map(|m| &m.node);
         index.set(&key, nodes, plan.short);
         plan
     };
