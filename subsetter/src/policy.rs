@@ -92,22 +92,48 @@ pub fn keep_and_fill_indexed(
             kept -= 1;
         }
     }
-    let mut taken: FastSet<String> = slots.iter().flatten().cloned().collect();
+    // The nodes in the slots: for the usual few, a scan of the slots themselves; for many, a
+    // set (a copy of each name).
+    let few = slots.len().max(n) <= 8;
+    let mut taken: FastSet<String> = if few {
+        FastSet::default()
+    } else {
+        slots.iter().flatten().cloned().collect()
+    };
     let mut missing = n - kept;
-    let mut next =
-        |taken: &FastSet<String>| pick(&|x: &str| taken.contains(x) || !(request.eligible)(x));
-    for slot in slots.iter_mut().filter(|s| s.is_none()) {
+    let mut next = |slots: &[Option<String>], taken: &FastSet<String>| {
+        pick(&|x: &str| {
+            let is_taken = if few {
+                slots.iter().flatten().any(|s| s == x)
+            } else {
+                taken.contains(x)
+            };
+            is_taken || !(request.eligible)(x)
+        })
+    };
+    for i in 0..slots.len() {
         if missing == 0 {
             break;
         }
-        let Some(node) = next(&taken) else { break };
-        taken.insert(node.clone());
-        *slot = Some(node);
+        if slots[i].is_some() {
+            continue;
+        }
+        let Some(node) = next(&slots, &taken) else {
+            break;
+        };
+        if !few {
+            taken.insert(node.clone());
+        }
+        slots[i] = Some(node);
         missing -= 1;
     }
     while missing > 0 {
-        let Some(node) = next(&taken) else { break };
-        taken.insert(node.clone());
+        let Some(node) = next(&slots, &taken) else {
+            break;
+        };
+        if !few {
+            taken.insert(node.clone());
+        }
         slots.push(Some(node));
         missing -= 1;
     }
@@ -488,6 +514,53 @@ mod tests {
             if let Some(min_skipped) = min_skipped {
                 assert!(max_chosen <= min_skipped);
             }
+        }
+    }
+
+    proptest::proptest! {
+        // The index answers as the list does, with few slots (a scan of the slots for the
+        // nodes taken) and with many (a set).
+        #[test]
+        fn least_loaded_from_the_index_is_least_loaded_from_the_list(
+            loads in proptest::collection::vec(0usize..4, 2..30),
+            current in proptest::collection::vec(0usize..40, 0..5),
+            extra in 0usize..12,
+            ineligible in proptest::collection::vec(proptest::prelude::any::<bool>(), 30),
+        ) {
+            let nodes: Vec<String> = (0..40).map(|i| format!("node-{i}")).collect();
+            let current: Vec<String> = current.iter().map(|i| nodes[*i].clone()).collect();
+            let wanted = current.len() + extra;
+            let eligible = |n: &str| {
+                let i = nodes.iter().position(|x| x == n).unwrap();
+                i < loads.len() && !ineligible[i]
+            };
+            // The index counts this revision's current subset; the list does not.
+            let in_current = |n: &str| usize::from(current.iter().any(|c| c == n));
+            let available: Vec<Candidate> = nodes[..loads.len()]
+                .iter()
+                .zip(&loads)
+                .filter(|(n, _)| eligible(n))
+                .map(|(n, l)| Candidate { node: n.clone(), load: *l })
+                .collect();
+            let index = LoadIndex::new(nodes[..loads.len()].iter().map(String::as_str), |n| {
+                let i = nodes.iter().position(|x| x == n).unwrap();
+                loads[i] + in_current(n)
+            });
+            let listed = LeastLoaded.choose(&SubsetRequest {
+                revision: "ns/r",
+                available: &available,
+                current: &current,
+                wanted,
+            });
+            let indexed = LeastLoaded.choose_indexed(&IndexedRequest {
+                revision: "ns/r",
+                index: &index,
+                eligible: &eligible,
+                eligible_count: available.len(),
+                current: &current,
+                wanted,
+            });
+            proptest::prop_assert_eq!(Some(listed), indexed);
         }
     }
 }
