@@ -28,6 +28,65 @@ pub struct Activator {
     pub facts: Option<Arc<NodeFacts>>,
 }
 
+/// The available activators by node, as reconciles read them: in node order (the map it
+/// dereferences to), and hashed for the policy's look-ups (in a tree of 5,000 names a look-up
+/// is a dozen string comparisons, and a plan makes one per member it considers). Both hold the
+/// same activators: every change goes through [`Available::insert`] and [`Available::remove`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Available {
+    by_node: BTreeMap<String, Activator>,
+    hashed: foldhash::HashMap<String, Activator>,
+}
+
+impl Available {
+    pub fn get(&self, node: &str) -> Option<&Activator> {
+        self.hashed.get(node)
+    }
+
+    pub fn get_key_value(&self, node: &str) -> Option<(&String, &Activator)> {
+        self.hashed.get_key_value(node)
+    }
+
+    pub fn contains_key(&self, node: &str) -> bool {
+        self.hashed.contains_key(node)
+    }
+
+    /// `a` is the activator of `node` now; the one it replaces.
+    pub fn insert(&mut self, node: String, a: Activator) -> Option<Activator> {
+        self.hashed.insert(node.clone(), a.clone());
+        self.by_node.insert(node, a)
+    }
+
+    pub fn remove(&mut self, node: &str) -> Option<Activator> {
+        self.hashed.remove(node);
+        self.by_node.remove(node)
+    }
+}
+
+impl std::ops::Deref for Available {
+    type Target = BTreeMap<String, Activator>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.by_node
+    }
+}
+
+impl From<BTreeMap<String, Activator>> for Available {
+    fn from(by_node: BTreeMap<String, Activator>) -> Self {
+        let hashed = by_node
+            .iter()
+            .map(|(n, a)| (n.clone(), a.clone()))
+            .collect();
+        Self { by_node, hashed }
+    }
+}
+
+impl FromIterator<(String, Activator)> for Available {
+    fn from_iter<I: IntoIterator<Item = (String, Activator)>>(iter: I) -> Self {
+        Self::from(iter.into_iter().collect::<BTreeMap<_, _>>())
+    }
+}
+
 /// The activator `pod` stands for, if it is usable.
 pub fn from_pod(pod: &Pod) -> Option<Activator> {
     if pod.metadata.deletion_timestamp.is_some() {
@@ -675,5 +734,41 @@ mod tests {
         assert_eq!(d.changed, BTreeSet::from(["n2".to_string()]));
         assert_eq!(d.added, BTreeSet::from(["n4".to_string()]));
         assert!(diff(&new, &new).is_empty());
+    }
+
+    proptest::proptest! {
+        // The hashed view answers as the ordered map, whatever the changes.
+        #[test]
+        fn available_keeps_its_two_views_alike(
+            ops in proptest::collection::vec((0usize..8, proptest::prelude::any::<bool>(), 0u8..3), 0..40),
+        ) {
+            let act = |n: &str, v: u8| Activator {
+                node: n.into(),
+                address: format!("10.0.0.{v}:8080"),
+                pod: format!("activator-{n}"),
+                facts: None,
+            };
+            let mut available = Available::default();
+            let mut model: BTreeMap<String, Activator> = BTreeMap::new();
+            for (n, add, v) in ops {
+                let node = format!("n{n}");
+                if add {
+                    proptest::prop_assert_eq!(
+                        available.insert(node.clone(), act(&node, v)),
+                        model.insert(node.clone(), act(&node, v))
+                    );
+                } else {
+                    proptest::prop_assert_eq!(available.remove(&node), model.remove(&node));
+                }
+            }
+            proptest::prop_assert_eq!(&*available, &model);
+            for n in 0..8 {
+                let node = format!("n{n}");
+                proptest::prop_assert_eq!(available.get(&node), model.get(&node));
+                proptest::prop_assert_eq!(available.get_key_value(&node), model.get_key_value(&node));
+                proptest::prop_assert_eq!(available.contains_key(&node), model.contains_key(&node));
+            }
+            proptest::prop_assert_eq!(Available::from(model.clone()), available);
+        }
     }
 }

@@ -12,7 +12,7 @@ use crds::{ActivationEndpoints, Revision};
 use k8s_openapi::jiff::Timestamp;
 use serde::Serialize;
 
-use crate::activators::Activator;
+use crate::activators::{Activator, Available};
 use crate::index::{Key, MembershipIndex};
 use crate::knative_hash;
 use crate::plan::{self, SubsetInputs};
@@ -99,7 +99,7 @@ struct World {
     /// The ActivationEndpoints as the controller keeps them (`store.rs`).
     store: AeStore,
     ix: MembershipIndex,
-    available: BTreeMap<String, Activator>,
+    available: Available,
     policy: Box<dyn SubsetPolicy>,
     default_n: usize,
     now: Timestamp,

@@ -35,7 +35,7 @@ use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use crate::activators::{self, Activator};
+use crate::activators::{self, Activator, Available};
 use crate::error::Result;
 use crate::hosts::HostIndex;
 use crate::index::{Key, MembershipIndex};
@@ -113,7 +113,7 @@ impl Subsetter {
 
         let index = Arc::new(Mutex::new(MembershipIndex::default()));
         let hosts = Arc::new(Mutex::new(HostIndex::default()));
-        let available = Arc::new(RwLock::new(Arc::new(BTreeMap::new())));
+        let available = Arc::new(RwLock::new(Arc::new(Available::default())));
         let (synced_tx, synced_rx) = watch::channel(false);
         let synced = Arc::new(watch::Sender::new(Synced::default()));
         let mut tasks = Vec::new();
@@ -272,7 +272,7 @@ impl Subsetter {
 pub struct Caches {
     index: Arc<Mutex<MembershipIndex>>,
     hosts: Arc<Mutex<HostIndex>>,
-    available: Arc<RwLock<Arc<BTreeMap<String, Activator>>>>,
+    available: Arc<RwLock<Arc<Available>>>,
     synced: watch::Receiver<bool>,
     ae_store: Arc<RwLock<AeStore>>,
     rev_reader: Store<Revision>,
@@ -684,7 +684,7 @@ async fn watch_activators(
     pods: Api<Pod>,
     nodes: Api<Node>,
     index: Arc<Mutex<MembershipIndex>>,
-    available: Arc<RwLock<Arc<BTreeMap<String, Activator>>>>,
+    available: Arc<RwLock<Arc<Available>>>,
     synced: Arc<watch::Sender<Synced>>,
     triggers: Triggers,
     metrics: Arc<Metrics>,
@@ -750,7 +750,8 @@ async fn watch_activators(
         if first {
             // Publishing the first set before the flag: reconciles start only after it.
             let next = set.available();
-            *available.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(next.clone());
+            *available.write().unwrap_or_else(|p| p.into_inner()) =
+                Arc::new(Available::from(next.clone()));
             index
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())

@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Map, Value, json};
 
-use crate::activators::Activator;
+use crate::activators::{Activator, Available};
 use crate::conditions;
 use crate::eligibility::Placement;
 use crate::hosts::Conflict;
@@ -81,7 +81,7 @@ pub struct SubsetInputs<'a> {
     pub key: &'a str,
     pub revision: &'a Revision,
     pub current: Option<&'a ActivationEndpoints>,
-    pub available: &'a BTreeMap<String, Activator>,
+    pub available: &'a Available,
     /// Subsets each node is in now (including this revision's current one).
     pub load: &'a dyn Fn(&str) -> usize,
     /// The available activators by load, when the caller keeps them indexed: the policy then
@@ -213,7 +213,7 @@ pub fn subset(inp: &SubsetInputs<'_>) -> SubsetPlan {
     let left = current_set.difference(&chosen_set).count();
     let (mut left_lost, mut left_ineligible, mut left_rebalanced) = (0, 0, 0);
     for node in current_set.difference(&chosen_set) {
-        match inp.available.get(*node) {
+        match inp.available.get(node) {
             None => left_lost += 1,
             Some(a) if !eligible(&placement, a) => left_ineligible += 1,
             Some(_) if evicted(node) => left_rebalanced += 1,
@@ -394,7 +394,7 @@ mod tests {
             key: "ns/r",
             revision: rev,
             current: cur,
-            available: av,
+            available: &Available::from(av.clone()),
             load: &|_| 0,
             loads: None,
             evict: None,
@@ -691,7 +691,7 @@ mod tests {
                     key: "ns/r",
                     revision: &rev,
                     current: Some(&current),
-                    available: &av,
+                    available: &Available::from(av.clone()),
                     load: &|_| 0,
                     loads: indexed.then(|| ix.loads()),
                     evict: None,

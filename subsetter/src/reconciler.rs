@@ -1,6 +1,6 @@
 //! The per-Revision reconcile: validate, plan, and perform only the writes the plan needs.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -14,7 +14,7 @@ use serde_json::json;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use crate::activators::Activator;
+use crate::activators::Available;
 use crate::error::{Error, Result};
 use crate::hosts::{self, HostIndex};
 use crate::index::{Key, MembershipIndex};
@@ -97,7 +97,7 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     pub(crate) index: Arc<Mutex<MembershipIndex>>,
     pub(crate) hosts: Arc<Mutex<HostIndex>>,
-    pub(crate) activators: Arc<RwLock<Arc<BTreeMap<String, Activator>>>>,
+    pub(crate) activators: Arc<RwLock<Arc<Available>>>,
     /// The ActivationEndpoints as the watch shows them, and what this reconciler wrote while
     /// the watch lags (`store.rs`).
     pub(crate) ae_store: Arc<RwLock<AeStore>>,
@@ -155,7 +155,7 @@ impl Context {
         metrics: Arc<Metrics>,
         index: Arc<Mutex<MembershipIndex>>,
         hosts: Arc<Mutex<HostIndex>>,
-        activators: Arc<RwLock<Arc<BTreeMap<String, Activator>>>>,
+        activators: Arc<RwLock<Arc<Available>>>,
         ae_store: Arc<RwLock<AeStore>>,
         synced: watch::Receiver<bool>,
         queued: Arc<Queued>,
