@@ -56,14 +56,15 @@ struct WarmArgs {
     #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
     conns: Vec<usize>,
     /// Measured time per target, connection count and round.
-    #[arg(long, default_value = "5s", value_parser = duration)]
+    #[arg(long, default_value = "4s", value_parser = duration)]
     duration: Duration,
     /// Warm-up before each measurement (discarded).
     #[arg(long, default_value = "1s", value_parser = duration)]
     warmup: Duration,
     /// Rounds: each target measured this many times per connection count, nginx and the
-    /// activator in alternating order; ratios are taken within a round.
-    #[arg(long, default_value_t = 3)]
+    /// activator in alternating order (even: each order equally often); ratios are taken
+    /// within a round.
+    #[arg(long, default_value_t = 4)]
     rounds: usize,
     /// Use the built-in load generator even when wrk is installed.
     #[arg(long)]
