@@ -38,17 +38,36 @@ pub const ADMIN_PORT: u16 = 9090;
 
 /// FNV-1a 64-bit hash of a node name, as 16 lowercase hex digits.
 pub fn node_hash(node: &str) -> String {
-    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-    const PRIME: u64 = 0x0000_0100_0000_01b3;
-    let h = node
-        .bytes()
-        .fold(OFFSET, |h, b| (h ^ u64::from(b)).wrapping_mul(PRIME));
-    format!("{h:016x}")
+    let mut hex = String::with_capacity(16);
+    push_hex(&mut hex, fnv1a64(node));
+    hex
 }
 
-/// The membership label key for `node`: `member.local-activator.dev/<fnv1a64 hex>`.
+/// The membership label key for `node`: `member.local-activator.dev/<fnv1a64 hex>`. Written
+/// in place: the subsetter makes one per member of every subset it plans (300,000 when it
+/// assigns 100,000 revisions), and two `format!`s per call were a tenth of that work.
 pub fn member_label(node: &str) -> String {
-    format!("{MEMBER_LABEL_PREFIX}{}", node_hash(node))
+    let mut label = String::with_capacity(MEMBER_LABEL_PREFIX.len() + 16);
+    label.push_str(MEMBER_LABEL_PREFIX);
+    push_hex(&mut label, fnv1a64(node));
+    label
+}
+
+fn fnv1a64(s: &str) -> u64 {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    s.bytes()
+        .fold(OFFSET, |h, b| (h ^ u64::from(b)).wrapping_mul(PRIME))
+}
+
+/// `h` as 16 lowercase hex digits.
+fn push_hex(out: &mut String, h: u64) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    out.extend(
+        (0..16)
+            .rev()
+            .map(|i| char::from(HEX[((h >> (4 * i)) & 0xf) as usize])),
+    );
 }
 
 /// The label selector an activator on `node` uses to watch the ActivationEndpoints listing it.
@@ -104,6 +123,24 @@ mod tests {
         assert_eq!(node_hash(""), "cbf29ce484222325");
         assert_eq!(node_hash("a"), "af63dc4c8601ec8c");
         assert_eq!(node_hash("foobar"), "85944171f73967e8");
+    }
+
+    #[test]
+    fn member_label_is_the_prefix_and_the_hash() {
+        assert_eq!(
+            member_label("a"),
+            "member.local-activator.dev/af63dc4c8601ec8c"
+        );
+        assert_eq!(
+            member_label(""),
+            "member.local-activator.dev/cbf29ce484222325"
+        );
+        for node in ["node-00017", "ip-10-0-0-1.ec2.internal", "ü"] {
+            assert_eq!(
+                member_label(node),
+                format!("{MEMBER_LABEL_PREFIX}{:016x}", fnv1a64(node))
+            );
+        }
     }
 
     #[test]

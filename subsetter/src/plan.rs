@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use foldhash::HashSet as FastSet;
 
-use crds::contract::{HOST_LABEL_PREFIX, MEMBER_LABEL_PREFIX, host_label};
+use crds::contract::{HOST_LABEL_PREFIX, MEMBER_LABEL_PREFIX, host_label, member_label};
 use crds::{ActivationEndpoints, ActivationEndpointsStatus, ActivatorMember, Revision};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
@@ -29,25 +29,6 @@ pub fn wanted(revision: &Revision, max_node_selection: usize) -> usize {
 /// Whether `a`'s node may run the revision's pods (a node without a Node object may).
 pub fn eligible(placement: &Placement, a: &Activator) -> bool {
     a.facts.as_ref().is_none_or(|f| placement.allows(f).is_ok())
-}
-
-/// The member label of `node`: the key `crds::contract::member_label` gives (FNV-1a 64 of the
-/// name, 16 lowercase hex digits, after the prefix), written in place. That one formats twice
-/// per call, which was a tenth of the instructions of assigning 100,000 subsets of three
-/// (`subsetter bench`); the unit test holds the two equal.
-pub fn member_label(node: &str) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let h = node.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    });
-    let mut label = String::with_capacity(MEMBER_LABEL_PREFIX.len() + 16);
-    label.push_str(MEMBER_LABEL_PREFIX);
-    label.extend(
-        (0..16)
-            .rev()
-            .map(|i| char::from(HEX[(h >> (4 * i) & 0xf) as usize])),
-    );
-    label
 }
 
 /// The subset part of a plan.
@@ -309,21 +290,6 @@ mod tests {
     use crds::RevisionSpec;
     use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
     use proptest::prelude::*;
-
-    proptest! {
-        // The label written in place is the contract's.
-        #[test]
-        fn member_label_is_the_contracts(node in ".{0,40}") {
-            prop_assert_eq!(member_label(&node), crds::contract::member_label(&node));
-        }
-    }
-
-    #[test]
-    fn member_label_of_known_names() {
-        for node in ["", "a", "node-00017", "ip-10-0-0-1.ec2.internal"] {
-            assert_eq!(member_label(node), crds::contract::member_label(node));
-        }
-    }
 
     fn revision(max: i32, min: i32, n: Option<i32>) -> Revision {
         let mut r = Revision::new(
