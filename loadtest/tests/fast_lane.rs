@@ -67,15 +67,20 @@ async fn setup(
     (c, ns, member, outsider)
 }
 
-/// The activator's `activator_requests_total{route="warm",code}` on `node`.
-fn warm(c: &SimCluster, node: &str, code: u16) -> u64 {
-    use activator::metrics::{Outcome, Route};
+/// The metrics of the activator on `node`.
+fn metrics_of<'a>(c: &'a SimCluster, node: &str) -> &'a activator::metrics::Metrics {
     c.activators
         .iter()
         .find(|a| a.node == node)
         .expect("an activator on the node")
         .activator
         .metrics()
+}
+
+/// The activator's `activator_requests_total{route="warm",code}` on `node`.
+fn warm(c: &SimCluster, node: &str, code: u16) -> u64 {
+    use activator::metrics::{Outcome, Route};
+    metrics_of(c, node)
         .requests
         .get_or_create(&Outcome {
             route: Route::Warm,
@@ -85,14 +90,7 @@ fn warm(c: &SimCluster, node: &str, code: u16) -> u64 {
 }
 
 fn handovers(c: &SimCluster, node: &str) -> u64 {
-    c.activators
-        .iter()
-        .find(|a| a.node == node)
-        .expect("an activator on the node")
-        .activator
-        .metrics()
-        .fast_lane_handovers
-        .get()
+    metrics_of(c, node).fast_lane_handovers.get()
 }
 
 /// A request naming the revision by headers.
