@@ -37,6 +37,17 @@ pub struct Args {
     #[arg(long, env = "IO_THREADS", default_value_t = 0)]
     pub io_threads: usize,
 
+    /// Connections a serving thread takes before the next one is used (0: the kernel
+    /// spreads them).
+    #[arg(long, env = "CONNS_PER_THREAD", default_value_t = crate::config::DEFAULT_CONNS_PER_THREAD)]
+    pub conns_per_thread: usize,
+    /// A serving thread busy at least this share of the time takes no new connections while
+    /// another is not, and moves some of its own to a thread busy less than --thread-cool.
+    #[arg(long, env = "THREAD_HOT", default_value = "0.9", value_parser = fraction)]
+    pub thread_hot: f64,
+    #[arg(long, env = "THREAD_COOL", default_value = "0.6", value_parser = fraction)]
+    pub thread_cool: f64,
+
     /// Resolve requests that name no revision by headers through their Host header (a
     /// label-selected LIST of ActivationEndpoints per unknown Host). Off: such requests get a
     /// 404 and no Host lookup reaches the API server (an ingress in front names revisions).
@@ -119,6 +130,9 @@ impl Args {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n,
         };
+        cfg.conns_per_thread = self.conns_per_thread;
+        cfg.thread_hot = self.thread_hot;
+        cfg.thread_cool = self.thread_cool;
         cfg.host_routing = self.host_routing;
         cfg.fast_lane = self.fast_lane;
         cfg.connect_timeout = self.connect_timeout;
@@ -220,6 +234,9 @@ mod tests {
             "--data-port=8081",
             "--admin-port=9091",
             "--io-threads=3",
+            "--conns-per-thread=0",
+            "--thread-hot=0.8",
+            "--thread-cool=0.5",
             "--host-routing=false",
             "--queue-limit=100",
             "--queue-limit-total=1000",
@@ -249,6 +266,9 @@ mod tests {
         want.pod_name = "la-x".into();
         want.pod_namespace = "ops".into();
         want.io_threads = 3;
+        want.conns_per_thread = 0;
+        want.thread_hot = 0.8;
+        want.thread_cool = 0.5;
         want.host_routing = false;
         want.connect_timeout = Duration::from_millis(1500);
         want.pool_idle_timeout = Duration::from_secs(150);

@@ -21,6 +21,7 @@ pub mod handler;
 pub mod idle;
 pub mod metrics;
 pub mod parse_errors;
+pub mod placement;
 pub mod pod_spec;
 pub mod pool;
 pub mod proxy;
@@ -214,6 +215,7 @@ impl Activator {
                 cfg.drain_timeout,
                 move |req| h.clone().handle(req),
                 fast,
+                None,
             )));
         } else {
             // Thread per core, as nginx runs a worker per core: each thread runs its own
@@ -234,7 +236,14 @@ impl Activator {
                     source,
                 })?);
             }
-            for (i, listener) in listeners.into_iter().enumerate() {
+            let placement = placement::Placement::with_thresholds(
+                cfg.io_threads,
+                cfg.conns_per_thread,
+                (cfg.thread_hot * 1000.0).round() as u32,
+                (cfg.thread_cool * 1000.0).round() as u32,
+            );
+            let threaded = server::Threaded::all(&placement, &metrics);
+            for ((i, listener), threaded) in listeners.into_iter().enumerate().zip(threaded) {
                 let (h, stop, drain) = (make_handler(), stop.child_token(), cfg.drain_timeout);
                 let fast = make_fast(&h, &stop);
                 let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
@@ -260,6 +269,7 @@ impl Activator {
                                         drain,
                                         move |req| h.clone().handle(req),
                                         fast,
+                                        Some(threaded),
                                     )
                                     .await
                                 }

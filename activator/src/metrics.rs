@@ -135,6 +135,10 @@ pub struct Metrics {
     /// Connections the fast lane handed to the full HTTP stack (hyper), each with the request
     /// that needed it (see `fast`).
     pub fast_lane_handovers: Counter,
+    /// Connections accepted on one serving thread and served on another (see `placement`).
+    pub moved_on_accept: Counter,
+    /// Connections moved off a hot serving thread between two requests.
+    pub moved_off_hot_thread: Counter,
 }
 
 impl Default for Metrics {
@@ -152,6 +156,8 @@ impl Default for Metrics {
             node_full: Counter::default(),
             buffer_full: Counter::default(),
             fast_lane_handovers: Counter::default(),
+            moved_on_accept: Counter::default(),
+            moved_off_hot_thread: Counter::default(),
         }
     }
 }
@@ -259,6 +265,18 @@ impl Metrics {
              needed it (not plain HTTP/1.1, revision not by headers or not cached, not a member \
              with a share, forwarded, draining, spans on)",
             self.fast_lane_handovers.clone(),
+        );
+        r.register(
+            "connections_moved_on_accept",
+            "Connections accepted on one serving thread and served on another (the first \
+             threads take --conns-per-thread each before the next is used)",
+            self.moved_on_accept.clone(),
+        );
+        r.register(
+            "connections_moved_off_hot_thread",
+            "Connections moved between two requests from a serving thread busy --thread-hot of \
+             the time to one busy less than --thread-cool",
+            self.moved_off_hot_thread.clone(),
         );
         r
     }

@@ -31,12 +31,26 @@ async fn setup(
     (String, SocketAddr),
     (String, SocketAddr),
 ) {
+    setup_with(name, None).await
+}
+
+/// [`setup`], each activator configured by `configure`.
+async fn setup_with(
+    name: &str,
+    configure: Option<loadtest::cluster::ConfigureActivator>,
+) -> (
+    SimCluster,
+    String,
+    (String, SocketAddr),
+    (String, SocketAddr),
+) {
     let ns = format!("fast-lane-test-{:08x}", rand::random::<u32>());
     let c = SimCluster::start(ClusterOptions {
         nodes: 3,
         start_delay: Delay::fixed_ms(50),
         default_activators: 2,
         revision_namespace: Some(ns.clone()),
+        configure_activator: configure,
         ..ClusterOptions::default()
     })
     .await
@@ -220,6 +234,55 @@ async fn warm_requests_stay_in_the_fast_lane_and_pipelined_ones_keep_their_order
         ),
         (6, 1),
         "each answer counted once, by its status"
+    );
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_moves_between_serving_threads_between_requests_and_loses_nothing() {
+    // Two serving threads that always count as hot and the other as cool: a busy
+    // connection moves at every load tick, as it would off a thread that is really hot.
+    let configure: loadtest::cluster::ConfigureActivator = std::sync::Arc::new(|cfg| {
+        cfg.io_threads = 2;
+        cfg.thread_hot = 0.0;
+        cfg.thread_cool = 1.0;
+    });
+    let (c, ns, (node, addr), _) = setup_with("moving", Some(configure)).await;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let mut pending = Vec::new();
+    s.write_all(request("GET", "/first", &ns, "moving", "", "").as_bytes())
+        .await
+        .unwrap();
+    let (status, _, _) = within("first", response(&mut s, &mut pending)).await;
+    assert_eq!(status, 200);
+    // A new connection: the first request may have been the one handed to hyper.
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let moved = || metrics_of(&c, &node).moved_off_hot_thread.get();
+    let (moved_before, ok_before, handed_before) =
+        (moved(), warm(&c, &node, 200), handovers(&c, &node));
+    // Requests one after another, each with a body, until the connection moved twice.
+    let mut sent = 0u64;
+    within("two moves", async {
+        while moved() < moved_before + 2 {
+            let body = format!("body {sent}");
+            s.write_all(request("POST", "/m", &ns, "moving", "", &body).as_bytes())
+                .await
+                .unwrap();
+            let (status, head, got) = response(&mut s, &mut pending).await;
+            assert_eq!((status, got), (200, format!("POST /m\n{body}")), "{head}");
+            sent += 1;
+        }
+    })
+    .await;
+    assert_eq!(
+        warm(&c, &node, 200) - ok_before,
+        sent,
+        "an answer lost or doubled"
+    );
+    assert_eq!(
+        handovers(&c, &node),
+        handed_before,
+        "a moved connection left the fast lane"
     );
     c.shutdown().await;
 }

@@ -46,6 +46,7 @@ use crate::metrics::{Outcome, Phase, Route};
 use crate::pool::{NoSlot, Spec};
 use crate::proxy::UpstreamProtocol;
 use crate::routing::Named;
+use crate::server::Mover;
 use crate::telemetry;
 
 use exchange::{Ended, Scratch};
@@ -103,11 +104,14 @@ impl FastLane {
     }
 
     /// Serves `stream` while its requests are for the fast lane. Returns the connection, and
-    /// the bytes read from it but not consumed, when hyper must serve the rest.
+    /// the bytes read from it but not consumed, when hyper must serve the rest. With
+    /// `mover`, the connection moves to another serving thread between two requests when
+    /// this one is hot ([`crate::placement`]).
     pub async fn serve(
         &self,
         mut stream: TcpStream,
         peer: SocketAddr,
+        mover: Option<&Mover>,
     ) -> Option<(Bytes, TcpStream)> {
         let mut buf = BytesMut::new();
         let mut scratch = Scratch::default();
@@ -122,6 +126,15 @@ impl FastLane {
                 .one(&mut stream, &mut buf, head, &client, &mut scratch)
                 .await
             {
+                // Nothing of the next request read yet: it can be served anywhere.
+                Next::KeepAlive if buf.is_empty() => {
+                    if let Some(m) = mover {
+                        match m.move_if_hot(stream, peer) {
+                            Ok(()) => return None,
+                            Err(back) => stream = back,
+                        }
+                    }
+                }
                 Next::KeepAlive => {}
                 Next::Close => {
                     let _ = stream.shutdown().await;
