@@ -1,5 +1,9 @@
 //! `bench warm`: the warm path. One app pod made warm first, then the same load against it
-//! directly, through nginx (when installed) and through the activator process.
+//! directly, through nginx (when installed) and through the activator process. nginx runs
+//! twice: as a bare keep-alive reverse proxy (`nginx`), and doing what the activator does to
+//! a request (`nginx-fwd`): the same revision headers in, the client's Host and the
+//! forwarding headers (`X-Forwarded-*`, `Forwarded`) added, so that the app parses the same
+//! request from both.
 //!
 //! On a shared machine one run of each says little: a neighbour's build takes a core for a
 //! few seconds and one target loses 20 %. So the targets are measured in rounds, nginx and
@@ -68,6 +72,8 @@ pub struct WarmReport {
     pub activator: SocketAddr,
     /// The nginx address, or why there was none.
     pub nginx: Result<SocketAddr, String>,
+    /// The address of the nginx that adds the forwarding headers, when it started.
+    pub nginx_fwd: Option<SocketAddr>,
     pub duration: Duration,
     pub warmup: Duration,
     pub rounds: usize,
@@ -76,6 +82,7 @@ pub struct WarmReport {
 
 pub const DIRECT: &str = "direct";
 pub const NGINX: &str = "nginx";
+pub const NGINX_FWD: &str = "nginx-fwd";
 pub const ACTIVATOR: &str = "activator";
 
 pub async fn run(opts: &WarmOptions) -> Result<WarmReport, Error> {
@@ -127,24 +134,36 @@ pub async fn run(opts: &WarmOptions) -> Result<WarmReport, Error> {
         })?;
     let pod = SocketAddr::from((pod_ip, crds::revision::DEFAULT_PORT as u16));
 
-    let nginx_dir = WorkDir::new("nginx")?;
-    let nginx = match nginx::find() {
+    let (nginx_dir, fwd_dir) = (WorkDir::new("nginx")?, WorkDir::new("nginx-fwd")?);
+    let start_nginx = async |dir: &WorkDir, forwarding: bool| match nginx::find() {
         None => Err("not found, skipped".to_string()),
         Some(bin) => {
-            let listen = SocketAddr::from((ip, crate::cluster::free_port(ip)?));
-            Nginx::start(&bin, nginx_dir.path(), listen, pod)
+            let port = crate::cluster::free_port(ip).map_err(|e| e.to_string())?;
+            let listen = SocketAddr::from((ip, port));
+            Nginx::start(&bin, dir.path(), listen, pod, forwarding)
                 .await
                 .map_err(|e| format!("failed to start, skipped: {e}"))
         }
     };
+    let nginx = start_nginx(&nginx_dir, false).await;
     if let Err(why) = &nginx {
         tracing::warn!("nginx: {why}");
     }
+    let nginx_fwd = match &nginx {
+        Ok(_) => start_nginx(&fwd_dir, true)
+            .await
+            .inspect_err(|why| tracing::warn!("nginx with forwarding headers: {why}"))
+            .ok(),
+        Err(_) => None,
+    };
 
     type Target = (&'static str, SocketAddr, Vec<(String, String)>, Option<u32>);
     let mut targets: Vec<Target> = vec![(DIRECT, pod, Vec::new(), None)];
     if let Ok(n) = &nginx {
         targets.push((NGINX, n.addr, Vec::new(), n.pid()));
+    }
+    if let Some(n) = &nginx_fwd {
+        targets.push((NGINX_FWD, n.addr, headers.clone(), n.pid()));
     }
     targets.push((ACTIVATOR, data, headers, Some(activator.pid())));
 
@@ -191,7 +210,8 @@ pub async fn run(opts: &WarmOptions) -> Result<WarmReport, Error> {
     .await;
 
     let nginx_addr = nginx.as_ref().map(|n| n.addr).map_err(Clone::clone);
-    if let Ok(n) = nginx {
+    let nginx_fwd_addr = nginx_fwd.as_ref().map(|n| n.addr);
+    for n in nginx.into_iter().chain(nginx_fwd) {
         n.stop().await;
     }
     activator.stop().await;
@@ -204,6 +224,7 @@ pub async fn run(opts: &WarmOptions) -> Result<WarmReport, Error> {
         pod,
         activator: data,
         nginx: nginx_addr,
+        nginx_fwd: nginx_fwd_addr,
         duration: opts.duration,
         warmup: opts.warmup,
         rounds: opts.rounds,
@@ -288,11 +309,11 @@ impl WarmReport {
         })
     }
 
-    /// The activator's CPU per request over nginx's, within each round (below 1: cheaper).
-    pub fn cpu_ratio(&self, conns: usize) -> Option<Spread> {
+    /// The activator's CPU per request over `other`'s, within each round (below 1: cheaper).
+    pub fn cpu_ratio(&self, other: &str, conns: usize) -> Option<Spread> {
         self.per_round(|round| {
             let a = self.row(ACTIVATOR, conns, round)?.cpu_per_request?;
-            let n = self.row(NGINX, conns, round)?.cpu_per_request?;
+            let n = self.row(other, conns, round)?.cpu_per_request?;
             (!n.is_zero()).then(|| a.as_secs_f64() / n.as_secs_f64())
         })
     }
@@ -345,6 +366,13 @@ impl fmt::Display for WarmReport {
             Ok(a) => writeln!(f, "nginx: {a} (keepalive 64 to the pod)")?,
             Err(why) => writeln!(f, "nginx: {why}")?,
         }
+        if let Some(a) = &self.nginx_fwd {
+            writeln!(
+                f,
+                "nginx-fwd: {a} (the same, sent the activator's request headers, adding Host and \
+                 the forwarding headers as the activator does)"
+            )?;
+        }
         writeln!(
             f,
             "{:<10} {:>5} {:>5} {:>10} {:>9} {:>9} {:>7} {:>11}",
@@ -371,24 +399,33 @@ impl fmt::Display for WarmReport {
         )?;
         writeln!(
             f,
-            "{:>5} {:>20} {:>20} {:>24}",
-            "conns", "activator/nginx", "activator/direct", "cpu/req activator/nginx"
+            "{:>5} {:>18} {:>18} {:>18} {:>18} {:>18}",
+            "conns",
+            "act/nginx",
+            "act/nginx-fwd",
+            "act/direct",
+            "cpu/req act/nginx",
+            "act/nginx-fwd"
         )?;
         for c in self.conns() {
             writeln!(
                 f,
-                "{:>5} {:>20} {:>20} {:>24}",
+                "{:>5} {:>18} {:>18} {:>18} {:>18} {:>18}",
                 c,
                 spread(self.throughput_ratio(NGINX, c), 2),
+                spread(self.throughput_ratio(NGINX_FWD, c), 2),
                 spread(self.throughput_ratio(DIRECT, c), 2),
-                spread(self.cpu_ratio(c), 2)
+                spread(self.cpu_ratio(NGINX, c), 2),
+                spread(self.cpu_ratio(NGINX_FWD, c), 2)
             )?;
         }
         writeln!(
             f,
-            "added p50 latency at 1 connection (over direct): activator {} ms, nginx {} ms",
+            "added p50 latency at 1 connection (over direct): activator {} ms, nginx {} ms, \
+             nginx-fwd {} ms",
             spread(self.added_p50_ms(ACTIVATOR, 1), 3),
-            spread(self.added_p50_ms(NGINX, 1), 3)
+            spread(self.added_p50_ms(NGINX, 1), 3),
+            spread(self.added_p50_ms(NGINX_FWD, 1), 3)
         )
     }
 }
@@ -449,6 +486,7 @@ mod tests {
             pod: "127.0.0.1:1".parse().unwrap(),
             activator: "127.0.0.1:2".parse().unwrap(),
             nginx: Err("none".into()),
+            nginx_fwd: None,
             duration: Duration::from_secs(1),
             warmup: Duration::ZERO,
             rounds: 2,

@@ -31,11 +31,29 @@ pub fn find_program(name: &str, fallbacks: &[&str]) -> Option<PathBuf> {
 
 /// The config: `daemon off`, `worker_processes auto`, an upstream with `keepalive 64` to
 /// `upstream`, HTTP/1.1 to it with the `Connection` header cleared, `access_log off`,
+/// with `forwarding` the client's Host passed on and the forwarding headers the activator
+/// adds (`X-Forwarded-For`/`-Proto`/`-Host`, `Forwarded`), as an ingress is configured,
 /// `keepalive_requests` high on both sides (as the activator, which never closes a keep-alive
 /// connection after N requests), every path nginx writes under `dir`. `without` lists the modules nginx was built without (their
 /// temp-path directives would be unknown).
-pub fn config(dir: &Path, listen: SocketAddr, upstream: SocketAddr, without: &[&str]) -> String {
+pub fn config(
+    dir: &Path,
+    listen: SocketAddr,
+    upstream: SocketAddr,
+    without: &[&str],
+    forwarding: bool,
+) -> String {
     let d = dir.display();
+    let fwd = if forwarding {
+        "            proxy_set_header Host $http_host;
+            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+            proxy_set_header X-Forwarded-Proto $scheme;
+            proxy_set_header X-Forwarded-Host $http_host;
+            proxy_set_header Forwarded \"for=$remote_addr;proto=$scheme;host=\\\"$http_host\\\"\";
+"
+    } else {
+        ""
+    };
     let mut temp =
         format!("    client_body_temp_path {d}/client_body;\n    proxy_temp_path {d}/proxy;\n");
     for m in ["fastcgi", "uwsgi", "scgi"] {
@@ -67,7 +85,7 @@ http {{
             proxy_pass http://app;
             proxy_http_version 1.1;
             proxy_set_header Connection \"\";
-        }}
+{fwd}        }}
     }}
 }}
 "
@@ -98,16 +116,17 @@ pub struct Nginx {
 
 impl Nginx {
     /// Writes the config into `dir` and starts nginx listening on `listen`; returns once the
-    /// port accepts connections.
+    /// port accepts connections. `forwarding`: see [`config`].
     pub async fn start(
         bin: &Path,
         dir: &Path,
         listen: SocketAddr,
         upstream: SocketAddr,
+        forwarding: bool,
     ) -> Result<Self, Error> {
         let without = modules_without(bin).await;
         let conf = dir.join("nginx.conf");
-        std::fs::write(&conf, config(dir, listen, upstream, &without))?;
+        std::fs::write(&conf, config(dir, listen, upstream, &without, forwarding))?;
         let err = |m: String| Error::Start {
             what: "nginx".into(),
             message: m,
@@ -190,6 +209,7 @@ mod tests {
             "127.10.0.1:8081".parse().unwrap(),
             "127.10.0.2:8080".parse().unwrap(),
             &["uwsgi"],
+            false,
         );
         for want in [
             "daemon off;",
@@ -207,5 +227,29 @@ mod tests {
             assert!(c.contains(want), "{want} missing in\n{c}");
         }
         assert!(!c.contains("uwsgi_temp_path"));
+        assert!(!c.contains("X-Forwarded-For"));
+    }
+
+    #[test]
+    fn with_forwarding_the_host_and_the_forwarding_headers_are_set() {
+        let c = config(
+            Path::new("/tmp/x"),
+            "127.10.0.1:8081".parse().unwrap(),
+            "127.10.0.2:8080".parse().unwrap(),
+            &[],
+            true,
+        );
+        for want in [
+            "proxy_set_header Host $http_host;",
+            "proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;",
+            "proxy_set_header X-Forwarded-Proto $scheme;",
+            "proxy_set_header X-Forwarded-Host $http_host;",
+            r#"proxy_set_header Forwarded "for=$remote_addr;proto=$scheme;host=\"$http_host\"";"#,
+        ] {
+            assert!(c.contains(want), "{want} missing in\n{c}");
+        }
+        // Inside the location, after the connection header.
+        let location = c.find("location / {").unwrap();
+        assert!(c.find("X-Forwarded-For").unwrap() > location);
     }
 }

@@ -145,7 +145,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                 std::fs::create_dir_all(&nginx_dir)?;
                 let ip = entry.1.ip();
                 let port = std::net::TcpListener::bind((ip, 0))?.local_addr()?.port();
-                Nginx::start(&bin, &nginx_dir, SocketAddr::new(ip, port), pod_addr)
+                Nginx::start(&bin, &nginx_dir, SocketAddr::new(ip, port), pod_addr, false)
                     .await
                     .map_err(|e| format!("nginx did not start, not measured: {e}"))
             }
