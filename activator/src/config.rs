@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-/// [`Config::conns_per_thread`] by default: enough that a thread under light load finds
+/// [`ActivatorConfig::conns_per_thread`] by default: enough that a thread under light load finds
 /// several connections ready per wake-up (measured in docs/benchmarks.md: 8 connections on
 /// one thread cost less CPU per request than 4 on each of two, 32 on one thread were slower
 /// than 16 on each of two).

@@ -31,6 +31,7 @@ pub mod scale;
 pub mod scaler;
 pub mod scheduler;
 pub mod server;
+pub mod serving_threads;
 pub mod telemetry;
 pub mod throttle;
 pub mod upgrade;
@@ -242,7 +243,7 @@ impl Activator {
                 (cfg.thread_hot * 1000.0).round() as u32,
                 (cfg.thread_cool * 1000.0).round() as u32,
             );
-            let threaded = server::Threaded::all(&placement, &metrics);
+            let threaded = serving_threads::Threaded::all(&placement, &metrics);
             for ((i, listener), threaded) in listeners.into_iter().enumerate().zip(threaded) {
                 let (h, stop, drain) = (make_handler(), stop.child_token(), cfg.drain_timeout);
                 let fast = make_fast(&h, &stop);

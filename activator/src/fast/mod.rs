@@ -46,7 +46,7 @@ use crate::metrics::{Outcome, Phase, Route};
 use crate::pool::{NoSlot, Spec};
 use crate::proxy::UpstreamProtocol;
 use crate::routing::Named;
-use crate::server::Mover;
+use crate::serving_threads::Mover;
 use crate::telemetry;
 
 use exchange::{Ended, Scratch};
