@@ -202,52 +202,59 @@ impl Nginx {
 mod tests {
     use super::*;
 
-    #[test]
-    fn config_has_keepalive_upstream_and_own_paths() {
-        let c = config(
+    /// The config for /tmp/x, listening on 127.10.0.1:8081, to 127.10.0.2:8080.
+    fn config_for(without: &[&str], forwarding: bool) -> String {
+        config(
             Path::new("/tmp/x"),
             "127.10.0.1:8081".parse().unwrap(),
             "127.10.0.2:8080".parse().unwrap(),
-            &["uwsgi"],
-            false,
-        );
-        for want in [
-            "daemon off;",
-            "worker_processes auto;",
-            "server 127.10.0.2:8080;",
-            "keepalive 64;",
-            "keepalive_requests 10000000;",
-            "listen 127.10.0.1:8081;",
-            "proxy_http_version 1.1;",
-            "proxy_set_header Connection \"\";",
-            "access_log off;",
-            "pid /tmp/x/nginx.pid;",
-            "scgi_temp_path /tmp/x/scgi;",
-        ] {
+            without,
+            forwarding,
+        )
+    }
+
+    fn assert_has(c: &str, wants: &[&str]) {
+        for want in wants {
             assert!(c.contains(want), "{want} missing in\n{c}");
         }
+    }
+
+    #[test]
+    fn config_has_keepalive_upstream_and_own_paths() {
+        let c = config_for(&["uwsgi"], false);
+        assert_has(
+            &c,
+            &[
+                "daemon off;",
+                "worker_processes auto;",
+                "server 127.10.0.2:8080;",
+                "keepalive 64;",
+                "keepalive_requests 10000000;",
+                "listen 127.10.0.1:8081;",
+                "proxy_http_version 1.1;",
+                "proxy_set_header Connection \"\";",
+                "access_log off;",
+                "pid /tmp/x/nginx.pid;",
+                "scgi_temp_path /tmp/x/scgi;",
+            ],
+        );
         assert!(!c.contains("uwsgi_temp_path"));
         assert!(!c.contains("X-Forwarded-For"));
     }
 
     #[test]
     fn with_forwarding_the_host_and_the_forwarding_headers_are_set() {
-        let c = config(
-            Path::new("/tmp/x"),
-            "127.10.0.1:8081".parse().unwrap(),
-            "127.10.0.2:8080".parse().unwrap(),
-            &[],
-            true,
+        let c = config_for(&[], true);
+        assert_has(
+            &c,
+            &[
+                "proxy_set_header Host $http_host;",
+                "proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;",
+                "proxy_set_header X-Forwarded-Proto $scheme;",
+                "proxy_set_header X-Forwarded-Host $http_host;",
+                r#"proxy_set_header Forwarded "for=$remote_addr;proto=$scheme;host=\"$http_host\"";"#,
+            ],
         );
-        for want in [
-            "proxy_set_header Host $http_host;",
-            "proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;",
-            "proxy_set_header X-Forwarded-Proto $scheme;",
-            "proxy_set_header X-Forwarded-Host $http_host;",
-            r#"proxy_set_header Forwarded "for=$remote_addr;proto=$scheme;host=\"$http_host\"";"#,
-        ] {
-            assert!(c.contains(want), "{want} missing in\n{c}");
-        }
         // Inside the location, after the connection header.
         let location = c.find("location / {").unwrap();
         assert!(c.find("X-Forwarded-For").unwrap() > location);

@@ -156,6 +156,24 @@ async fn response(s: &mut TcpStream, pending: &mut Vec<u8>) -> (u16, String, Str
     (status, head, body)
 }
 
+/// Sends a last request that asks to close, checks it is answered 200 and the connection
+/// then ends (after the activator counted it); returns the answer's head.
+async fn last_request_closes(
+    s: &mut TcpStream,
+    pending: &mut Vec<u8>,
+    ns: &str,
+    name: &str,
+) -> String {
+    s.write_all(request("GET", "/last", ns, name, "connection: close\r\n", "").as_bytes())
+        .await
+        .unwrap();
+    let (status, head, _) = within("last", response(s, pending)).await;
+    assert_eq!(status, 200, "{head}");
+    let n = within("close", s.read(&mut [0u8; 16])).await.unwrap();
+    assert_eq!(n, 0, "the connection stays open after connection: close");
+    head
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn warm_requests_stay_in_the_fast_lane_and_pipelined_ones_keep_their_order() {
     let (c, ns, (node, addr), _) = setup("fast").await;
@@ -214,14 +232,8 @@ async fn warm_requests_stay_in_the_fast_lane_and_pipelined_ones_keep_their_order
         assert_eq!((status, body), (200, format!("GET {path}\n")), "{head}");
     }
     // A request that asks to close gets its answer, then the end of the connection.
-    s.write_all(request("GET", "/last", &ns, "fast", "connection: close\r\n", "").as_bytes())
-        .await
-        .unwrap();
-    let (status, head, _) = within("last", response(&mut s, &mut pending)).await;
-    assert_eq!(status, 200);
+    let head = last_request_closes(&mut s, &mut pending, &ns, "fast").await;
     assert!(head.contains("connection: close\r\n"), "{head}");
-    let n = within("close", s.read(&mut [0u8; 16])).await.unwrap();
-    assert_eq!(n, 0, "the connection stays open after connection: close");
     assert_eq!(
         handovers(&c, &node),
         before,
@@ -276,13 +288,7 @@ async fn a_connection_moves_between_serving_threads_between_requests_and_loses_n
     .await;
     // A last request that closes the connection: its end comes after the activator counted
     // every answer (a response can reach the client before its count is made).
-    s.write_all(request("GET", "/last", &ns, "moving", "connection: close\r\n", "").as_bytes())
-        .await
-        .unwrap();
-    let (status, _, _) = within("last", response(&mut s, &mut pending)).await;
-    assert_eq!(status, 200);
-    let n = within("close", s.read(&mut [0u8; 16])).await.unwrap();
-    assert_eq!(n, 0, "the connection stays open after connection: close");
+    last_request_closes(&mut s, &mut pending, &ns, "moving").await;
     assert_eq!(
         warm(&c, &node, 200) - ok_before,
         sent + 1,
