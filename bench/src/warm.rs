@@ -157,32 +157,33 @@ pub async fn run(opts: &WarmOptions) -> Result<WarmReport, Error> {
         Err(_) => None,
     };
 
-    type Target = (&'static str, SocketAddr, Vec<(String, String)>, Option<u32>);
-    // Every target is sent the same request (the revision headers an ingress would set):
-    // only the address differs, so a proxy is not measured on a smaller request than another.
-    let mut targets: Vec<Target> = vec![(DIRECT, pod, headers.clone(), None)];
+    // Every target is sent the same request (`headers`: the revision headers an ingress would
+    // set): only the address differs, so a proxy is not measured on a smaller request than
+    // another.
+    type Target = (&'static str, SocketAddr, Option<u32>);
+    let mut targets: Vec<Target> = vec![(DIRECT, pod, None)];
     if let Ok(n) = &nginx {
-        targets.push((NGINX, n.addr, headers.clone(), n.pid()));
+        targets.push((NGINX, n.addr, n.pid()));
     }
     if let Some(n) = &nginx_fwd {
-        targets.push((NGINX_FWD, n.addr, headers.clone(), n.pid()));
+        targets.push((NGINX_FWD, n.addr, n.pid()));
     }
-    targets.push((ACTIVATOR, data, headers, Some(activator.pid())));
+    targets.push((ACTIVATOR, data, Some(activator.pid())));
 
     let mut rows = Vec::new();
     let measured = async {
         for &conns in &opts.conns {
             for round in 0..opts.rounds {
-                for (target, addr, headers, pid) in in_round_order(&targets, round) {
+                for (target, addr, pid) in in_round_order(&targets, round) {
                     tracing::info!(target, conns, round, "measuring");
                     if !opts.warmup.is_zero() {
                         loadgen
-                            .measure(*addr, headers, conns, Duration::ZERO, opts.warmup)
+                            .measure(*addr, &headers, conns, Duration::ZERO, opts.warmup)
                             .await?;
                     }
                     let cpu_before = pid.and_then(crate::cpu::of_tree);
                     let result = loadgen
-                        .measure(*addr, headers, conns, Duration::ZERO, opts.duration)
+                        .measure(*addr, &headers, conns, Duration::ZERO, opts.duration)
                         .await?;
                     let cpu = cpu_before.zip(pid.and_then(crate::cpu::of_tree));
                     let cpu_per_request = cpu
