@@ -9,7 +9,34 @@ use http_body_util::{BodyExt, Full, combinators::BoxBody};
 pub const CONTENT_TYPE: &str = "text/plain; charset=utf-8";
 
 /// The body type of every response the activator returns (proxied or its own).
-pub type Body = BoxBody<Bytes, hyper::Error>;
+/// Every body the activator serves or sends: hyper's, or one of its own whose failure (a
+/// response past its timeout) must reach hyper as an error, so that the connection closes
+/// instead of ending the message early as if it were whole.
+pub type Body = BoxBody<Bytes, BodyError>;
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why a body failed: hyper's error, or the activator's own. A concrete type, not a
+/// `BoxError`: hyper's `Into<BoxError>` bound on a boxed error trips the compiler's
+/// higher-ranked checks inside spawned futures.
+#[derive(Debug)]
+pub struct BodyError(pub BoxError);
+
+impl std::fmt::Display for BodyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for BodyError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.0)
+    }
+}
+
+/// A hyper body's error as a [`BodyError`].
+pub fn box_error(e: hyper::Error) -> BodyError {
+    BodyError(Box::new(e))
+}
 
 /// A request the activator answers itself instead of proxying.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -110,9 +110,14 @@ pub struct Args {
     /// terminationGracePeriodSeconds).
     #[arg(long, env = "DRAIN_TIMEOUT", default_value = "90s", value_parser = duration)]
     pub drain_timeout: Duration,
-    /// How long a request body may send nothing before the request is answered 408.
+    /// How long a request body may send nothing before the request is answered 408 (and a
+    /// response body, or a client that stops reading, before the connection closes).
     #[arg(long, env = "BODY_IDLE_TIMEOUT", default_value = "30s", value_parser = positive_duration)]
     pub body_idle_timeout: Duration,
+    /// A file holding the cluster's hop secret (a mounted Secret), which proves to a peer
+    /// that a forwarded request came from an activator. Unset: no hop is honoured.
+    #[arg(long, env = "HOP_SECRET_FILE")]
+    pub hop_secret_file: Option<std::path::PathBuf>,
 }
 
 impl Args {

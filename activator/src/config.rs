@@ -66,6 +66,9 @@ pub struct ActivatorConfig {
     /// Whether plain HTTP/1.1 requests for revisions this node serves are carried by the fast
     /// lane (`fast`), with hyper serving everything else; off, hyper serves every request.
     pub fast_lane: bool,
+    /// The cluster's hop secret ([`crate::hop`]): forwarded requests from peers that prove it
+    /// are not forwarded again. None: no hop is honoured.
+    pub hop: crate::hop::HopAuth,
 }
 
 impl ActivatorConfig {
@@ -97,6 +100,7 @@ impl ActivatorConfig {
             thread_cool: crate::placement::COOL as f64 / 1000.0,
             body_idle_timeout: Duration::from_secs(30),
             fast_lane: true,
+            hop: crate::hop::HopAuth::none(),
         }
     }
 }

@@ -13,22 +13,23 @@
 //!    request without a body goes to the next slot — 502 when none answers;
 //! 5. **account**: one count per request by route and status.
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use crds::contract::{HEADER_ACTIVATOR_HOP, normalize_host};
+use crds::contract::normalize_host;
 use crds::{ActivatorMember, Revision};
 use futures::future::Either;
 use http::{HeaderName, HeaderValue, Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::{Body as _, Frame, Incoming, SizeHint};
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 use tracing::instrument::Instrumented;
 use tracing::{Instrument, Span};
 
-use crate::answer::{Body, Refusal, full};
+use crate::answer::{Body, BodyError, Refusal, box_error, full};
 use crate::cache::endpoints::{EndpointsCache, Membership};
 use crate::cache::hosts::HostCache;
 use crate::cache::revisions::RevisionCache;
@@ -43,10 +44,11 @@ use crate::upgrade;
 pub const HEADER_SERVED_BY: &str = "x-activator-node";
 // Header names parsed once, not on every request.
 const SERVED_BY: HeaderName = HeaderName::from_static(HEADER_SERVED_BY);
-const HOP: HeaderName = HeaderName::from_static(HEADER_ACTIVATOR_HOP);
 const SERVER_TIMING: HeaderName = HeaderName::from_static(crate::cold_start::HEADER_SERVER_TIMING);
 /// Response header set when the request waited for a slot (a pod starting, or all busy).
 pub const HEADER_COLD_START: &str = "x-activator-cold-start";
+/// The status counted for a client that closed its connection before its answer (nginx's).
+pub const CLIENT_GONE: u16 = 499;
 
 /// How long a request waits for a new revision's subset to be published before a 503.
 const SUBSET_WAIT: Duration = Duration::from_secs(10);
@@ -68,6 +70,8 @@ pub struct Handler {
     pub metrics: Arc<Metrics>,
     /// Cancelled when the activator starts draining.
     pub draining: CancellationToken,
+    /// Which forwarded requests are a peer's ([`crate::hop`]).
+    pub hop: crate::hop::HopAuth,
 }
 
 /// Where stage 2 sends the request.
@@ -91,9 +95,13 @@ impl Handler {
         } else {
             Span::none()
         };
-        let served = self.serve(req.map(BodyExt::boxed), arrived);
+        // Counted as 499 if the client leaves first (the connection drops this future).
+        let mut unanswered = Unanswered(Some(&self.metrics));
+        let served = self.serve(req.map(|b| b.map_err(box_error).boxed()), arrived);
         let served = in_span(span, served);
-        let (route, mut resp) = match served.await {
+        let served = served.await;
+        unanswered.0 = None;
+        let (route, mut resp) = match served {
             Ok(served) => served,
             Err(refusal) => {
                 tracing::debug!(status = %refusal.status, reason = %refusal.reason, "refused");
@@ -116,14 +124,22 @@ impl Handler {
 
     async fn serve(
         &self,
-        req: Request<Body>,
+        mut req: Request<Body>,
         arrived: Instant,
     ) -> Result<(Route, Response<Body>), Refusal> {
+        // 0. what hyper's parser lets through but the activator does not carry
+        if let Some(why) = framing_problem(req.headers()) {
+            return Err(Refusal::bad_request(why));
+        }
+        // A hop only a peer proved counts; anyone else's is removed, as if never sent.
+        let hopped = self.hop.verified(req.headers());
+        if !hopped {
+            crate::hop::strip(req.headers_mut());
+        }
         // 1. resolve
         let (key, rev) = in_span(stage("resolve"), self.resolve(&req)).await?;
         let timeout = request_timeout(&rev);
         let deadline = arrived + timeout;
-        let hopped = req.headers().contains_key(&HOP);
         let late = || too_late(&key, timeout);
         // 2. route
         let routed = self.route(&key, &rev, hopped, deadline);
@@ -402,8 +418,18 @@ impl Handler {
                         });
                         return Ok((route, resp));
                     }
-                    // The slot is held until the response body has been sent.
-                    Ok((route, resp.map(|b| Held::new(b, lease).boxed())))
+                    // The slot is held until the response body has been sent, and the body
+                    // is bounded by the revision's timeout unless it streams by design.
+                    let streaming = resp
+                        .headers()
+                        .get(http::header::CONTENT_TYPE)
+                        .is_some_and(|v| crate::streaming::is_streaming_type(v.as_bytes()));
+                    let deadline = (!streaming).then_some(arrived + request_timeout(&spec.rev));
+                    let idle = self.upstream.body_idle_timeout();
+                    Ok((
+                        route,
+                        resp.map(|b| Held::new(b, lease, deadline, idle).boxed()),
+                    ))
                 }
                 Err(refusal) => Err(of_revision(key, refusal)),
             };
@@ -467,7 +493,7 @@ impl Handler {
             .bytes()
             .fold(0usize, |a, b| a.wrapping_mul(31).wrapping_add(b as usize))
             % members.len();
-        let hop = [(HOP, self.node.clone())];
+        let hop = self.hop.forward_headers(&self.node);
         let mut req = Some(req);
         let mut last = Refusal::unavailable(format!("revision {key} has no reachable activator"));
         let protocol = upstream_protocol(rev);
@@ -522,6 +548,41 @@ impl Handler {
         }
         Err(last)
     }
+}
+
+/// Counts a request whose answer never came because its client left (its future was
+/// dropped by the connection): `activator_requests_total{route="refused",code="499"}`.
+struct Unanswered<'a>(Option<&'a Metrics>);
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if let Some(m) = self.0 {
+            m.requests
+                .get_or_create(&Outcome {
+                    route: Route::Refused,
+                    code: CLIENT_GONE,
+                })
+                .inc();
+        }
+    }
+}
+
+/// What the activator refuses (400) in a request hyper's parser accepted: a body longer
+/// than any it carries (hyper takes lengths up to 2^64 - 3; nginx refuses past 2^63 - 1,
+/// and so does the fast lane), and more than one Host (RFC 9112 §3.2).
+fn framing_problem(h: &http::HeaderMap) -> Option<&'static str> {
+    let too_long = h
+        .get_all(http::header::CONTENT_LENGTH)
+        .iter()
+        .any(|v| crate::fast::head::content_length(v.as_bytes()).is_none());
+    if too_long {
+        return Some("invalid or too large content-length");
+    }
+    let mut hosts = h.get_all(http::header::HOST).iter();
+    if hosts.next().is_some() && hosts.next().is_some() {
+        return Some("more than one host header");
+    }
+    None
 }
 
 /// Whether member `m` may create pods of `rev`: with maxScale set, only with a share of it.
@@ -605,33 +666,86 @@ pub(crate) fn upstream_protocol(rev: &Revision) -> UpstreamProtocol {
     UpstreamProtocol::for_port_name(name)
 }
 
-/// A response body that holds its request's slot until it has been sent (or dropped): a
-/// pod is busy until its answer is complete, not when its headers arrive.
+/// A response body that holds its slot until it has been sent, and is bounded: past the
+/// revision's timeout (unless it streams by design, [`crate::streaming`]) or after the body
+/// idle timeout with nothing from the app, it fails — so hyper closes the client connection
+/// instead of ending the message as if it were whole. Its timers are made only once the app
+/// keeps the body waiting: a body that is already there costs none.
 struct Held {
     inner: Body,
     lease: Option<Lease>,
+    /// The revision's deadline; None for a stream.
+    deadline: Option<Instant>,
+    idle: Duration,
+    timers: Option<Box<Timers>>,
 }
 
+/// The deadline's timer (None for a stream) and the idle one.
+type Timers = (Option<Pin<Box<Sleep>>>, Pin<Box<Sleep>>);
+
+/// Why a response body was cut.
+#[derive(Debug)]
+struct Cut(&'static str);
+
+impl std::fmt::Display for Cut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl std::error::Error for Cut {}
+
 impl Held {
-    fn new(inner: Body, lease: Lease) -> Self {
+    fn new(inner: Body, lease: Lease, deadline: Option<Instant>, idle: Duration) -> Self {
         Self {
             inner,
             lease: Some(lease),
+            deadline,
+            idle,
+            timers: None,
         }
     }
 }
 
 impl hyper::body::Body for Held {
     type Data = bytes::Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
+        mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        let r = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
-        if matches!(r, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
-            self.lease = None;
+        let this = &mut *self;
+        let r = Pin::new(&mut this.inner).poll_frame(cx);
+        match &r {
+            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => this.lease = None,
+            Poll::Ready(Some(Ok(_))) => {
+                // A frame came: the idle clock starts again at the next wait.
+                if let Some(t) = &mut this.timers {
+                    t.1.as_mut().reset(Instant::now() + this.idle);
+                }
+            }
+            Poll::Pending => {
+                let (deadline, idle) = (this.deadline, this.idle);
+                let t = this.timers.get_or_insert_with(|| {
+                    Box::new((
+                        deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
+                        Box::pin(tokio::time::sleep(idle)),
+                    ))
+                });
+                let why = if t.0.as_mut().is_some_and(|d| d.as_mut().poll(cx).is_ready()) {
+                    Some("the response outlived the revision's timeout")
+                } else if t.1.as_mut().poll(cx).is_ready() {
+                    Some("the response body sent nothing for the body idle timeout")
+                } else {
+                    None
+                };
+                if let Some(why) = why {
+                    tracing::debug!(reason = why, "response cut");
+                    this.lease = None;
+                    return Poll::Ready(Some(Err(BodyError(Box::new(Cut(why))))));
+                }
+            }
         }
         r
     }

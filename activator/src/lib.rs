@@ -18,6 +18,7 @@ pub mod forwarded;
 pub mod h1;
 pub mod h2c;
 pub mod handler;
+pub mod hop;
 pub mod idle;
 pub mod metrics;
 pub mod parse_errors;
@@ -32,6 +33,7 @@ pub mod scaler;
 pub mod scheduler;
 pub mod server;
 pub mod serving_threads;
+pub mod streaming;
 pub mod telemetry;
 pub mod throttle;
 pub mod upgrade;
@@ -176,6 +178,7 @@ impl Activator {
                 upstream: Upstream::new(&cfg),
                 metrics: metrics.clone(),
                 draining: stop.child_token(),
+                hop: cfg.hop.clone(),
             })
         };
         // The fast lane of each serving thread (off: hyper serves every request).

@@ -33,7 +33,25 @@ async fn run_with_telemetry(args: Args) -> anyhow::Result<()> {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
-    let cfg = args.config();
+    let mut cfg = args.config();
+    // The Secret is mounted optionally: an activator installed before it was created runs,
+    // honouring no hop, and says so.
+    match &args.hop_secret_file {
+        Some(path) if path.exists() => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("reading the hop secret {}: {e}", path.display()))?;
+            cfg.hop = activator::hop::HopAuth::new(&text)?;
+        }
+        Some(path) => tracing::warn!(
+            path = %path.display(),
+            "the hop secret file does not exist: no forwarded hop is honoured (a forwarded \
+             request may be forwarded again); create the Secret and restart the DaemonSet"
+        ),
+        None => tracing::warn!(
+            "no --hop-secret-file: no forwarded hop is honoured (a forwarded request may be \
+             forwarded again)"
+        ),
+    }
     let client = kube::Client::try_default().await?;
     let activator = Activator::start(cfg, client).await?;
     shutdown_signal().await;

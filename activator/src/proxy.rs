@@ -18,16 +18,13 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crds::contract::HEADER_ACTIVATOR_HOP;
-
-const HOP: HeaderName = HeaderName::from_static(HEADER_ACTIVATOR_HOP);
-use http::header::{HOST, TE, UPGRADE};
+use http::header::{CONTENT_LENGTH, HOST, TE, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, Version};
 use http_body_util::BodyExt;
 use hyper::body::Body as _;
 use hyper::upgrade::OnUpgrade;
 
-use crate::answer::{Body, Refusal};
+use crate::answer::{Body, Refusal, box_error};
 use crate::body_timeout::{BodyIdle, IdleTimeout};
 use crate::config::ActivatorConfig;
 use crate::forwarded::{self, ClientAddr};
@@ -93,6 +90,11 @@ impl Upstream {
         }
     }
 
+    /// How long a body (request or response) may send nothing.
+    pub fn body_idle_timeout(&self) -> Duration {
+        self.body_idle_timeout
+    }
+
     /// How often a request is tried on another pod after a refused connection.
     pub fn retries(&self) -> u32 {
         self.retries
@@ -136,8 +138,6 @@ impl Upstream {
         let upgrade_to = upgrade::requested(req.version(), req.headers())
             .filter(|_| req.extensions().get::<OnUpgrade>().is_some());
         let client_upgrade = upgrade_to.as_ref().map(|_| hyper::upgrade::on(&mut req));
-        // A peer activator already said who the client is; from here it would be us.
-        let first_hop = !req.headers().contains_key(&HOP);
         let client_ip = req.extensions().get::<ClientAddr>().map(|c| c.0.ip());
 
         let (mut parts, body) = req.into_parts();
@@ -149,13 +149,16 @@ impl Upstream {
                 .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
         });
         strip_hop_by_hop(&mut parts.headers);
-        if first_hop {
-            forwarded::add(
-                &mut parts.headers,
-                client_ip,
-                host.as_ref().and_then(|h| h.to_str().ok()),
-            );
-        }
+        // The hop headers are for a peer only (the handler removed unproven ones; a proven
+        // one ends here): `extra` carries this activator's own when it forwards.
+        crate::hop::strip(&mut parts.headers);
+        // The real peer address, always: a peer activator's own address follows the
+        // client's, which the first activator appended (a hop never hides a client).
+        forwarded::add(
+            &mut parts.headers,
+            client_ip,
+            host.as_ref().and_then(|h| h.to_str().ok()),
+        );
         for (name, value) in extra {
             if let Ok(v) = value.parse() {
                 parts.headers.insert(name.clone(), v);
@@ -226,6 +229,20 @@ impl Upstream {
                 None => std::future::pending().await,
             }
         };
+        // A body-less request with an idempotent method may go again on a fresh connection
+        // if a pooled one fails before any answer (RFC 9110 §9.2.2); anything else only if
+        // hyper says it was not written. The copy is made only for a pooled connection.
+        let replay = match &to.conn {
+            Conn::H1(c) if c.reused && body.is_end_stream() && parts.method.is_idempotent() => {
+                let mut copy = Request::new(crate::answer::full(bytes::Bytes::new()));
+                *copy.method_mut() = parts.method.clone();
+                *copy.uri_mut() = parts.uri.clone();
+                *copy.version_mut() = parts.version;
+                *copy.headers_mut() = parts.headers.clone();
+                Some(copy)
+            }
+            _ => None,
+        };
         let req = Request::from_parts(parts, body);
         let sent = async {
             match to.conn {
@@ -239,19 +256,32 @@ impl Upstream {
                             c.send = self.h1.connect(target).await.map_err(SendError::Connect)?;
                             c.send.send_request(req).await.map_err(SendError::Http)?
                         }
+                        // Written, and the pooled connection failed before an answer: only an
+                        // idempotent request without a body goes again. A POST the app may
+                        // have acted on is the client's 502, never sent twice.
+                        Err(e) if replay.is_some() && nothing_came_back(e.error()) => {
+                            tracing::debug!(%target, error = %e.error(), "pooled connection failed: request sent again");
+                            let req = replay.expect("checked above").map(IdleTimeout::untimed);
+                            c.send = self.h1.connect(target).await.map_err(SendError::Connect)?;
+                            c.send.send_request(req).await.map_err(SendError::Http)?
+                        }
                         Err(e) => return Err(SendError::Http(e.into_error())),
                     };
                     Ok(if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
                         // The connection is the tunnel's now.
-                        resp.map(BodyExt::boxed)
+                        resp.map(|b| b.map_err(box_error).boxed())
                     } else {
-                        resp.map(|b| Returning::new(b, c.send, target, self.h1.clone()).boxed())
+                        resp.map(|b| {
+                            Returning::new(b, c.send, target, self.h1.clone())
+                                .map_err(box_error)
+                                .boxed()
+                        })
                     })
                 }
                 Conn::H2(mut send) => send
                     .send_request(req)
                     .await
-                    .map(|r| r.map(BodyExt::boxed))
+                    .map(|r| r.map(|b| b.map_err(box_error).boxed()))
                     .map_err(SendError::Http),
             }
         };
@@ -262,7 +292,7 @@ impl Upstream {
             e = idle => return Err(body_timed_out(e)),
         };
         match result {
-            Ok(resp) => Ok(self.response(resp, client_upgrade, what)),
+            Ok(resp) => self.response(resp, client_upgrade, what, target),
             Err(SendError::Connect(e)) => Err(Refusal::bad_gateway(format!(
                 "{what} at {target} is unreachable: {}",
                 error_chain(&e)
@@ -305,7 +335,34 @@ impl Upstream {
         mut resp: Response<Body>,
         client_upgrade: Option<OnUpgrade>,
         what: &str,
-    ) -> Response<Body> {
+        target: SocketAddr,
+    ) -> Result<Response<Body>, Refusal> {
+        // hyper's client takes `Content-Length: 5, 5`; the fast lane and nginx do not.
+        let bad_length = resp
+            .headers()
+            .get_all(CONTENT_LENGTH)
+            .iter()
+            .any(|v| crate::fast::head::content_length(v.as_bytes()).is_none());
+        if bad_length {
+            return Err(Refusal::bad_gateway(format!(
+                "{what} at {target} sent an invalid content-length"
+            )));
+        }
+        // RFC 9112 §6.3: the transfer coding framed the body; a length beside it goes.
+        if resp.headers().contains_key(TRANSFER_ENCODING) {
+            resp.headers_mut().remove(CONTENT_LENGTH);
+        } else if let Some(one) = resp.headers().get(CONTENT_LENGTH).cloned()
+            && resp
+                .headers()
+                .get_all(CONTENT_LENGTH)
+                .iter()
+                .nth(1)
+                .is_some()
+        {
+            // The same length twice (hyper's client checked they agree): hyper's server
+            // would refuse to write the second and close the connection instead.
+            resp.headers_mut().insert(CONTENT_LENGTH, one);
+        }
         let switched = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
         let tunnel = match client_upgrade {
             Some(client) if switched => Some((client, hyper::upgrade::on(&mut resp))),
@@ -324,7 +381,7 @@ impl Upstream {
             let open = upgrade::tunnel(client, upstream, what.to_string());
             rp.extensions.insert(open);
         }
-        Response::from_parts(rp, rb)
+        Ok(Response::from_parts(rp, rb))
     }
 }
 
@@ -333,6 +390,15 @@ enum SendError {
     /// A fresh connection, after the pooled one closed under the request, was refused.
     Connect(ConnectError),
     Http(hyper::Error),
+}
+
+/// Whether a failed exchange on a pooled connection saw no answer from the app: the
+/// connection closed or was reset (not a response that failed to parse, not our own body).
+fn nothing_came_back(e: &hyper::Error) -> bool {
+    !e.is_user()
+        && !e.is_parse()
+        && !e.is_timeout()
+        && (e.is_incomplete_message() || find::<std::io::Error>(e).is_some())
 }
 
 /// Whether `req` asks to switch protocols (sent over HTTP/1.1 whatever the revision speaks).
@@ -349,7 +415,9 @@ fn body_timed_out(e: BodyIdle) -> Refusal {
 }
 
 /// Headers that describe one connection, not the message (RFC 9110 §7.6.1). `TE: trailers`
-/// stays: it says the client takes trailers, which gRPC needs the app to know.
+/// stays: it says the client takes trailers, which gRPC needs the app to know. `Connection`
+/// can name extension headers, never the message's framing or its Host: those are the
+/// message's own, and removing them would let one side frame it differently.
 fn strip_hop_by_hop(h: &mut HeaderMap) {
     let trailers = upgrade::has_token(h, &TE, "trailers");
     let named: Vec<HeaderName> = h
@@ -358,6 +426,7 @@ fn strip_hop_by_hop(h: &mut HeaderMap) {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .filter_map(|n| n.trim().parse().ok())
+        .filter(|n| *n != CONTENT_LENGTH && *n != TRANSFER_ENCODING && *n != HOST)
         .collect();
     for n in named {
         h.remove(n);
@@ -425,6 +494,23 @@ mod tests {
         let names: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
         assert_eq!(names, ["x-app", "te"]);
         assert_eq!(h["te"], "trailers");
+    }
+
+    #[test]
+    fn connection_never_removes_framing_or_host() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "connection",
+            HeaderValue::from_static("content-length, transfer-encoding, host, x-a"),
+        );
+        h.insert("content-length", HeaderValue::from_static("5"));
+        h.insert("transfer-encoding", HeaderValue::from_static("chunked"));
+        h.insert("host", HeaderValue::from_static("app"));
+        h.insert("x-a", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h);
+        let mut names: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["content-length", "host", "transfer-encoding"]);
     }
 
     #[test]

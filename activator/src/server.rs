@@ -206,12 +206,12 @@ struct Tracked {
 
 impl hyper::body::Body for Tracked {
     type Data = bytes::Bytes;
-    type Error = hyper::Error;
+    type Error = crate::answer::BodyError;
 
     fn poll_frame(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<Frame<bytes::Bytes>, hyper::Error>>> {
+    ) -> std::task::Poll<Option<Result<Frame<bytes::Bytes>, crate::answer::BodyError>>> {
         std::pin::Pin::new(&mut self.body).poll_frame(cx)
     }
 

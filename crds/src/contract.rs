@@ -30,7 +30,12 @@ pub const HEADER_REVISION_NAME: &str = "x-revision-name";
 pub const HEADER_KNATIVE_NAMESPACE: &str = "knative-serving-namespace";
 pub const HEADER_KNATIVE_REVISION: &str = "knative-serving-revision";
 /// Added by an activator that forwards to a peer; a request carrying it is never forwarded again.
+/// Honoured only with a valid [`HEADER_ACTIVATOR_HOP_PROOF`] beside it: from anyone else it is
+/// removed and the request is served as any client's.
 pub const HEADER_ACTIVATOR_HOP: &str = "x-activator-hop";
+/// The proof that a hop came from a peer activator: the cluster's hop secret (a mounted
+/// Secret shared by the activators). Never passed on to an app.
+pub const HEADER_ACTIVATOR_HOP_PROOF: &str = "x-activator-hop-proof";
 
 /// Activator ports.
 pub const DATA_PORT: u16 = 8080;

@@ -144,6 +144,8 @@ pub struct SimCluster {
     api_description: String,
     stop_subsetter: CancellationToken,
     subsetter: tokio::task::JoinHandle<()>,
+    /// The hop secret every activator of this cluster shares (as the DaemonSet mounts one).
+    hop: activator::hop::HopAuth,
 }
 
 impl SimCluster {
@@ -229,6 +231,8 @@ impl SimCluster {
             api_description,
             stop_subsetter: CancellationToken::new(),
             subsetter: tokio::spawn(async {}),
+            hop: activator::hop::HopAuth::new(&format!("{:032x}", rand::random::<u128>()))
+                .expect("hex is a valid hop secret"),
         };
         match cluster.start_activators(&opts).await {
             Ok(activators) => cluster.activators = activators,
@@ -316,6 +320,7 @@ impl SimCluster {
         );
         let pod_name = cfg.pod_name.clone();
         cfg.pod_namespace = self.activator_namespace.clone();
+        cfg.hop = self.hop.clone();
         if let Some(f) = configure {
             f(&mut cfg);
         }

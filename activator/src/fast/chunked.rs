@@ -1,6 +1,17 @@
 //! Finding the end of a chunked body (RFC 9112 §7.1) while its bytes pass through unchanged:
 //! the fast lane relays the app's chunks as they are and needs only to know where the
 //! message ends, so that the connection can carry the next one. Pure: no IO.
+//!
+//! Strict, as hyper's decoder is: every line ends in CRLF (a bare LF is refused, since a
+//! client that accepts it would find a different end than one that does not), a size is hex
+//! digits followed only by optional whitespace, extensions or the CRLF; extensions and
+//! trailers hold no control characters and are bounded. Anything else is [`Malformed`]: the
+//! client connection closes rather than carry bytes two parsers could frame differently.
+
+/// Bytes of chunk extensions a body may carry in all (hyper's limit).
+const MAX_EXTENSIONS: u32 = 16 * 1024;
+/// Bytes of trailer fields a body may carry (hyper's limit).
+const MAX_TRAILERS: u32 = 16 * 1024;
 
 /// Where the tracker is in the chunked stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -10,8 +21,16 @@ enum State {
         digits: u8,
         size: u64,
     },
-    /// After the size: extensions, up to the line's LF.
-    SizeLine {
+    /// Whitespace after the size (before an extension or the line end).
+    SizeWs {
+        size: u64,
+    },
+    /// In an extension, up to the line's CR.
+    Ext {
+        size: u64,
+    },
+    /// The LF after a size line's CR.
+    SizeLf {
         size: u64,
     },
     /// Inside a chunk's data.
@@ -21,8 +40,9 @@ enum State {
     DataLf,
     /// At the start of a trailer line (the last chunk was seen).
     TrailerStart,
-    /// Inside a trailer field line.
+    /// Inside a trailer field line, and its LF.
     Trailer,
+    TrailerLf,
     /// The LF of the empty line that ends the message.
     EndLf,
     Done,
@@ -36,14 +56,23 @@ pub struct Malformed;
 #[derive(Debug, Clone, Copy)]
 pub struct ChunkedEnd {
     state: State,
+    extensions: u32,
+    trailers: u32,
 }
 
 impl Default for ChunkedEnd {
     fn default() -> Self {
         Self {
             state: State::Size { digits: 0, size: 0 },
+            extensions: 0,
+            trailers: 0,
         }
     }
+}
+
+/// A control character other than HTAB (none may appear in an extension or a field line).
+fn is_ctl(b: u8) -> bool {
+    (b < 0x20 && b != b'\t') || b == 0x7f
 }
 
 impl ChunkedEnd {
@@ -77,7 +106,7 @@ impl ChunkedEnd {
         self.state == State::Done
     }
 
-    fn step(&self, b: u8) -> Result<State, Malformed> {
+    fn step(&mut self, b: u8) -> Result<State, Malformed> {
         Ok(match self.state {
             State::Size { digits, size } => match (b as char).to_digit(16) {
                 // 15 hex digits: sizes up to 2^60, more than any body.
@@ -86,20 +115,35 @@ impl ChunkedEnd {
                     size: size * 16 + u64::from(d),
                 },
                 None if digits > 0 => match b {
-                    b'\n' => after_size(size),
-                    b';' | b' ' | b'\t' | b'\r' => State::SizeLine { size },
+                    b'\r' => State::SizeLf { size },
+                    b';' => State::Ext { size },
+                    b' ' | b'\t' => State::SizeWs { size },
                     _ => return Err(Malformed),
                 },
                 _ => return Err(Malformed),
             },
-            State::SizeLine { size } => match b {
-                b'\n' => after_size(size),
-                _ => State::SizeLine { size },
+            State::SizeWs { size } => match b {
+                b' ' | b'\t' => State::SizeWs { size },
+                b';' => State::Ext { size },
+                b'\r' => State::SizeLf { size },
+                _ => return Err(Malformed),
+            },
+            State::Ext { size } => {
+                self.extensions += 1;
+                match b {
+                    b'\r' => State::SizeLf { size },
+                    _ if is_ctl(b) || self.extensions > MAX_EXTENSIONS => return Err(Malformed),
+                    _ => State::Ext { size },
+                }
+            }
+            State::SizeLf { size } => match b {
+                b'\n' if size == 0 => State::TrailerStart,
+                b'\n' => State::Data(size),
+                _ => return Err(Malformed),
             },
             State::Data(_) => unreachable!("data is skipped in feed"),
             State::DataCr => match b {
                 b'\r' => State::DataLf,
-                b'\n' => State::Size { digits: 0, size: 0 },
                 _ => return Err(Malformed),
             },
             State::DataLf => match b {
@@ -108,12 +152,19 @@ impl ChunkedEnd {
             },
             State::TrailerStart => match b {
                 b'\r' => State::EndLf,
-                b'\n' => State::Done,
-                _ => State::Trailer,
+                // A field line starts with a name: no whitespace (obs-fold) and no control.
+                b' ' | b'\t' => return Err(Malformed),
+                _ if is_ctl(b) => return Err(Malformed),
+                _ => self.trailer()?,
             },
             State::Trailer => match b {
+                b'\r' => State::TrailerLf,
+                _ if is_ctl(b) => return Err(Malformed),
+                _ => self.trailer()?,
+            },
+            State::TrailerLf => match b {
                 b'\n' => State::TrailerStart,
-                _ => State::Trailer,
+                _ => return Err(Malformed),
             },
             State::EndLf => match b {
                 b'\n' => State::Done,
@@ -122,13 +173,13 @@ impl ChunkedEnd {
             State::Done => State::Done,
         })
     }
-}
 
-fn after_size(size: u64) -> State {
-    if size == 0 {
-        State::TrailerStart
-    } else {
-        State::Data(size)
+    fn trailer(&mut self) -> Result<State, Malformed> {
+        self.trailers += 1;
+        if self.trailers > MAX_TRAILERS {
+            return Err(Malformed);
+        }
+        Ok(State::Trailer)
     }
 }
 
@@ -139,6 +190,24 @@ mod tests {
 
     const BODY: &[u8] =
         b"5\r\nhello\r\n1a;ext=1\r\nabcdefghijklmnopqrstuvwxyz\r\n0\r\ngrpc-status: 0\r\n\r\n";
+
+    #[test]
+    fn whitespace_and_extensions_after_a_size_are_taken() {
+        let mut c = ChunkedEnd::default();
+        let body = b"3 \t;a=1;b=\"x y\"\r\nabc\r\n0\r\n\r\n";
+        assert_eq!(c.feed(body), Ok(body.len()));
+        assert!(c.done());
+    }
+
+    #[test]
+    fn extensions_and_trailers_are_bounded() {
+        let mut long_ext = b"1;".to_vec();
+        long_ext.extend(std::iter::repeat_n(b'a', MAX_EXTENSIONS as usize + 1));
+        assert_eq!(ChunkedEnd::default().feed(&long_ext), Err(Malformed));
+        let mut long_trailer = b"0\r\nx: ".to_vec();
+        long_trailer.extend(std::iter::repeat_n(b'a', MAX_TRAILERS as usize + 1));
+        assert_eq!(ChunkedEnd::default().feed(&long_trailer), Err(Malformed));
+    }
 
     #[test]
     fn the_end_is_found_and_what_follows_is_left() {
@@ -159,6 +228,18 @@ mod tests {
             b"\r\n",
             b"5\r\nhelloX",
             b"fffffffffffffffff\r\n",
+            // Bare LF after a size, after data, in the trailers and at the end.
+            b"5\nhello\r\n",
+            b"5\r\nhello\n0\r\n\r\n",
+            b"0\r\nx: 1\n\r\n",
+            b"0\r\n\n",
+            b"5;ext\nhello",
+            // A CR that ends no line, a control character in an extension, an obs-fold.
+            b"5\rhello",
+            b"5;a\x01b\r\n",
+            b"0\r\nx: 1\r\n folded\r\n\r\n",
+            // Whitespace then anything but an extension or the line end.
+            b"5 x\r\n",
         ] {
             assert_eq!(ChunkedEnd::default().feed(bad), Err(Malformed), "{bad:?}");
         }

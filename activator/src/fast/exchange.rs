@@ -79,6 +79,8 @@ pub struct Request<'a> {
     /// The client connection ends after this response whatever happens (client asked, or
     /// the activator is draining).
     pub close: bool,
+    /// Counts a request sent again on a fresh connection (`activator_retries_total`).
+    pub retries: Option<&'a prometheus_client::metrics::counter::Counter>,
 }
 
 /// How an exchange ended.
@@ -132,30 +134,51 @@ where
     out.extend_from_slice(&buf[body.clone()]);
     let mut body_left = h.body_len - (body.end - body.start) as u64;
     buf.advance(body.end);
-    // The whole request is in `out`: it can go again on a fresh connection if a pooled one
-    // turns out closed before any answer.
-    let mut retry = pod.reused && body_left == 0;
+    // A request goes again on a fresh connection only when a pooled one failed under it and
+    // the pod cannot have acted on it (RFC 9110 §9.2.2): none of its bytes went out, or the
+    // whole request was in `out`, its method is idempotent and the pod answered nothing.
+    // A POST the pod may have read is never sent twice: its failure is the client's 502.
+    let mut resend_whole = pod.reused && body_left == 0 && h.idempotent;
+    let mut resend_unsent = pod.reused;
     let mut stream = pod.stream;
 
     let resp_head = loop {
-        if let Err(e) = stream.write_all(out).await {
-            if retry && let Ok(fresh) = pods.connect(req.target).await {
-                (stream, retry) = (fresh, false);
+        let wrote = tokio::select! {
+            biased;
+            w = write_out(&mut stream, out) => w,
+            () = deadline.as_mut() => return Ended::Refused(HeadError::Late.refusal(req.target)),
+        };
+        if let Err((sent, e)) = wrote {
+            if resend_unsent
+                && sent == 0
+                && let Ok(fresh) = pods.connect(req.target).await
+            {
+                (stream, resend_unsent, resend_whole) = (fresh, false, false);
+                resent(req);
                 continue;
             }
             return Ended::Refused(pod_failed(req.target, &e));
         }
         if body_left > 0
-            && let Err(ended) = copy_body(client, buf, &mut stream, &mut body_left, req).await
+            && let Err(ended) = copy_body(
+                client,
+                buf,
+                &mut stream,
+                &mut body_left,
+                req,
+                deadline.as_mut(),
+            )
+            .await
         {
             return ended;
         }
         resp.clear();
         match read_head(&mut stream, resp, h.is_head, deadline.as_mut()).await {
             Ok(rh) => break rh,
-            Err(HeadError::ClosedEarly(_)) if retry => {
+            Err(HeadError::ClosedEarly(_)) if resend_whole => {
                 if let Ok(fresh) = pods.connect(req.target).await {
-                    (stream, retry) = (fresh, false);
+                    (stream, resend_unsent, resend_whole) = (fresh, false, false);
+                    resent(req);
                     continue;
                 }
                 return Ended::Refused(Refusal::bad_gateway(format!(
@@ -182,13 +205,35 @@ where
     ended
 }
 
-/// Copies the rest of the request body from the client to the pod.
+fn resent(req: &Request<'_>) {
+    tracing::debug!(target = %req.target, "pooled connection failed: request sent again");
+    if let Some(c) = req.retries {
+        c.inc();
+    }
+}
+
+/// Writes all of `out`; on failure, how much of it went out.
+async fn write_out(stream: &mut TcpStream, out: &[u8]) -> Result<(), (usize, io::Error)> {
+    let mut at = 0;
+    while at < out.len() {
+        match stream.write(&out[at..]).await {
+            Ok(0) => return Err((at, io::ErrorKind::WriteZero.into())),
+            Ok(n) => at += n,
+            Err(e) => return Err((at, e)),
+        }
+    }
+    Ok(())
+}
+
+/// Copies the rest of the request body from the client to the pod: each read within the
+/// body idle timeout, each write to the pod (which may stop reading) by the deadline.
 async fn copy_body<C>(
     client: &mut C,
     buf: &mut BytesMut,
     stream: &mut TcpStream,
     left: &mut u64,
     req: &Request<'_>,
+    mut deadline: Pin<&mut Sleep>,
 ) -> Result<(), Ended>
 where
     C: AsyncRead + Unpin,
@@ -207,7 +252,14 @@ where
             Ok(Ok(_)) => {}
         }
         let take = (*left).min(buf.len() as u64) as usize;
-        if let Err(e) = stream.write_all(&buf[..take]).await {
+        let wrote = tokio::select! {
+            biased;
+            w = stream.write_all(&buf[..take]) => w,
+            () = deadline.as_mut() => {
+                return Err(Ended::Refused(HeadError::Late.refusal(req.target)));
+            }
+        };
+        if let Err(e) = wrote {
             return Err(Ended::Refused(pod_failed(req.target, &e)));
         }
         buf.advance(take);
@@ -306,13 +358,17 @@ where
             },
         );
         resp.advance(rh.len);
-        if client.write_all(out).await.is_err() {
+        if send(client, out, req, false, deadline.as_mut())
+            .await
+            .is_err()
+        {
             return Ended::Broken { status: None };
         }
-        // A head went out already: a failure now can only close the connection.
+        // Only an informational head went out: the activator's own answer can still be
+        // the final one (as hyper's path answers, which passes no 1xx on).
         rh = match read_head(stream, resp, req.head.is_head, deadline.as_mut()).await {
             Ok(rh) => rh,
-            Err(_) => return Ended::Broken { status: None },
+            Err(e) => return Ended::Refused(e.refusal(req.target)),
         };
     }
     let status = rh.status;
@@ -342,14 +398,33 @@ where
         }
         Err(()) => return broken,
     }
-    if client.write_all(out).await.is_err() {
+    // From here the whole exchange is bounded: by the revision's timeout unless the
+    // response streams by design, and by the body idle timeout either way — an app that
+    // stalls mid-body, or a client that stops reading, closes the connection.
+    let streaming = rh.streaming;
+    if send(client, out, req, streaming, deadline.as_mut())
+        .await
+        .is_err()
+    {
         return broken;
     }
     while !body.done() {
         if resp.capacity() - resp.len() < 1024 {
             resp.reserve(READ_CHUNK);
         }
-        match stream.read_buf(resp).await {
+        let read = tokio::select! {
+            biased;
+            r = stream.read_buf(resp) => r,
+            () = deadline.as_mut(), if !streaming => {
+                tracing::debug!(target = %req.target, "response body past the timeout: closed");
+                return broken;
+            }
+            () = tokio::time::sleep(req.body_idle_timeout) => {
+                tracing::debug!(target = %req.target, "response body idle: closed");
+                return broken;
+            }
+        };
+        match read {
             Ok(0) if body.framing == BodyFraming::UntilClose => break,
             Ok(0) | Err(_) => return broken,
             Ok(_) => {}
@@ -357,7 +432,10 @@ where
         let Ok(n) = body.take(resp) else {
             return broken;
         };
-        if client.write_all(&resp[..n]).await.is_err() {
+        if send(client, &resp[..n], req, streaming, deadline.as_mut())
+            .await
+            .is_err()
+        {
             return broken;
         }
         resp.advance(n);
@@ -371,6 +449,26 @@ where
         status,
         close,
         reuse,
+    }
+}
+
+/// Writes to the client within the body idle timeout (a client that stops reading holds
+/// nothing for longer) and, unless the response streams, by the deadline.
+async fn send<C>(
+    client: &mut C,
+    bytes: &[u8],
+    req: &Request<'_>,
+    streaming: bool,
+    mut deadline: Pin<&mut Sleep>,
+) -> Result<(), ()>
+where
+    C: AsyncWrite + Unpin,
+{
+    tokio::select! {
+        biased;
+        w = client.write_all(bytes) => w.map_err(|_| ()),
+        () = deadline.as_mut(), if !streaming => Err(()),
+        () = tokio::time::sleep(req.body_idle_timeout) => Err(()),
     }
 }
 
@@ -500,6 +598,7 @@ mod tests {
             served_by: b"n1",
             cold: None,
             close: false,
+            retries: None,
         };
         let mut scratch = Scratch::default();
         let ended = exchange(&mut client, &mut buf, conn, &pods, &r, &mut scratch).await;
@@ -628,6 +727,7 @@ mod tests {
                 served_by: b"n1",
                 cold: None,
                 close: false,
+                retries: None,
             };
             let conn = pods.get(target).await.unwrap();
             let ended = exchange(&mut client, &mut buf, conn, &pods, &r, &mut scratch).await;

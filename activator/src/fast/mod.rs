@@ -41,7 +41,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::answer::Refusal;
 use crate::cache::endpoints::Membership;
-use crate::handler::{Handler, can_start, request_timeout, too_late, upstream_protocol};
+use crate::handler::{
+    CLIENT_GONE, Handler, can_start, request_timeout, too_late, upstream_protocol,
+};
 use crate::metrics::{Outcome, Phase, Route};
 use crate::pool::{NoSlot, Spec};
 use crate::proxy::UpstreamProtocol;
@@ -263,7 +265,8 @@ impl FastLane {
             return Next::Hyper("no share");
         }
         let deadline = arrived + request_timeout(&rev);
-        let can_forward = !head.hopped && peers.iter().any(|m| can_start(&rev, m));
+        // No request here carries a hop (those go to hyper's path, which checks them).
+        let can_forward = peers.iter().any(|m| can_start(&rev, m));
         let spec = Spec { rev, me };
         let mut retries_left = h.upstream.retries();
         // 3. admit, and a connection to the pod.
@@ -273,7 +276,11 @@ impl FastLane {
                 l = h.admit(&key, &spec, arrived, can_forward) => l,
                 // Draining: hyper's path sends it to a peer member.
                 _ = h.draining.cancelled(), if can_forward => return Next::Hyper("draining"),
-                () = client_gone(stream, buf) => return Next::Close,
+                () = client_gone(stream, buf) => {
+                    // nginx's 499: the client closed the connection before its answer.
+                    self.count(scratch, Route::Refused, CLIENT_GONE);
+                    return Next::Close;
+                }
                 () = tokio::time::sleep_until(deadline) => {
                     let r = too_late(&key, deadline.duration_since(arrived));
                     return self.refuse(stream, scratch, r).await;
@@ -322,6 +329,7 @@ impl FastLane {
             served_by: &self.served_by,
             cold: cold.then_some(&server_timing as &(dyn Fn() -> String + Sync)),
             close: head.close || self.stop.is_cancelled(),
+            retries: Some(&h.metrics.retries),
         };
         let ended = exchange::exchange(stream, buf, conn, &self.pods, &req, scratch).await;
         // The slot is held until the response has been sent.

@@ -12,11 +12,6 @@ use tokio::time::Instant;
 use crate::h2c::ConnectError;
 use crate::idle::IdleSet;
 
-/// A connection idle for longer is checked before use: an app that closes idle connections
-/// (Node.js does after 5 s) must not fail the next request. A busy connection skips the check
-/// (one more syscall per request).
-const CHECK_AFTER: Duration = Duration::from_millis(500);
-
 /// Idle connections by pod address.
 pub struct PodConns {
     idle: Mutex<IdleSet<TcpStream>>,
@@ -72,12 +67,12 @@ impl PodConns {
         // A sweep drops only expired ones: checking every idle connection is a syscall each.
         let list = idle.of(target, now, |_| true)?;
         // Newest first: the most recently used connection is the likeliest to be alive.
+        // Every one is checked before it is handed out, however recently it was used (as
+        // hyper's pool does): bytes the app wrote after its response — a second answer to
+        // one request — would otherwise be read as the next client's response.
         while let Some(i) = list.pop() {
             let age = now.duration_since(i.since);
-            if age >= self.idle_timeout {
-                continue;
-            }
-            if age >= CHECK_AFTER && !open(&i.conn) {
+            if age >= self.idle_timeout || !open(&i.conn) {
                 continue;
             }
             return Some(i.conn);
@@ -97,8 +92,9 @@ impl PodConns {
     }
 }
 
-/// Whether an idle connection is still open: nothing to read (the app sends nothing
-/// unasked), neither end of stream nor an error.
+/// Whether an idle connection can carry a request: nothing to read (an app sends nothing
+/// unasked: unrequested bytes mean the connection is out of step), neither end of stream
+/// nor an error. One non-blocking read, which finds nothing on a healthy connection.
 fn open(stream: &TcpStream) -> bool {
     let mut b = [0u8; 1];
     matches!(stream.try_read(&mut b), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
@@ -126,13 +122,27 @@ mod tests {
         let closed = c.stream;
         closed.readable().await.unwrap();
         assert!(!open(&closed));
-        // Put back as if idle long enough to be checked.
-        let since = Instant::now() - CHECK_AFTER;
-        pool.idle
-            .lock()
-            .unwrap()
-            .put(target, closed, since, |_| true);
+        // Put back just now: checked all the same.
+        pool.put(target, closed);
         let c = pool.get(target).await.unwrap();
         assert!(!c.reused, "a closed connection was handed out");
+    }
+
+    #[tokio::test]
+    async fn a_connection_with_unrequested_bytes_waiting_is_not_reused() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let target = l.local_addr().unwrap();
+        let pool = PodConns::new(Duration::from_secs(1), Duration::from_secs(60));
+        let c = pool.get(target).await.unwrap();
+        let (mut server_side, _) = l.accept().await.unwrap();
+        // The app writes an answer nobody asked for while the connection is idle.
+        tokio::io::AsyncWriteExt::write_all(&mut server_side, b"HTTP/1.1 200 OK\r\n\r\n")
+            .await
+            .unwrap();
+        c.stream.readable().await.unwrap();
+        pool.put(target, c.stream);
+        let next = pool.get(target).await.unwrap();
+        assert!(!next.reused, "a connection with stray bytes was handed out");
+        assert_eq!(pool.idle(), 0);
     }
 }

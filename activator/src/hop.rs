@@ -1,0 +1,182 @@
+//! Telling a peer activator's forwarded request from a client's (DESIGN: `x-activator-hop` is
+//! honoured only from a peer activator). Pure: no IO.
+//!
+//! The proof is a shared secret, the same for every activator of a cluster (a Secret mounted
+//! into the DaemonSet, `--hop-secret-file`), sent beside the hop header as
+//! `x-activator-hop-proof`. Why not the peer's address: a forwarded request reaches a member's
+//! hostPort from the peer pod's address, its node's (when the CNI masquerades) or a load
+//! balancer's, depending on the network — no address check holds on every cluster, and a
+//! client on a node's network could share it. Why not a signature per request: the hop
+//! travels on the cluster network an attacker who could read the proof could also reach the
+//! pods on directly; a static secret compared in constant time keeps the hot path at one
+//! comparison. Without a secret, no hop is honoured (and the activator warns at start).
+//!
+//! A hop that is not proven is treated as a client header: removed, the request routed as
+//! any other. Neither header ever reaches an app, and a hop never changes what the app
+//! learns about the client: the forwarding headers always get the real peer address
+//! appended ([`crate::proxy`]).
+
+use crds::contract::{HEADER_ACTIVATOR_HOP, HEADER_ACTIVATOR_HOP_PROOF};
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+use crate::error::Error;
+
+pub const HOP: HeaderName = HeaderName::from_static(HEADER_ACTIVATOR_HOP);
+pub const PROOF: HeaderName = HeaderName::from_static(HEADER_ACTIVATOR_HOP_PROOF);
+
+/// The cluster's hop secret, if this activator has one.
+#[derive(Clone, Default)]
+pub struct HopAuth {
+    secret: Option<HeaderValue>,
+}
+
+impl std::fmt::Debug for HopAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the secret itself.
+        f.debug_struct("HopAuth")
+            .field("configured", &self.secret.is_some())
+            .finish()
+    }
+}
+
+impl HopAuth {
+    /// No secret: no hop is honoured.
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// From the secret's text (a mounted Secret's file: surrounding whitespace, such as a
+    /// final newline, is not part of it).
+    pub fn new(secret: &str) -> Result<Self, Error> {
+        let s = secret.trim();
+        if s.is_empty() {
+            return Err(Error::Config("the hop secret is empty".into()));
+        }
+        let v = HeaderValue::from_str(s)
+            .ok()
+            .filter(|_| s.bytes().all(|b| b.is_ascii_graphic()))
+            .ok_or_else(|| {
+                Error::Config(
+                    "the hop secret must be visible ASCII (it travels in a header)".into(),
+                )
+            })?;
+        Ok(Self { secret: Some(v) })
+    }
+
+    pub fn configured(&self) -> bool {
+        self.secret.is_some()
+    }
+
+    /// Whether `headers` carry a hop made by a peer activator: the hop header, and exactly
+    /// one proof equal to this cluster's secret.
+    pub fn verified(&self, headers: &HeaderMap) -> bool {
+        let Some(secret) = &self.secret else {
+            return false;
+        };
+        if !headers.contains_key(&HOP) {
+            return false;
+        }
+        let mut proofs = headers.get_all(&PROOF).iter();
+        match (proofs.next(), proofs.next()) {
+            (Some(p), None) => constant_time_eq(p.as_bytes(), secret.as_bytes()),
+            _ => false,
+        }
+    }
+
+    /// The headers a forward to a peer carries: the hop naming this node, and the proof.
+    pub fn forward_headers(&self, node: &str) -> Vec<(HeaderName, String)> {
+        let mut h = vec![(HOP, node.to_string())];
+        if let Some(s) = &self.secret
+            && let Ok(s) = s.to_str()
+        {
+            h.push((PROOF, s.to_string()));
+        }
+        h
+    }
+}
+
+/// Removes the hop headers (before a request goes to an app or on to a peer, which gets
+/// fresh ones).
+pub fn strip(headers: &mut HeaderMap) {
+    headers.remove(&HOP);
+    headers.remove(&PROOF);
+}
+
+/// Equality whose time does not depend on where the first difference is (the length of the
+/// secret is not hidden; it is not the secret).
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (n, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(n.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn only_a_hop_with_the_clusters_proof_is_honoured() {
+        let auth = HopAuth::new("s3cret\n").unwrap();
+        let hop = "x-activator-hop";
+        let proof = "x-activator-hop-proof";
+        assert!(auth.verified(&headers(&[(hop, "n1"), (proof, "s3cret")])));
+        for forged in [
+            headers(&[(hop, "n1")]),
+            headers(&[(hop, "n1"), (proof, "guess")]),
+            headers(&[(hop, "n1"), (proof, "s3cre")]),
+            headers(&[(hop, "n1"), (proof, "s3cret"), (proof, "s3cret")]),
+            headers(&[(proof, "s3cret")]),
+        ] {
+            assert!(!auth.verified(&forged), "{forged:?}");
+        }
+        // No secret configured: nothing is honoured, not even an empty proof.
+        assert!(!HopAuth::none().verified(&headers(&[(hop, "n1"), (proof, "")])));
+    }
+
+    #[test]
+    fn a_forward_carries_the_node_and_the_proof_and_strip_removes_both() {
+        let auth = HopAuth::new("abc").unwrap();
+        let mut h = HeaderMap::new();
+        for (n, v) in auth.forward_headers("node-1") {
+            h.insert(n, v.parse().unwrap());
+        }
+        assert!(auth.verified(&h));
+        assert_eq!(h[&HOP], "node-1");
+        strip(&mut h);
+        assert!(h.is_empty());
+        assert_eq!(HopAuth::none().forward_headers("n").len(), 1);
+    }
+
+    #[test]
+    fn unusable_secrets_are_refused_with_a_reason() {
+        assert!(
+            HopAuth::new(" \n")
+                .unwrap_err()
+                .to_string()
+                .contains("empty")
+        );
+        assert!(
+            HopAuth::new("a b")
+                .unwrap_err()
+                .to_string()
+                .contains("visible ASCII")
+        );
+        assert!(
+            format!("{:?}", HopAuth::new("topsecret").unwrap())
+                .find("topsecret")
+                .is_none()
+        );
+    }
+}
