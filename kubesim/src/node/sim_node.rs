@@ -210,6 +210,23 @@ impl SimNode {
             .and_then(|rt| rt.app.as_ref().map(|a| a.stats().clone()))
     }
 
+    /// Stops a running pod's app and returns the address it listened on, leaving the pod
+    /// Running and Ready: a test binds its own server there to play an app that misbehaves
+    /// (raw bytes no HTTP library would write). None if the pod has no running app.
+    pub async fn take_over_app(&self, namespace: &str, name: &str) -> Option<SocketAddr> {
+        let app = self
+            .inner
+            .lock()
+            .pods
+            .values_mut()
+            .find(|rt| rt.namespace == namespace && rt.name == name)
+            .and_then(|rt| rt.app.take())?;
+        let addr = app.addr();
+        // Returns once the listener is closed: the address is free to bind.
+        app.stop().await;
+        Some(addr)
+    }
+
     /// Requests served by all apps currently running on this node.
     pub fn requests(&self) -> u64 {
         self.inner
