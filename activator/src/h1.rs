@@ -14,6 +14,7 @@
 
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -28,9 +29,37 @@ use tokio::time::Instant;
 use crate::h2c::{ConnectError, UpBody};
 use crate::idle::IdleSet;
 
+/// What the pool knows of a connection's socket besides hyper's handle: how many bytes it has
+/// read from its target (whether an exchange that failed got any answer: a request the pod
+/// answered nothing to may go again if it is idempotent; one it began to answer may not), and
+/// the socket itself, shared with hyper's connection, to check before reuse that nothing
+/// unasked is waiting on it ([`crate::conn_check`]).
+/// Only hyper's connection owns the socket (the pool's is a weak reference): when hyper
+/// drops a connection, its socket closes at once.
+#[derive(Clone, Debug)]
+pub struct Heard {
+    bytes: Arc<AtomicU64>,
+    socket: std::sync::Weak<TcpStream>,
+}
+
+impl Heard {
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    fn clean(&self) -> bool {
+        self.socket
+            .upgrade()
+            .is_some_and(|s| crate::conn_check::clean(&*s))
+    }
+}
+
+/// A pooled connection: hyper's handle, and what its socket has read.
+type Pooled = (SendRequest<UpBody>, Heard);
+
 /// Keep-alive HTTP/1.1 connections by target address.
 pub struct H1Pool {
-    idle: Mutex<IdleSet<SendRequest<UpBody>>>,
+    idle: Mutex<IdleSet<Pooled>>,
     connect_timeout: Duration,
     idle_timeout: Duration,
 }
@@ -38,6 +67,7 @@ pub struct H1Pool {
 /// A connection taken from the pool (or just opened) for one request.
 pub struct H1Conn {
     pub(crate) send: SendRequest<UpBody>,
+    pub(crate) heard: Heard,
     /// Whether it came from the pool: a pooled connection the server closed meanwhile is no
     /// fault of the target, and the request goes on a fresh one.
     pub(crate) reused: bool,
@@ -54,24 +84,40 @@ impl H1Pool {
 
     /// An idle connection to `target` that can take a request now, else a new one.
     pub async fn get(&self, target: SocketAddr) -> Result<H1Conn, ConnectError> {
-        if let Some(send) = self.take_idle(target) {
-            return Ok(H1Conn { send, reused: true });
+        if let Some((send, heard)) = self.take_idle(target) {
+            return Ok(H1Conn {
+                send,
+                heard,
+                reused: true,
+            });
         }
         // Boxed: connecting is rare on the warm path, and its state is larger than the rest
         // of a request's (every waiting request would carry it).
-        Box::pin(self.connect(target)).await.map(|send| H1Conn {
-            send,
-            reused: false,
-        })
+        Box::pin(self.connect(target))
+            .await
+            .map(|(send, heard)| H1Conn {
+                send,
+                heard,
+                reused: false,
+            })
     }
 
     /// A new connection to `target`, not from the pool.
-    pub async fn connect(&self, target: SocketAddr) -> Result<SendRequest<UpBody>, ConnectError> {
+    pub async fn connect(&self, target: SocketAddr) -> Result<Pooled, ConnectError> {
         let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect(target))
             .await
             .map_err(|_| ConnectError::Timeout(self.connect_timeout))?
             .map_err(ConnectError::Connect)?;
         let _ = stream.set_nodelay(true);
+        let socket = Arc::new(stream);
+        let heard = Heard {
+            bytes: Arc::default(),
+            socket: Arc::downgrade(&socket),
+        };
+        let stream = Counted {
+            socket,
+            bytes: heard.bytes.clone(),
+        };
         let (send, conn) = Builder::new()
             .handshake(TokioIo::new(stream))
             .await
@@ -81,33 +127,114 @@ impl H1Pool {
                 tracing::debug!(%target, error = %e, "HTTP/1.1 connection ended with an error");
             }
         });
-        Ok(send)
+        Ok((send, heard))
     }
 
-    fn take_idle(&self, target: SocketAddr) -> Option<SendRequest<UpBody>> {
+    fn take_idle(&self, target: SocketAddr) -> Option<Pooled> {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
         let list = idle.of(target, now, open)?;
         list.retain(|i| open(&i.conn) && now.duration_since(i.since) < self.idle_timeout);
         // Newest first: the most recently used connection is the likeliest to be alive. One
-        // whose last response is still being finished is left for later.
-        let ready = list.iter().rposition(|i| i.conn.is_ready())?;
-        Some(list.swap_remove(ready).conn)
+        // whose last response is still being finished is left for later. Each is checked
+        // for bytes nobody asked for (or a close) before it is handed out, however recently
+        // it was used: hyper's own connection task notices them only once it runs.
+        loop {
+            let ready = list.iter().rposition(|i| i.conn.0.is_ready())?;
+            let conn = list.swap_remove(ready).conn;
+            if conn.1.clean() {
+                return Some(conn);
+            }
+        }
     }
 
     /// Puts a connection whose response has ended back.
-    fn put(&self, target: SocketAddr, send: SendRequest<UpBody>) {
-        if send.is_closed() {
+    fn put(&self, target: SocketAddr, conn: Pooled) {
+        if conn.0.is_closed() {
             return;
         }
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        idle.put(target, send, Instant::now(), open);
+        idle.put(target, conn, Instant::now(), open);
     }
 }
 
 /// Whether a pooled connection's task still runs.
-fn open(send: &SendRequest<UpBody>) -> bool {
-    !send.is_closed()
+fn open(conn: &Pooled) -> bool {
+    !conn.0.is_closed()
+}
+
+/// A pod connection's socket as hyper's connection uses it: shared with the pool (which
+/// peeks at it before reuse), counting the bytes it reads ([`Heard`]). Reads and writes go
+/// through tokio's readiness, as `TcpStream`'s own do.
+struct Counted {
+    socket: Arc<TcpStream>,
+    bytes: Arc<AtomicU64>,
+}
+
+impl tokio::io::AsyncRead for Counted {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let socket = &self.socket;
+        loop {
+            std::task::ready!(socket.poll_read_ready(cx))?;
+            match socket.try_read(buf.initialize_unfilled()) {
+                Ok(n) => {
+                    buf.advance(n);
+                    self.bytes.fetch_add(n as u64, Ordering::Relaxed);
+                    return Poll::Ready(Ok(()));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for Counted {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let socket = &self.socket;
+        loop {
+            std::task::ready!(socket.poll_write_ready(cx))?;
+            match socket.try_write(buf) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                r => return Poll::Ready(r),
+            }
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let socket = &self.socket;
+        loop {
+            std::task::ready!(socket.poll_write_ready(cx))?;
+            match socket.try_write_vectored(bufs) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                r => return Poll::Ready(r),
+            }
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(socket2::SockRef::from(&*self.socket).shutdown(std::net::Shutdown::Write))
+    }
 }
 
 /// A response body that gives its connection back to the pool once it has been read to the
@@ -115,25 +242,20 @@ fn open(send: &SendRequest<UpBody>) -> bool {
 /// response is still on the wire).
 pub struct Returning {
     inner: Incoming,
-    back: Option<(SendRequest<UpBody>, SocketAddr, Arc<H1Pool>)>,
+    back: Option<(Pooled, SocketAddr, Arc<H1Pool>)>,
 }
 
 impl Returning {
-    pub fn new(
-        inner: Incoming,
-        send: SendRequest<UpBody>,
-        target: SocketAddr,
-        pool: Arc<H1Pool>,
-    ) -> Self {
+    pub fn new(inner: Incoming, conn: H1Conn, target: SocketAddr, pool: Arc<H1Pool>) -> Self {
         Self {
             inner,
-            back: Some((send, target, pool)),
+            back: Some(((conn.send, conn.heard), target, pool)),
         }
     }
 
     fn give_back(&mut self) {
-        if let Some((send, target, pool)) = self.back.take() {
-            pool.put(target, send);
+        if let Some((conn, target, pool)) = self.back.take() {
+            pool.put(target, conn);
         }
     }
 }
@@ -221,7 +343,7 @@ mod tests {
             .body(IdleTimeout::untimed(full("")))
             .unwrap();
         let resp = c.send.send_request(req).await.unwrap();
-        let body = Returning::new(resp.into_body(), c.send, target, pool.clone());
+        let body = Returning::new(resp.into_body(), c, target, pool.clone());
         let bytes = body.collect().await.unwrap().to_bytes();
         String::from_utf8(bytes.to_vec()).unwrap()
     }

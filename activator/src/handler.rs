@@ -569,7 +569,7 @@ impl Drop for Unanswered<'_> {
 
 /// What the activator refuses (400) in a request hyper's parser accepted: a body longer
 /// than any it carries (hyper takes lengths up to 2^64 - 3; nginx refuses past 2^63 - 1,
-/// and so does the fast lane), and more than one Host (RFC 9112 §3.2).
+/// and so does the fast lane), more than one Host (RFC 9112 §3.2), and chunked twice.
 fn framing_problem(h: &http::HeaderMap) -> Option<&'static str> {
     let too_long = h
         .get_all(http::header::CONTENT_LENGTH)
@@ -581,6 +581,17 @@ fn framing_problem(h: &http::HeaderMap) -> Option<&'static str> {
     let mut hosts = h.get_all(http::header::HOST).iter();
     if hosts.next().is_some() && hosts.next().is_some() {
         return Some("more than one host header");
+    }
+    // RFC 9112 §6.1: chunked is applied once. hyper reads only whether the last coding is
+    // chunked; passed on, `chunked, chunked` would be decoded twice by an app that honours it.
+    let chunked = h
+        .get_all(http::header::TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .filter(|t| t.trim_ascii().eq_ignore_ascii_case(b"chunked"))
+        .count();
+    if chunked > 1 {
+        return Some("the chunked transfer coding applied more than once");
     }
     None
 }

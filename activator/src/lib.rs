@@ -11,6 +11,7 @@ pub mod cache;
 pub mod cli;
 pub mod cold_start;
 pub mod config;
+pub mod conn_check;
 pub mod error;
 pub mod events;
 pub mod fast;

@@ -247,22 +247,30 @@ impl Upstream {
         let sent = async {
             match to.conn {
                 Conn::H1(mut c) => {
+                    let heard = c.heard.bytes();
                     let resp = match c.send.try_send_request(req).await {
                         Ok(resp) => resp,
                         // A pooled connection the app closed as the request went out: the
                         // request was not written, so it goes on a fresh connection once.
                         Err(mut e) if c.reused && e.message().is_some() => {
                             let req = e.take_message().expect("checked above");
-                            c.send = self.h1.connect(target).await.map_err(SendError::Connect)?;
+                            (c.send, c.heard) =
+                                self.h1.connect(target).await.map_err(SendError::Connect)?;
                             c.send.send_request(req).await.map_err(SendError::Http)?
                         }
-                        // Written, and the pooled connection failed before an answer: only an
-                        // idempotent request without a body goes again. A POST the app may
-                        // have acted on is the client's 502, never sent twice.
-                        Err(e) if replay.is_some() && nothing_came_back(e.error()) => {
+                        // Written, and the pooled connection failed with not one byte of
+                        // answer: only an idempotent request without a body goes again. A POST
+                        // the app may have acted on, or a request it began to answer, is the
+                        // client's 502, never sent twice.
+                        Err(e)
+                            if replay.is_some()
+                                && c.heard.bytes() == heard
+                                && !e.error().is_timeout() =>
+                        {
                             tracing::debug!(%target, error = %e.error(), "pooled connection failed: request sent again");
                             let req = replay.expect("checked above").map(IdleTimeout::untimed);
-                            c.send = self.h1.connect(target).await.map_err(SendError::Connect)?;
+                            (c.send, c.heard) =
+                                self.h1.connect(target).await.map_err(SendError::Connect)?;
                             c.send.send_request(req).await.map_err(SendError::Http)?
                         }
                         Err(e) => return Err(SendError::Http(e.into_error())),
@@ -272,7 +280,7 @@ impl Upstream {
                         resp.map(|b| b.map_err(box_error).boxed())
                     } else {
                         resp.map(|b| {
-                            Returning::new(b, c.send, target, self.h1.clone())
+                            Returning::new(b, c, target, self.h1.clone())
                                 .map_err(box_error)
                                 .boxed()
                         })
@@ -390,15 +398,6 @@ enum SendError {
     /// A fresh connection, after the pooled one closed under the request, was refused.
     Connect(ConnectError),
     Http(hyper::Error),
-}
-
-/// Whether a failed exchange on a pooled connection saw no answer from the app: the
-/// connection closed or was reset (not a response that failed to parse, not our own body).
-fn nothing_came_back(e: &hyper::Error) -> bool {
-    !e.is_user()
-        && !e.is_parse()
-        && !e.is_timeout()
-        && (e.is_incomplete_message() || find::<std::io::Error>(e).is_some())
 }
 
 /// Whether `req` asks to switch protocols (sent over HTTP/1.1 whatever the revision speaks).
