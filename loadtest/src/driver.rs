@@ -1,5 +1,8 @@
-//! Sends requests to activators and records what happened to each.
+//! Sends requests to activators and records what happened to each, under a model of the
+//! ingress in front of them ([`Ingress`]): the client itself never retries, so every attempt
+//! a figure rests on is one this module made and counted.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -15,7 +18,50 @@ use crate::anatomy::ColdPhases;
 /// Response header set by the activator when the request waited for a pod start.
 const COLD_HEADER: &str = "x-activator-cold-start";
 
-/// One request's outcome.
+/// What sits in front of the activators, as far as retries go.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Ingress {
+    /// Picks a member and never retries: every failed attempt is a failed request.
+    #[default]
+    None,
+    /// One retry on another member when the first attempt failed before any response byte
+    /// (a refused or failed connection, or a connection reset or closed before the answer
+    /// began), as Envoy's `retry_on: connect-failure,refused-stream` or nginx's
+    /// `proxy_next_upstream error` do for a GET.
+    Retry,
+}
+
+impl Ingress {
+    pub fn name(self) -> &'static str {
+        match self {
+            Ingress::None => "none",
+            Ingress::Retry => "retry",
+        }
+    }
+}
+
+/// A first attempt that failed and was retried.
+#[derive(Debug, Clone)]
+pub struct Attempt {
+    /// The activator it was sent to (its node).
+    pub entry: String,
+    pub error: String,
+    /// Its time to failure.
+    pub latency: Duration,
+}
+
+/// One request's outcome (after the ingress model's retry, if it made one).
 #[derive(Debug, Clone)]
 pub struct Sample {
     pub revision: String,
@@ -33,11 +79,52 @@ pub struct Sample {
     pub sent: Instant,
     /// A cold start's phases, from the response's `Server-Timing`.
     pub phases: Option<ColdPhases>,
+    /// It failed before any byte of an answer arrived: an ingress could retry it elsewhere.
+    pub retryable: bool,
+    /// When the ingress model retried: the first attempt (`entry` is then the second's).
+    pub first: Option<Attempt>,
 }
 
 impl Sample {
+    /// A failure with no attempt made (e.g. no member to send it to).
+    pub fn unsent(revision: &str, error: String) -> Self {
+        Self {
+            revision: revision.to_string(),
+            entry: String::new(),
+            status: 0,
+            latency: Duration::ZERO,
+            cold: false,
+            pod: None,
+            error: Some(error),
+            sent: Instant::now(),
+            phases: None,
+            retryable: false,
+            first: None,
+        }
+    }
+
     pub fn ok(&self) -> bool {
         self.error.is_none() && (200..300).contains(&self.status)
+    }
+
+    /// Whether it would have succeeded with no retry: its first attempt did.
+    pub fn ok_without_retry(&self) -> bool {
+        self.first.is_none() && self.ok()
+    }
+
+    /// Attempts made (0 when none could be).
+    pub fn attempts(&self) -> usize {
+        usize::from(!self.entry.is_empty()) + usize::from(self.first.is_some())
+    }
+
+    /// The activator the first attempt went to.
+    pub fn first_entry(&self) -> &str {
+        self.first.as_ref().map_or(&self.entry, |f| &f.entry)
+    }
+
+    /// The first attempt's time: to its answer, or to its failure.
+    pub fn first_latency(&self) -> Duration {
+        self.first.as_ref().map_or(self.latency, |f| f.latency)
     }
 }
 
@@ -61,6 +148,9 @@ impl Driver {
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(Duration::from_secs(30))
+            // hyper-util resends a request whose pooled connection closed before it was
+            // written, and counts it once: a retry the ingress model did not ask for, hidden.
+            .retry_canceled_requests(false)
             .build(http);
         Self { client }
     }
@@ -132,6 +222,8 @@ impl Driver {
             error: None,
             sent: start,
             phases: None,
+            retryable: false,
+            first: None,
         };
         match self.client.request(req).await {
             Ok(resp) => {
@@ -156,9 +248,87 @@ impl Driver {
                     Err(e) => sample.error = Some(format!("reading the body: {e}")),
                 }
             }
-            Err(e) => sample.error = Some(format!("request failed: {e}")),
+            Err(e) => {
+                sample.retryable = before_any_response_byte(&e);
+                sample.error = Some(format!("request failed: {}", chain(&e)));
+            }
         }
         sample.latency = start.elapsed();
         sample
     }
+}
+
+/// Sends a request by `send` to `first`, and under [`Ingress::Retry`] once more to the
+/// activator `other` names (given the one that failed), when the first attempt failed before
+/// any response byte. The sample's latency then runs from the first attempt's start to the
+/// second's end; the first is kept in [`Sample::first`].
+pub async fn with_ingress<F, Fut>(
+    ingress: Ingress,
+    first: (String, SocketAddr),
+    other: impl FnOnce(&str) -> Option<(String, SocketAddr)>,
+    send: F,
+) -> Sample
+where
+    F: Fn((String, SocketAddr)) -> Fut,
+    Fut: Future<Output = Sample>,
+{
+    let s = send(first).await;
+    if ingress == Ingress::None || s.ok() || !s.retryable {
+        return s;
+    }
+    let Some(next) = other(&s.entry) else {
+        return s;
+    };
+    let mut again = send(next).await;
+    again.latency = again.sent.saturating_duration_since(s.sent) + again.latency;
+    again.sent = s.sent;
+    again.first = Some(Attempt {
+        entry: s.entry,
+        error: s.error.unwrap_or_default(),
+        latency: s.latency,
+    });
+    again
+}
+
+/// The error and its causes, one line.
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        out += &format!(": {s}");
+        src = s.source();
+    }
+    out
+}
+
+/// A request that failed before any byte of an answer: the connection was refused or failed,
+/// or it was reset or closed before the answer began. (Once an answer has begun, the request
+/// is the app's, and an ingress does not retry it.)
+fn before_any_response_byte(e: &hyper_util::client::legacy::Error) -> bool {
+    use std::io::ErrorKind::*;
+    if e.is_connect() {
+        return true;
+    }
+    let mut src = std::error::Error::source(e);
+    while let Some(s) = src {
+        if let Some(h) = s.downcast_ref::<hyper::Error>()
+            && (h.is_incomplete_message() || h.is_canceled())
+        {
+            return true;
+        }
+        if let Some(io) = s.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                ConnectionRefused
+                    | ConnectionReset
+                    | ConnectionAborted
+                    | BrokenPipe
+                    | UnexpectedEof
+            )
+        {
+            return true;
+        }
+        src = s.source();
+    }
+    false
 }
