@@ -74,7 +74,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
         });
         let churn = async {
             let mut marks = Vec::new();
-            // (node, from its leaving until it was out): when requests were in flight on it.
+            // (node, the moment it began to leave): the requests in flight on it then.
             let mut leaving = Vec::new();
             let gap = duration / (moves as u32 + 1);
             for _ in 0..moves {
@@ -95,8 +95,10 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                 ctx.step(format!("{node} leaves"));
                 let left_at = t0.elapsed();
                 marks.push((left_at.as_secs_f64(), format!("{node} out")));
+                // In flight on it: sent before it began to leave, not over by then. One sent
+                // later is refused (it stops accepting first), and another member can take it.
+                leaving.push((node.clone(), (left_at, left_at)));
                 cluster.remove_activator(node).await?;
-                leaving.push((node.clone(), (left_at, t0.elapsed())));
                 members
                     .wait(Duration::from_secs(60), |all| {
                         all.values().all(|s: &BTreeSet<String>| !s.contains(node))
@@ -135,7 +137,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
         let mut text = format!(
             "churn: {} nodes, {} revisions, {} req/s for {:.1} s, {moves} activators out and back in\n\
              member changes {changes}; cold starts under load {extra} (every member was warm before)\n\
-             in flight on an activator while it left: {} requests\n\
+             in flight on an activator when it began to leave: {} requests\n\
              ingress none  (first attempts): failed {} of {requests} ({} overflowed)\n",
             entries.len(),
             names.len(),
