@@ -311,3 +311,61 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
     })
     .await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::open_loop::Outcome;
+
+    fn run(ms: &[u64], fates: &[Fate]) -> Run {
+        Run {
+            outcomes: ms
+                .iter()
+                .zip(fates)
+                .enumerate()
+                .map(|(i, (ms, fate))| Outcome {
+                    intended: Duration::from_millis(i as u64),
+                    send_lag: Duration::ZERO,
+                    latency: Duration::from_millis(*ms),
+                    fate: *fate,
+                })
+                .collect(),
+            cancelled: false,
+            elapsed: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn a_ratio_carries_both_sides_errors_and_is_refused_when_either_has_one() {
+        let ok = [Fate::Answered; 4];
+        let (a, b) = (run(&[2, 2, 2, 2], &ok), run(&[1, 1, 1, 1], &ok));
+        let r = ratio(&a, &b, Run::latency);
+        assert_eq!(r["valid"], true, "{r}");
+        assert!((r["p50"].as_f64().unwrap() - 2.0).abs() < 0.01, "{r}");
+        // The base answered fast with one failure (a fast 503, say): no ratio.
+        let failing = [Fate::Answered, Fate::Answered, Fate::Answered, Fate::Failed];
+        for (a, b, errors) in [
+            (&a, &run(&[1, 1, 1, 1], &failing), (0, 1)),
+            (&run(&[2, 2, 2, 0], &failing), &b, (1, 0)),
+        ] {
+            let r = ratio(a, b, Run::service);
+            assert_eq!(r["valid"], false, "{r}");
+            assert!(r["p50"].is_null() && r["p99"].is_null(), "{r}");
+            assert_eq!(
+                (r["activator_errors"].as_u64(), r["base_errors"].as_u64()),
+                (Some(errors.0), Some(errors.1))
+            );
+        }
+        // A request never sent is an error too.
+        let unsent = run(
+            &[1, 1, 1, 1],
+            &[
+                Fate::Answered,
+                Fate::Answered,
+                Fate::Answered,
+                Fate::Overflowed,
+            ],
+        );
+        assert_eq!(ratio(&a, &unsent, Run::latency)["valid"], false);
+    }
+}
