@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::common::{Failures, SampleSummary, Sender, in_flight_on, request_lines, via_a_member};
+use super::common::{
+    Failures, SampleSummary, Sender, in_flight_on, overflowed_at, request_lines, via_a_member,
+};
 use crate::Error;
 use crate::driver::{Ingress, Sample};
 use crate::observe::MemberWatch;
@@ -132,7 +134,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
         // Every member was warm before the load: each cold start in it came from a move.
         let extra = summary.cold_starts;
         let changes = members.changes() - changes_before;
-        let lines = request_lines(&samples, t0);
+        let lines = request_lines(&samples, &run, t0);
         let requests = run.due();
         let mut text = format!(
             "churn: {} nodes, {} revisions, {} req/s for {:.1} s, {moves} activators out and back in\n\
@@ -175,6 +177,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                 "ingress": ingress,
                 "requests": requests,
                 "overflowed": run.overflow(),
+                "overflowed_at_s": overflowed_at(&run),
                 "failed_requests": chosen.failed_requests,
                 "in_flight_on_moved": in_flight.len(),
                 "by_ingress": by_ingress,

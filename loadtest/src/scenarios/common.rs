@@ -265,11 +265,14 @@ pub fn api_delta(cluster: &SimCluster, before: &BTreeMap<String, u64>) -> BTreeM
         .collect()
 }
 
-/// Answered and failed requests per 100 ms since `t0`, as timeline lines.
-pub fn request_lines(samples: &[Sample], t0: Instant) -> Vec<Line> {
+/// Answered and failed requests per 100 ms since `t0`, as timeline lines; the run's requests
+/// that left no sample (never sent, cut off, a sender that panicked) are failed ones at their
+/// intended send times.
+pub fn request_lines(samples: &[Sample], run: &crate::open_loop::Run, t0: Instant) -> Vec<Line> {
     let events = samples
         .iter()
-        .map(|s| (s.sent.saturating_duration_since(t0).as_secs_f64(), s.ok()));
+        .map(|s| (s.sent.saturating_duration_since(t0).as_secs_f64(), s.ok()))
+        .chain(without_sample(run).map(|o| (o.intended.as_secs_f64(), false)));
     let bins = plot::bucket(events, 0.1);
     vec![
         Line {
@@ -281,6 +284,26 @@ pub fn request_lines(samples: &[Sample], t0: Instant) -> Vec<Line> {
             points: bins.iter().map(|b| (b.0, b.2)).collect(),
         },
     ]
+}
+
+/// The requests of an open-loop run that left no sample: never sent (overflow), cut off at
+/// the end of a cancelled run, or whose sender task panicked.
+pub fn without_sample(
+    run: &crate::open_loop::Run,
+) -> impl Iterator<Item = &crate::open_loop::Outcome> {
+    use crate::open_loop::Fate;
+    run.outcomes
+        .iter()
+        .filter(|o| matches!(o.fate, Fate::Overflowed | Fate::Aborted | Fate::Panicked))
+}
+
+/// When the requests that were never sent were due, in seconds from the run's start.
+pub fn overflowed_at(run: &crate::open_loop::Run) -> Vec<f64> {
+    run.outcomes
+        .iter()
+        .filter(|o| o.fate == crate::open_loop::Fate::Overflowed)
+        .map(|o| o.intended.as_secs_f64())
+        .collect()
 }
 
 /// Sends a request for `rev` through a random member of its subset as `members` sees it now
@@ -362,12 +385,7 @@ impl Failures {
             .iter()
             .filter(|s| failed(s))
             .map(|s| s.sent.saturating_duration_since(t0))
-            .chain(
-                run.outcomes
-                    .iter()
-                    .filter(|o| !o.ok() && o.fate != crate::open_loop::Fate::Failed)
-                    .map(|o| o.intended),
-            )
+            .chain(without_sample(run).map(|o| o.intended))
             .collect();
         let after = split.map_or(0, |r| at.iter().filter(|t| **t > r).count());
         Self {
@@ -394,4 +412,41 @@ pub fn in_flight_on<'a>(
             start <= window.1 && start + s.first_latency() >= window.0
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::open_loop::{Fate, Outcome, Run};
+    use std::time::Duration;
+
+    #[test]
+    fn requests_that_left_no_sample_are_failures_in_the_timeline_and_the_counts() {
+        let at = |ms: u64, fate: Fate| Outcome {
+            intended: Duration::from_millis(ms),
+            send_lag: Duration::ZERO,
+            latency: Duration::from_millis(1),
+            fate,
+        };
+        let run = Run {
+            outcomes: vec![
+                at(0, Fate::Answered),
+                at(150, Fate::Overflowed),
+                at(160, Fate::Panicked),
+            ],
+            cancelled: false,
+            elapsed: Duration::from_millis(200),
+        };
+        let t0 = Instant::now();
+        let mut sample = Sample::unsent("r", String::new());
+        (sample.error, sample.status, sample.entry, sample.sent) = (None, 200, "n".into(), t0);
+        let lines = request_lines(std::slice::from_ref(&sample), &run, t0);
+        let total = |l: &Line| l.points.iter().map(|p| p.1).sum::<f64>();
+        assert_eq!((total(&lines[0]), total(&lines[1])), (1.0, 2.0));
+        assert_eq!(overflowed_at(&run), [0.15]);
+        let f = Failures::of(&run, &[sample], t0, Some(Duration::from_millis(155)), |s| {
+            !s.ok()
+        });
+        assert_eq!((f.failed_requests, f.before, f.after), (2, 1, 1));
+    }
 }

@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::common::{Failures, SampleSummary, Sender, in_flight_on, request_lines, via_a_member};
+use super::common::{
+    Failures, SampleSummary, Sender, in_flight_on, overflowed_at, request_lines, via_a_member,
+};
 use crate::Error;
 use crate::driver::{Ingress, Sample};
 use crate::observe::MemberWatch;
@@ -122,7 +124,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
             let in_flight_failed = in_flight.iter().filter(|s| !s.ok()).count();
             let in_flight_failed_first = in_flight.iter().filter(|s| !s.ok_without_retry()).count();
             let repair_ms = repaired_at.map(|r| (r - killed_at).as_secs_f64() * 1e3);
-            let lines = request_lines(&samples, t0);
+            let lines = request_lines(&samples, &run, t0);
             let mut marks = vec![(killed_at.as_secs_f64(), format!("{} killed", victims.len()))];
             if let Some(r) = repaired_at {
                 marks.push((r.as_secs_f64(), "subsets repaired".into()));
@@ -192,6 +194,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                     "ingress": ingress,
                     "requests": requests,
                     "overflowed": run.overflow(),
+                    "overflowed_at_s": overflowed_at(&run),
                     "failed_requests": chosen.failed_requests,
                     "failed_after_repair": repaired_at.map(|_| chosen.after),
                     "in_flight_on_killed": in_flight.len(),

@@ -43,6 +43,7 @@ fn figures(run: &Run) -> serde_json::Value {
         "errors": run.errors(),
         "failed": run.count(Fate::Failed) + run.count(Fate::Panicked),
         "overflow": run.overflow(),
+        "overflowed_at_s": super::common::overflowed_at(run),
         "aborted": run.count(Fate::Aborted),
         "throughput_rps": run.throughput(),
         "latency_ms": run.latency(),
