@@ -332,3 +332,116 @@ fn before_any_response_byte(e: &hyper_util::client::legacy::Error) -> bool {
     }
     false
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A server on loopback that reads one request head per connection, writes `answer` (if
+    /// any) and closes it.
+    async fn server(answer: Option<&'static [u8]>) -> SocketAddr {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                tokio::spawn(async move {
+                    let mut got = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => got.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    if let Some(a) = answer {
+                        let _ = s.write_all(a).await;
+                    }
+                    // Dropped: closed, with or without an answer.
+                });
+            }
+        });
+        addr
+    }
+
+    async fn get(addr: SocketAddr) -> Sample {
+        Driver::new().get(("n", addr), "r", "h", "/").await
+    }
+
+    #[tokio::test]
+    async fn a_failure_before_any_answer_byte_is_retryable_and_an_answer_is_not() {
+        // Refused: nothing listens there any more.
+        let gone = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap()
+        };
+        let s = get(gone).await;
+        assert!(!s.ok() && s.retryable, "refused: {s:?}");
+        // Closed after reading the request, before answering.
+        let s = get(server(None).await).await;
+        assert!(!s.ok() && s.retryable, "closed before the answer: {s:?}");
+        // An answer, even a failed one, is the app's: not retried.
+        let answer = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 4\r\n\r\nfull";
+        let s = get(server(Some(answer)).await).await;
+        assert_eq!(s.status, 503);
+        assert!(!s.ok() && !s.retryable, "answered: {s:?}");
+    }
+
+    fn sample(entry: &str, status: u16, retryable: bool) -> Sample {
+        Sample {
+            entry: entry.into(),
+            status,
+            error: (status != 200).then(|| "boom".into()),
+            retryable,
+            latency: Duration::from_millis(10),
+            ..Sample::unsent("r", String::new())
+        }
+    }
+
+    #[tokio::test]
+    async fn the_retry_model_retries_once_elsewhere_only_what_failed_before_an_answer() {
+        let a: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let run = |ingress, first: Sample| {
+            let sent = Mutex::new(Vec::new());
+            async move {
+                let s = with_ingress(
+                    ingress,
+                    ("a".into(), a),
+                    |failed| (failed == "a").then(|| ("b".to_string(), a)),
+                    |(node, _)| {
+                        sent.lock().unwrap().push(node.clone());
+                        let s = if node == "a" {
+                            first.clone()
+                        } else {
+                            sample("b", 200, false)
+                        };
+                        async move { s }
+                    },
+                )
+                .await;
+                (s, sent.into_inner().unwrap())
+            }
+        };
+        // Refused on a: once more, on b; both attempts counted, the first kept.
+        let (s, sent) = run(Ingress::Retry, sample("a", 0, true)).await;
+        assert_eq!(sent, ["a", "b"]);
+        assert!(s.ok() && !s.ok_without_retry(), "{s:?}");
+        assert_eq!((s.attempts(), s.first_entry()), (2, "a"));
+        assert_eq!(s.first_latency(), Duration::from_millis(10));
+        assert!(
+            s.latency >= Duration::from_millis(10),
+            "both attempts: {s:?}"
+        );
+        // No retry under `none`, nor of an answer (a 503), nor of a success.
+        for (ingress, first) in [
+            (Ingress::None, sample("a", 0, true)),
+            (Ingress::Retry, sample("a", 503, false)),
+            (Ingress::Retry, sample("a", 200, false)),
+        ] {
+            let (s, sent) = run(ingress, first.clone()).await;
+            assert_eq!(sent, ["a"], "{ingress:?} {first:?}");
+            assert_eq!((s.attempts(), s.ok()), (1, first.ok()));
+        }
+    }
+}
