@@ -303,10 +303,21 @@ impl Spread {
 }
 
 impl WarmReport {
+    /// A run with no error: a ratio is taken only between two of those (one whose socket
+    /// errors cut requests short would be compared on fewer, or faster, answers).
     fn row(&self, target: &str, conns: usize, round: usize) -> Option<&Row> {
         self.rows
             .iter()
             .find(|r| r.target == target && r.conns == conns && r.round == round)
+            .filter(|r| r.result.errors == 0)
+    }
+
+    /// Runs at `conns` connections with errors: the rounds they are in give no ratio.
+    fn runs_with_errors(&self, conns: usize) -> usize {
+        self.rows
+            .iter()
+            .filter(|r| r.conns == conns && r.result.errors > 0)
+            .count()
     }
 
     fn conns(&self) -> Vec<usize> {
@@ -438,6 +449,13 @@ impl fmt::Display for WarmReport {
                 spread(self.cpu_ratio(NGINX, c), 2),
                 spread(self.cpu_ratio(NGINX_FWD, c), 2)
             )?;
+            let bad = self.runs_with_errors(c);
+            if bad > 0 {
+                writeln!(
+                    f,
+                    "{c:>5} {bad} run(s) had errors (see the table): their rounds give no ratio"
+                )?;
+            }
         }
         writeln!(
             f,
@@ -522,6 +540,12 @@ mod tests {
         assert!((r.min - 0.9).abs() < 1e-9 && (r.max - 1.1).abs() < 1e-9);
         assert!((r.median - 1.0).abs() < 1e-9);
         assert!(report.throughput_ratio(NGINX, 32).is_none());
+        // A run with a socket error gives its round no ratio, and the report says so.
+        let mut with_errors = report.clone();
+        with_errors.rows[3].result.errors = 2;
+        let r = with_errors.throughput_ratio(NGINX, 8).unwrap();
+        assert_eq!((r.min, r.max), (0.9, 0.9), "round 1 left out");
+        assert!(with_errors.to_string().contains("1 run(s) had errors"));
     }
 
     #[test]
