@@ -283,6 +283,20 @@ mod tests {
             assert!(j["cold_start_ms"].get(k).is_some());
         }
         assert!(s.to_text().contains("error: b via node-0: 502 boom"));
+        // A request that waited for a pod start and then failed (a 504) is a cold start too.
+        let mut failed_cold = samples.clone();
+        failed_cold.push(sample("c", 504, 900, true, "c-1"));
+        let s = Summary::build(
+            &failed_cold,
+            &BTreeMap::new(),
+            3,
+            3,
+            300,
+            BTreeMap::new(),
+            10.0,
+        );
+        assert_eq!((s.errors, s.cold_starts), (2, 3));
+        assert_eq!(s.per_revision[2].cold_starts, 1);
         let none = Summary::build(&[], &BTreeMap::new(), 1, 0, 0, BTreeMap::new(), 0.0);
         assert!(none.to_text().contains("warm ms        no samples"));
     }
