@@ -6,7 +6,7 @@
 //! with its intended send time as "did not complete within the run", an error, and it sits in
 //! the latency tail at the time from its intended send to the run's end.
 //!
-//! Every request due is an [`Outcome`]: answered, failed (at its time to failure), its sender
+//! Every request due is an [`Outcome`]: answered, failed (with its time to failure), its sender
 //! task panicked, never sent, or still outstanding when a cancelled run stopped. No figure
 //! leaves one out.
 
@@ -412,7 +412,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_failed_or_panicked_send_is_a_failure_at_its_time_to_failure() {
+    async fn a_failed_or_panicked_send_is_a_failure_ranked_after_every_answer() {
         let cancel = CancellationToken::new();
         let run = OpenLoop {
             rate: 10.0,
