@@ -4,7 +4,7 @@
 //! omission). Bounded: `rate × duration` requests at most, and at most `max_in_flight` at once —
 //! a request due while that many are outstanding is not sent (nor delayed): it is recorded
 //! with its intended send time as "did not complete within the run", an error, and it sits in
-//! the latency tail at the time from its intended send to the run's end.
+//! the latency tail after every answer (see [`Latency`]).
 //!
 //! Every request due is an [`Outcome`]: answered, failed (with its time to failure), its sender
 //! task panicked, never sent, or still outstanding when a cancelled run stopped. No figure
