@@ -129,6 +129,10 @@ pub struct Metrics {
     pub drained_to_peers: Counter,
     /// Times this node found itself unable to start a revision's pod.
     pub node_full: Counter,
+    /// Scaler decisions taken while a revision was idle past its idleTimeoutSeconds with a
+    /// minScale share to keep (scaler ticks, not pods): shows minScale holding pods an idle
+    /// revision would otherwise give up, and lets a test await that decision.
+    pub idle_kept_min_scale: Counter,
     /// Requests refused 503 + Retry-After because the buffer was full (the revision's
     /// `--queue-limit` or the node's `--queue-limit-total`).
     pub buffer_full: Counter,
@@ -154,6 +158,7 @@ impl Default for Metrics {
             forwards: Counter::default(),
             drained_to_peers: Counter::default(),
             node_full: Counter::default(),
+            idle_kept_min_scale: Counter::default(),
             buffer_full: Counter::default(),
             fast_lane_handovers: Counter::default(),
             moved_on_accept: Counter::default(),
@@ -252,6 +257,12 @@ impl Metrics {
             "node_full",
             "Times this node could not start a revision's pod and sent its requests elsewhere",
             self.node_full.clone(),
+        );
+        r.register(
+            "idle_kept_min_scale",
+            "Scaler decisions taken while a revision was idle past its idleTimeoutSeconds with \
+             a minScale share of pods to keep",
+            self.idle_kept_min_scale.clone(),
         );
         r.register(
             "buffer_full",

@@ -333,6 +333,15 @@ impl Scaler {
                 self.remove(pods, live_count.saturating_sub(k), PodReason::Idle);
             }
         }
+        // Counted after the decision is acted on: whoever sees this count also sees any pod
+        // that decision removed (`pods_deleted`, counted as it is removed).
+        if in_flight == 0
+            && queued == 0
+            && observed.idle_for >= policy.idle_timeout
+            && observed.min_pods > 0
+        {
+            sh.metrics.idle_kept_min_scale.inc();
+        }
         // Retire: nothing here, nothing waiting, nothing to keep.
         if live_count == 0
             && observed.min_pods == 0

@@ -141,7 +141,11 @@ pub async fn run(opts: &BufferOptions) -> Result<BufferReport, Error> {
     )?;
     activator.wait_ready(Duration::from_secs(60)).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let idle_rss = activator.rss_bytes().unwrap_or(0);
+    // No figure rather than a wrong one: an unreadable RSS read as 0 would report 0 KiB per
+    // request (or a negative growth clamped to 0).
+    let idle_rss = activator
+        .rss_bytes()
+        .ok_or_else(|| rss_unreadable(activator.pid()))?;
     tracing::info!(idle_rss_mib = mib(idle_rss), m, "opening connections");
 
     let connected = Arc::new(AtomicUsize::new(0));
@@ -222,7 +226,9 @@ pub async fn run(opts: &BufferOptions) -> Result<BufferReport, Error> {
         }
     };
     tokio::time::sleep(opts.settle).await;
-    let waiting_rss = activator.rss_bytes().unwrap_or(0);
+    let waiting_rss = activator
+        .rss_bytes()
+        .ok_or_else(|| rss_unreadable(activator.pid()))?;
     let early_answers = answered.load(Ordering::Relaxed);
     let read_at = Instant::now();
     tracing::info!(
@@ -315,5 +321,13 @@ impl fmt::Display for BufferReport {
             self.statuses,
             self.errors
         )
+    }
+}
+
+/// The error when the activator's `VmRSS` cannot be read (no `/proc`, the process gone).
+fn rss_unreadable(pid: u32) -> Error {
+    Error::Parse {
+        what: "the activator's RSS",
+        message: format!("no VmRSS line in /proc/{pid}/status (not Linux, or the process is gone)"),
     }
 }

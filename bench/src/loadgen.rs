@@ -30,8 +30,10 @@ impl std::fmt::Display for Generator {
 #[derive(Debug, Clone, PartialEq)]
 pub struct LoadResult {
     pub generator: Generator,
-    /// Answers received (of any status).
+    /// 2xx answers: the only ones counted as throughput (a fast 503 is not work done).
     pub requests: u64,
+    /// Answers with any other status (wrk: 4xx and 5xx, which is what it counts).
+    pub non_2xx: u64,
     /// Non-2xx answers and connection errors.
     pub errors: u64,
     pub elapsed: Duration,
@@ -136,9 +138,9 @@ async fn builtin_on_this_thread(
         tasks.spawn(async move { one_connection(target, &headers, end).await });
     }
     let mut hist = new_histogram();
-    let (mut requests, mut errors) = (0u64, 0u64);
+    let (mut requests, mut non_2xx, mut errors) = (0u64, 0u64, 0u64);
     while let Some(r) = tasks.join_next().await {
-        let (h, n, e) = r.map_err(|e| Error::Start {
+        let (h, n, bad, e) = r.map_err(|e| Error::Start {
             what: "a load connection".into(),
             message: e.to_string(),
         })?;
@@ -147,12 +149,14 @@ async fn builtin_on_this_thread(
             message: e.to_string(),
         })?;
         requests += n;
+        non_2xx += bad;
         errors += e;
     }
     let elapsed = began.elapsed();
     Ok(LoadResult {
         generator: Generator::Builtin,
         requests,
+        non_2xx,
         errors,
         elapsed,
         p50: Duration::from_micros(hist.value_at_quantile(0.5)),
@@ -166,14 +170,14 @@ fn new_histogram() -> Histogram<u64> {
 }
 
 /// GETs on one connection until `end`; reconnects after an error. Returns the latencies (µs),
-/// answers and errors.
+/// 2xx answers, other answers, and errors (the other answers and failed requests).
 async fn one_connection(
     target: SocketAddr,
     headers: &[(String, String)],
     end: Instant,
-) -> (Histogram<u64>, u64, u64) {
+) -> (Histogram<u64>, u64, u64, u64) {
     let mut hist = new_histogram();
-    let (mut answers, mut errors) = (0u64, 0u64);
+    let (mut answers, mut non_2xx, mut errors) = (0u64, 0u64, 0u64);
     let mut conn: Option<Conn> = None;
     while Instant::now() < end {
         let c = match conn.as_mut() {
@@ -192,8 +196,10 @@ async fn one_connection(
         match c.get("/").await {
             Ok(reply) => {
                 hist.saturating_record(t.elapsed().as_micros() as u64);
-                answers += 1;
-                if !reply.status.is_success() {
+                if reply.status.is_success() {
+                    answers += 1;
+                } else {
+                    non_2xx += 1;
                     errors += 1;
                 }
             }
@@ -204,5 +210,54 @@ async fn one_connection(
             }
         }
     }
-    (hist, answers, errors)
+    (hist, answers, non_2xx, errors)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A server on loopback whose every answer is a 503 (as a full buffer would give).
+    async fn always_503() -> SocketAddr {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 1024];
+                    loop {
+                        let Ok(n) = s.read(&mut chunk).await else {
+                            return;
+                        };
+                        if n == 0 {
+                            return;
+                        }
+                        buf.extend_from_slice(&chunk[..n]);
+                        while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            buf.drain(..end + 4);
+                            let answer = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 4\r\n\r\nfull";
+                            if s.write_all(answer).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn answers_that_are_not_2xx_are_not_throughput() {
+        let addr = always_503().await;
+        let r = builtin(addr, Vec::new(), 2, Duration::from_millis(200))
+            .await
+            .unwrap();
+        assert_eq!(r.requests, 0, "{r:?}");
+        assert!(r.non_2xx > 0, "{r:?}");
+        assert_eq!(r.errors, r.non_2xx, "{r:?}");
+        assert_eq!(r.rps(), 0.0);
+    }
 }

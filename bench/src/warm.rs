@@ -177,14 +177,16 @@ pub async fn run(opts: &WarmOptions) -> Result<WarmReport, Error> {
                 for (target, addr, pid) in in_round_order(&targets, round) {
                     tracing::info!(target, conns, round, "measuring");
                     if !opts.warmup.is_zero() {
-                        loadgen
+                        let warm = loadgen
                             .measure(*addr, &headers, conns, Duration::ZERO, opts.warmup)
                             .await?;
+                        only_2xx(target, *addr, &warm)?;
                     }
                     let cpu_before = pid.and_then(crate::cpu::of_tree);
                     let result = loadgen
                         .measure(*addr, &headers, conns, Duration::ZERO, opts.duration)
                         .await?;
+                    only_2xx(target, *addr, &result)?;
                     let cpu = cpu_before.zip(pid.and_then(crate::cpu::of_tree));
                     let cpu_per_request = cpu
                         .filter(|_| result.requests > 0)
@@ -232,6 +234,21 @@ pub async fn run(opts: &WarmOptions) -> Result<WarmReport, Error> {
         warmup: opts.warmup,
         rounds: opts.rounds,
         rows,
+    })
+}
+
+/// Refuses a run with any answer that is not 2xx: a target answering 503 fast would look
+/// faster than one doing the work, so such a bench measures nothing.
+fn only_2xx(target: &str, addr: SocketAddr, result: &LoadResult) -> Result<(), Error> {
+    if result.non_2xx == 0 {
+        return Ok(());
+    }
+    Err(Error::Http {
+        target: format!("{target} at {addr}"),
+        message: format!(
+            "{} answers were not 2xx (beside {} that were): the warm path is not being measured",
+            result.non_2xx, result.requests
+        ),
     })
 }
 
@@ -286,10 +303,21 @@ impl Spread {
 }
 
 impl WarmReport {
+    /// A run with no error: a ratio is taken only between two of those (one whose socket
+    /// errors cut requests short would be compared on fewer, or faster, answers).
     fn row(&self, target: &str, conns: usize, round: usize) -> Option<&Row> {
         self.rows
             .iter()
             .find(|r| r.target == target && r.conns == conns && r.round == round)
+            .filter(|r| r.result.errors == 0)
+    }
+
+    /// Runs at `conns` connections with errors: the rounds they are in give no ratio.
+    fn runs_with_errors(&self, conns: usize) -> usize {
+        self.rows
+            .iter()
+            .filter(|r| r.conns == conns && r.result.errors > 0)
+            .count()
     }
 
     fn conns(&self) -> Vec<usize> {
@@ -421,6 +449,13 @@ impl fmt::Display for WarmReport {
                 spread(self.cpu_ratio(NGINX, c), 2),
                 spread(self.cpu_ratio(NGINX_FWD, c), 2)
             )?;
+            let bad = self.runs_with_errors(c);
+            if bad > 0 {
+                writeln!(
+                    f,
+                    "{c:>5} {bad} run(s) had errors (see the table): their rounds give no ratio"
+                )?;
+            }
         }
         writeln!(
             f,
@@ -470,6 +505,7 @@ mod tests {
             result: LoadResult {
                 generator: Generator::Builtin,
                 requests,
+                non_2xx: 0,
                 errors: 0,
                 elapsed: Duration::from_secs(1),
                 p50: Duration::ZERO,
@@ -504,5 +540,21 @@ mod tests {
         assert!((r.min - 0.9).abs() < 1e-9 && (r.max - 1.1).abs() < 1e-9);
         assert!((r.median - 1.0).abs() < 1e-9);
         assert!(report.throughput_ratio(NGINX, 32).is_none());
+        // A run with a socket error gives its round no ratio, and the report says so.
+        let mut with_errors = report.clone();
+        with_errors.rows[3].result.errors = 2;
+        let r = with_errors.throughput_ratio(NGINX, 8).unwrap();
+        assert_eq!((r.min, r.max), (0.9, 0.9), "round 1 left out");
+        assert!(with_errors.to_string().contains("1 run(s) had errors"));
+    }
+
+    #[test]
+    fn a_run_with_any_answer_not_2xx_is_refused() {
+        let addr = "127.0.0.1:1".parse().unwrap();
+        let mut r = row(ACTIVATOR, 8, 0, 1000).result;
+        assert!(only_2xx(ACTIVATOR, addr, &r).is_ok());
+        r.non_2xx = 1;
+        let e = only_2xx(ACTIVATOR, addr, &r).unwrap_err().to_string();
+        assert!(e.contains("1 answers were not 2xx"), "{e}");
     }
 }

@@ -15,7 +15,7 @@ use rand::RngExt;
 
 use crate::Error;
 use crate::cluster::SimCluster;
-use crate::driver::{Driver, Sample};
+use crate::driver::{Driver, Ingress, Sample, with_ingress};
 use crate::report::Summary;
 
 /// The demo's knobs.
@@ -31,6 +31,8 @@ pub struct DemoOptions {
     pub start_delay_ms: u64,
     /// Name revisions by Host header (true) or by the `x-revision-*` headers.
     pub by_host: bool,
+    /// What sits in front of the activators (a retry goes to another random activator).
+    pub ingress: Ingress,
 }
 
 impl Default for DemoOptions {
@@ -42,6 +44,7 @@ impl Default for DemoOptions {
             burst: 3,
             start_delay_ms: 300,
             by_host: true,
+            ingress: Ingress::Retry,
         }
     }
 }
@@ -105,21 +108,39 @@ pub async fn run(cluster: &SimCluster, opts: &DemoOptions) -> Result<Summary, Er
         let namespace = opts.namespace.clone();
         let by_host = opts.by_host;
         let (requests, burst) = (opts.requests, opts.burst.min(opts.requests));
+        let ingress = opts.ingress;
         async move {
-            let pick = || {
-                let (n, a) = &entries[rand::rng().random_range(0..entries.len())];
-                (n.clone(), *a)
+            // A random activator (but `not`, the one a retry follows).
+            let pick = |not: Option<&str>| {
+                let others: Vec<&(String, std::net::SocketAddr)> = entries
+                    .iter()
+                    .filter(|(n, _)| Some(n.as_str()) != not)
+                    .collect();
+                (!others.is_empty())
+                    .then(|| others[rand::rng().random_range(0..others.len())].clone())
             };
             let send = |i: usize| {
-                let (n, a) = pick();
+                let first = pick(None).expect("the cluster has activators");
                 let (driver, host, namespace) = (driver.clone(), host.clone(), namespace.clone());
+                let pick = &pick;
                 async move {
                     let path = format!("/demo/{i}");
-                    if by_host {
-                        driver.get((&n, a), name, &host, &path).await
-                    } else {
-                        driver.get_named((&n, a), &namespace, name, &path).await
-                    }
+                    let attempt = |(n, a): (String, std::net::SocketAddr)| {
+                        let (driver, host, namespace, path) = (
+                            driver.clone(),
+                            host.clone(),
+                            namespace.clone(),
+                            path.clone(),
+                        );
+                        async move {
+                            if by_host {
+                                driver.get((&n, a), name, &host, &path).await
+                            } else {
+                                driver.get_named((&n, a), &namespace, name, &path).await
+                            }
+                        }
+                    };
+                    with_ingress(ingress, first, |failed| pick(Some(failed)), attempt).await
                 }
             };
             let mut samples: Vec<Sample> = join_all((0..burst).map(send)).await;
@@ -159,6 +180,7 @@ pub async fn run(cluster: &SimCluster, opts: &DemoOptions) -> Result<Summary, Er
         wall_ms,
     );
     summary.api_server = cluster.api_description().to_string();
+    summary.ingress = opts.ingress;
     Ok(summary)
 }
 

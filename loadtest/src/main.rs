@@ -69,6 +69,11 @@ enum Cmd {
         /// activators read only the revisions requests name).
         #[arg(long, default_value = "host", value_parser = ["host", "headers"])]
         routing: String,
+        /// What sits in front of the activators: `none` never retries; `retry` retries once,
+        /// on another activator, a request that failed before any response byte. With
+        /// `retry` the report gives both (the first attempts are what `none` would see).
+        #[arg(long, value_enum, default_value_t = loadtest::driver::Ingress::Retry)]
+        ingress: loadtest::driver::Ingress,
         /// Write the summary as JSON here.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -148,6 +153,7 @@ async fn main() -> anyhow::Result<()> {
             start_delay_ms,
             activators,
             routing,
+            ingress,
             json,
             api_write_latency,
         } => {
@@ -177,6 +183,7 @@ async fn main() -> anyhow::Result<()> {
                     burst,
                     start_delay_ms,
                     by_host,
+                    ingress,
                     ..DemoOptions::default()
                 },
             )

@@ -153,6 +153,22 @@ impl Drop for PodWatch {
     }
 }
 
+/// One revision's members at a time, as a [`MemberWatch`] sees them.
+#[derive(Clone)]
+pub struct MemberView(Arc<std::sync::Mutex<BTreeMap<String, BTreeSet<String>>>>);
+
+impl MemberView {
+    /// The member nodes of `revision` now (none when it has no ActivationEndpoints yet).
+    pub fn of(&self, revision: &str) -> Vec<String> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(revision)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
 /// The members of every ActivationEndpoints of a namespace as one watch sees them; counts
 /// member changes (a node in or out of a subset).
 pub struct MemberWatch {
@@ -201,6 +217,12 @@ impl MemberWatch {
             changed,
             task,
         }
+    }
+
+    /// A handle that reads one revision's members, for a request's retry (which happens
+    /// after the watch may have moved on).
+    pub fn view(&self) -> MemberView {
+        MemberView(self.members.clone())
     }
 
     /// Member nodes by revision, now.

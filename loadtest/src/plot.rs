@@ -114,9 +114,14 @@ pub fn anatomy(title: &str, a: &Anatomy) -> Result<String, Error> {
     })
 }
 
-/// The cumulative distribution of each series' latencies (ms, log scale).
+/// The cumulative distribution of each series' latencies (ms, log scale). A non-finite value
+/// is a request that got no answer (failed, or did not complete): it counts in the series'
+/// n, so the curve ends below 1 by the share that failed, and the legend says how many.
 pub fn cdf(title: &str, series: &[(&str, Vec<f64>)]) -> Result<String, Error> {
-    let all = series.iter().flat_map(|(_, v)| v.iter().copied());
+    let all = series
+        .iter()
+        .flat_map(|(_, v)| v.iter().copied())
+        .filter(|v| v.is_finite());
     let (lo, hi) = all.fold((f64::MAX, 0.0f64), |(lo, hi), v| (lo.min(v), hi.max(v)));
     let (lo, hi) = if hi <= 0.0 {
         (0.01, 1.0)
@@ -142,9 +147,12 @@ pub fn cdf(title: &str, series: &[(&str, Vec<f64>)]) -> Result<String, Error> {
             if values.is_empty() {
                 continue;
             }
-            let mut v = values.clone();
+            // A request that got no answer counts in n and is never drawn: the curve stops
+            // at the share answered.
+            let mut v: Vec<f64> = values.iter().copied().filter(|v| v.is_finite()).collect();
             v.sort_by(f64::total_cmp);
-            let n = v.len() as f64;
+            let n = values.len() as f64;
+            let failed = values.len() - v.len();
             let color = COLORS[i % COLORS.len()];
             chart
                 .draw_series(LineSeries::new(
@@ -154,7 +162,11 @@ pub fn cdf(title: &str, series: &[(&str, Vec<f64>)]) -> Result<String, Error> {
                     color.stroke_width(2),
                 ))
                 .map_err(err)?
-                .label(format!("{name} (n={})", v.len()))
+                .label(if failed == 0 {
+                    format!("{name} (n={})", values.len())
+                } else {
+                    format!("{name} (n={}, {failed} not answered)", values.len())
+                })
                 .legend(move |(x, y)| {
                     PathElement::new([(x, y), (x + 14, y)], color.stroke_width(2))
                 });
@@ -288,10 +300,14 @@ mod tests {
         }
         let svg = cdf(
             "latency",
-            &[("cold", vec![300.0, 310.0]), ("warm", vec![0.5, 1.0, 2.0])],
+            &[
+                ("cold", vec![300.0, 310.0, f64::INFINITY]),
+                ("warm", vec![0.5, 1.0, 2.0]),
+            ],
         )
         .unwrap();
-        assert!(svg.contains("warm (n=3)") && svg.contains("cold (n=2)"));
+        assert!(svg.contains("warm (n=3)"), "{svg}");
+        assert!(svg.contains("cold (n=3, 1 not answered)"), "{svg}");
         let svg = timeline(
             "run",
             "requests per 100 ms",

@@ -5,7 +5,8 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::driver::Sample;
+use crate::driver::{Ingress, Sample};
+use crate::scenarios::common::pct_line;
 use crate::stats::Percentiles;
 
 /// Per-revision figures.
@@ -15,6 +16,7 @@ pub struct RevisionRow {
     pub members: Vec<String>,
     pub requests: usize,
     pub errors: usize,
+    /// Requests that waited for a pod start (failed ones included).
     pub cold_starts: usize,
     /// Distinct pods that answered.
     pub pods: usize,
@@ -28,11 +30,22 @@ pub struct Summary {
     pub nodes: usize,
     pub revisions: usize,
     pub requests: usize,
+    /// Requests that failed (after the ingress model's retry, if it made one).
     pub errors: usize,
-    /// Requests that waited for a pod to start.
+    /// The ingress model the requests were sent under.
+    pub ingress: Ingress,
+    /// Requests whose first attempt failed: the errors with no retry (`ingress: none`).
+    pub errors_without_retry: usize,
+    /// Requests the ingress model retried, and attempts made in all.
+    pub retried: usize,
+    pub attempts: usize,
+    /// Requests that waited for a pod to start (failed ones included).
     pub cold_starts: usize,
     /// App pods of the demo's revisions at the end of the run.
     pub pods_created: u64,
+    /// Every request; a failed one ranks after every answer (see [`Percentiles`]).
+    pub all_ms: Percentiles,
+    /// Answered requests that waited for a pod start, and the other answered ones.
     pub cold_start_ms: Percentiles,
     pub warm_ms: Percentiles,
     /// The simulated pod start delay, so cold-start latency can be read net of it.
@@ -71,7 +84,7 @@ impl Summary {
                     members: members.get(*rev).cloned().unwrap_or_default(),
                     requests: ss.len(),
                     errors: ss.iter().filter(|s| !s.ok()).count(),
-                    cold_starts: ss.iter().filter(|s| s.ok() && s.cold).count(),
+                    cold_starts: ss.iter().filter(|s| s.cold).count(),
                     pods: ss
                         .iter()
                         .filter_map(|s| s.pod.as_deref())
@@ -83,13 +96,20 @@ impl Summary {
             })
             .collect();
         let (cold, warm) = latencies(samples.iter());
+        let answered: Vec<_> = cold.iter().chain(&warm).copied().collect();
+        let errors = samples.iter().filter(|s| !s.ok()).count();
         Self {
             nodes,
             revisions: by_rev.len(),
             requests: samples.len(),
-            errors: samples.iter().filter(|s| !s.ok()).count(),
-            cold_starts: cold.len(),
+            errors,
+            ingress: Ingress::None,
+            errors_without_retry: samples.iter().filter(|s| !s.ok_without_retry()).count(),
+            retried: samples.iter().filter(|s| s.first.is_some()).count(),
+            attempts: samples.iter().map(Sample::attempts).sum(),
+            cold_starts: samples.iter().filter(|s| s.cold).count(),
             pods_created,
+            all_ms: Percentiles::with_failed(&answered, errors),
             cold_start_ms: Percentiles::of(&cold),
             warm_ms: Percentiles::of(&warm),
             start_delay_ms,
@@ -97,7 +117,7 @@ impl Summary {
             api_server: String::new(),
             wall_ms,
             per_revision,
-            error_samples: crate::scenarios::common::errors(samples),
+            error_samples: crate::scenarios::common::errors_of(samples),
         }
     }
 
@@ -141,13 +161,21 @@ impl Summary {
             self.pods_created,
             self.wall_ms
         );
+        if self.ingress == Ingress::Retry {
+            let _ = writeln!(
+                o,
+                "ingress retry (one retry on another activator of a request refused or reset before any answer): {} retried, {} attempts; errors with no retry (ingress none) {}",
+                self.retried, self.attempts, self.errors_without_retry
+            );
+        }
+        o += &pct_line("all ms", &self.all_ms);
         let c = &self.cold_start_ms;
         if c.count == 0 {
             let _ = writeln!(o, "cold start ms  no samples");
         } else {
             let _ = writeln!(
                 o,
-                "cold start ms  p50 {:.1}  p90 {:.1}  p99 {:.1}  max {:.1}   (simulated start delay {} ms; p50 net of it {:.1})",
+                "cold start ms  p50 {:.1}  p90 {:.1}  p99 {:.1}  max {:.1}   (answered; simulated start delay {} ms; p50 net of it {:.1})",
                 c.p50,
                 c.p90,
                 c.p99,
@@ -162,7 +190,7 @@ impl Summary {
         } else {
             let _ = writeln!(
                 o,
-                "warm ms        p50 {:.2}  p90 {:.2}  p99 {:.2}  max {:.2}",
+                "warm ms        p50 {:.2}  p90 {:.2}  p99 {:.2}  max {:.2}   (answered)",
                 w.p50, w.p90, w.p99, w.max
             );
         }
@@ -211,6 +239,8 @@ mod tests {
             error: (status >= 400).then(|| "boom".to_string()),
             sent: std::time::Instant::now(),
             phases: None,
+            retryable: false,
+            first: None,
         }
     }
 
@@ -228,9 +258,14 @@ mod tests {
             (4, 1, 2, 2)
         );
         assert_eq!(s.cold_start_ms.max, 500.0);
-        assert_eq!(
-            s.warm_ms.count, 1,
-            "failed requests are not latency samples"
+        assert_eq!(s.warm_ms.count, 1, "answered warm requests");
+        // The failed one (1 ms) ranks after every answer: the max is not 500 ms.
+        assert_eq!((s.all_ms.count, s.all_ms.failed), (4, 1));
+        assert_eq!(s.all_ms.max, f64::INFINITY);
+        assert!(
+            s.to_text().contains("(n=4, 1 failed, ranked last)"),
+            "{}",
+            s.to_text()
         );
         let j = s.to_json();
         for k in [
@@ -248,6 +283,20 @@ mod tests {
             assert!(j["cold_start_ms"].get(k).is_some());
         }
         assert!(s.to_text().contains("error: b via node-0: 502 boom"));
+        // A request that waited for a pod start and then failed (a 504) is a cold start too.
+        let mut failed_cold = samples.clone();
+        failed_cold.push(sample("c", 504, 900, true, "c-1"));
+        let s = Summary::build(
+            &failed_cold,
+            &BTreeMap::new(),
+            3,
+            3,
+            300,
+            BTreeMap::new(),
+            10.0,
+        );
+        assert_eq!((s.errors, s.cold_starts), (2, 3));
+        assert_eq!(s.per_revision[2].cold_starts, 1);
         let none = Summary::build(&[], &BTreeMap::new(), 1, 0, 0, BTreeMap::new(), 0.0);
         assert!(none.to_text().contains("warm ms        no samples"));
     }

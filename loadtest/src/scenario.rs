@@ -119,6 +119,12 @@ pub struct Knobs {
     /// How requests name their revision: `headers` (as an ingress) or `host`.
     #[arg(long)]
     pub routing: Option<String>,
+    /// What sits in front of the activators (node-failure, churn): `none` never retries;
+    /// `retry` retries once on another member a request that failed before any response
+    /// byte. With `retry` the report gives both: the first attempts are what `none` would
+    /// have seen.
+    #[arg(long, value_enum)]
+    pub ingress: Option<crate::driver::Ingress>,
 }
 
 macro_rules! or_fields {
@@ -149,7 +155,8 @@ impl Knobs {
             cycles,
             active_share,
             sample_activators,
-            routing
+            routing,
+            ingress
         )
     }
 

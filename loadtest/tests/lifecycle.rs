@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use activator::metrics::{PodReason, ReasonLabel};
 use crds::contract::REVISION_LABEL;
 use futures::StreamExt;
 use futures::future::join_all;
@@ -360,7 +361,34 @@ async fn min_scale_starts_pods_without_a_request_and_keeps_them_when_idle() {
     let (m, addr) = entry(&c, &members[0]);
     let s = driver.get_named((&m, addr), &ns, "eager", "/").await;
     assert!(s.ok() && !s.cold, "{s:?}");
-    tokio::time::sleep(Duration::from_millis(2500)).await; // past idleTimeoutSeconds: 1
+    // Past idleTimeoutSeconds (1), each member's scaler decides with the revision idle: await
+    // that decision (not a sleep that hopes it happened), then see that it removed nothing.
+    let metrics: Vec<_> = members
+        .iter()
+        .map(|node| {
+            let a = c.activators.iter().find(|a| &a.node == node).unwrap();
+            a.activator.metrics().clone()
+        })
+        .collect();
+    let decided = tokio::time::timeout(LIMIT, async {
+        while metrics.iter().any(|m| m.idle_kept_min_scale.get() == 0) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    decided
+        .await
+        .expect("each member's scaler saw the revision idle past its timeout");
+    // A pod removed is counted as the decision is taken, before the count awaited above.
+    for m in &metrics {
+        let idle = ReasonLabel {
+            reason: PodReason::Idle,
+        };
+        assert_eq!(
+            m.pods_deleted.get_or_create(&idle).get(),
+            0,
+            "minScale holds"
+        );
+    }
     assert_eq!(
         live(&pods_of(&c, &ns, "eager").await).len(),
         2,

@@ -231,7 +231,11 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                 repair_ms.map_or("NOT within 120 s".into(), |ms| format!("{ms:.0} ms")),
                 mean(&per_change),
                 per_change.iter().max().unwrap_or(&0),
-                latency.map_or("-".into(), |l| format!("p50 {:.2} ms, p99 {:.2} ms", l.p50, l.p99)),
+                latency.map_or("-".into(), |l| {
+                    // A percentile among the failed requests (ranked last) has no time.
+                    let ms = |v: f64| if v.is_finite() { format!("{v:.2} ms") } else { "failed".into() };
+                    format!("p50 {}, p99 {} ({} of {} failed)", ms(l.p50), ms(l.p99), l.failed + l.incomplete, l.count)
+                }),
                 summary.lines(),
             );
             Ok(Outcome {

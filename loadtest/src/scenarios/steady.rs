@@ -16,7 +16,7 @@ use serde_json::json;
 use super::common::Sender;
 use crate::Error;
 use crate::nginx::{self, Nginx};
-use crate::open_loop::{Latency, OpenLoop, Run};
+use crate::open_loop::{Fate, Latency, OpenLoop, Run};
 use crate::plot;
 use crate::scenario::{Ctx, Knobs, Outcome, Report, Scenario, create_revisions, revision_names};
 
@@ -38,9 +38,13 @@ pub fn defaults() -> Knobs {
 /// One target's figures.
 fn figures(run: &Run) -> serde_json::Value {
     json!({
+        "due": run.due(),
         "sent": run.sent(),
         "errors": run.errors(),
-        "overflow": run.overflow,
+        "failed": run.count(Fate::Failed) + run.count(Fate::Panicked),
+        "overflow": run.overflow(),
+        "overflowed_at_s": super::common::overflowed_at(run),
+        "aborted": run.count(Fate::Aborted),
         "throughput_rps": run.throughput(),
         "latency_ms": run.latency(),
         "service_ms": run.service(),
@@ -48,28 +52,64 @@ fn figures(run: &Run) -> serde_json::Value {
     })
 }
 
+/// A latency figure for the table: `failed` when the percentile falls among the requests
+/// that got no answer.
+fn ms(v: f64, width: usize) -> String {
+    if v.is_finite() {
+        format!("{v:>width$.3}")
+    } else {
+        format!("{:>width$}", "failed")
+    }
+}
+
 fn line(name: &str, run: &Run) -> String {
     let l = run.latency();
     let sv = run.service();
-    format!(
-        "{name:<10} sent {:>6}  errors {:>4}  p50 {:>7.3}  p90 {:>7.3}  p99 {:>7.3}  p99.9 {:>7.3}  max {:>8.3} ms  ({:.0} req/s answered)\n{:<10} from the actual send: p50 {:>7.3}  p99 {:>7.3} ms (send lag p50 {:.3} ms)\n",
+    let mut o = format!(
+        "{name:<10} sent {:>6}  errors {:>4}  p50 {}  p90 {}  p99 {}  p99.9 {}  max {} ms  ({:.0} req/s answered)\n{:<10} from the actual send: p50 {}  p99 {} ms (send lag p50 {:.3} ms)\n",
         run.sent(),
         run.errors(),
-        l.p50,
-        l.p90,
-        l.p99,
-        l.p999,
-        l.max,
+        ms(l.p50, 7),
+        ms(l.p90, 7),
+        ms(l.p99, 7),
+        ms(l.p999, 7),
+        ms(l.max, 8),
         run.throughput(),
         "",
-        sv.p50,
-        sv.p99,
+        ms(sv.p50, 7),
+        ms(sv.p99, 7),
         run.send_lag().p50
-    )
+    );
+    if !l.clean() {
+        o += &format!(
+            "{:<10} of {} due: {} failed, {} did not complete within the run ({} never sent: \
+             due while {} were outstanding); all ranked after every answer ({:.2} % failed)\n",
+            "",
+            l.count,
+            l.failed,
+            l.incomplete,
+            run.overflow(),
+            "max_in_flight",
+            100.0 * l.failed_share()
+        );
+    }
+    o
 }
 
-fn ratio(a: &Latency, b: &Latency) -> serde_json::Value {
-    json!({ "p50": a.p50 / b.p50.max(1e-9), "p99": a.p99 / b.p99.max(1e-9) })
+/// The activator's latency over `base`'s, with both sides' error counts; refused (`valid`
+/// false, no ratio) when either side has one: a ratio against a side whose failures are
+/// missing from it compares two different things.
+fn ratio(a: &Run, b: &Run, of: impl Fn(&Run) -> Latency) -> serde_json::Value {
+    let (la, lb) = (of(a), of(b));
+    let valid = a.errors() == 0 && b.errors() == 0;
+    let r = |x: f64, y: f64| valid.then(|| x / y.max(1e-9));
+    json!({
+        "valid": valid,
+        "activator_errors": a.errors(),
+        "base_errors": b.errors(),
+        "p50": r(la.p50, lb.p50),
+        "p99": r(la.p99, lb.p99),
+    })
 }
 
 pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
@@ -121,7 +161,10 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
         let mut http = HttpConnector::new();
         http.set_nodelay(true);
         http.set_connect_timeout(Some(Duration::from_secs(2)));
-        let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new()).build(http);
+        // No hidden retries, as for the activator's requests (see `Driver`).
+        let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new())
+            .retry_canceled_requests(false)
+            .build(http);
         let get = |addr: SocketAddr| {
             let client = client.clone();
             move |_| {
@@ -212,29 +255,44 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
         if let Some(a) = find("activator") {
             for base in ["direct", "nginx"] {
                 if let Some(b) = find(base) {
-                    let r = ratio(&a.latency(), &b.latency());
-                    let sv = ratio(&a.service(), &b.service());
-                    let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or(0.0);
-                    text += &format!(
-                        "activator ÷ {base:<6}  latency p50 {:.2}×  p99 {:.2}×; from the actual send p50 {:.2}×  p99 {:.2}×\n",
-                        f(&r, "p50"),
-                        f(&r, "p99"),
-                        f(&sv, "p50"),
-                        f(&sv, "p99")
-                    );
+                    let r = ratio(a, b, Run::latency);
+                    let sv = ratio(a, b, Run::service);
+                    let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+                    if r["valid"] == true {
+                        text += &format!(
+                            "activator ÷ {base:<6}  latency p50 {:.2}×  p99 {:.2}×; from the actual send p50 {:.2}×  p99 {:.2}×  (errors: activator 0, {base} 0)\n",
+                            f(&r, "p50"),
+                            f(&r, "p99"),
+                            f(&sv, "p50"),
+                            f(&sv, "p99")
+                        );
+                    } else {
+                        text += &format!(
+                            "activator ÷ {base:<6}  INVALID, not computed: errors: activator {}, {base} {}\n",
+                            a.errors(),
+                            b.errors()
+                        );
+                    }
                     ratios.insert(format!("activator_over_{base}"), r);
                     ratios.insert(format!("activator_over_{base}_from_send"), sv);
                 }
             }
         }
+        // Every request due: one with no answer is infinite, so each curve ends at the
+        // share answered.
         let series: Vec<(&str, Vec<f64>)> = runs
             .iter()
             .map(|(name, run)| {
                 let ms = run
                     .outcomes
                     .iter()
-                    .filter(|o| o.ok)
-                    .map(|o| o.latency.as_secs_f64() * 1e3)
+                    .map(|o| {
+                        if o.ok() {
+                            o.latency.as_secs_f64() * 1e3
+                        } else {
+                            f64::INFINITY
+                        }
+                    })
                     .collect();
                 (*name, ms)
             })
@@ -253,4 +311,62 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
         })
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::open_loop::Outcome;
+
+    fn run(ms: &[u64], fates: &[Fate]) -> Run {
+        Run {
+            outcomes: ms
+                .iter()
+                .zip(fates)
+                .enumerate()
+                .map(|(i, (ms, fate))| Outcome {
+                    intended: Duration::from_millis(i as u64),
+                    send_lag: Duration::ZERO,
+                    latency: Duration::from_millis(*ms),
+                    fate: *fate,
+                })
+                .collect(),
+            cancelled: false,
+            elapsed: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn a_ratio_carries_both_sides_errors_and_is_refused_when_either_has_one() {
+        let ok = [Fate::Answered; 4];
+        let (a, b) = (run(&[2, 2, 2, 2], &ok), run(&[1, 1, 1, 1], &ok));
+        let r = ratio(&a, &b, Run::latency);
+        assert_eq!(r["valid"], true, "{r}");
+        assert!((r["p50"].as_f64().unwrap() - 2.0).abs() < 0.01, "{r}");
+        // The base answered fast with one failure (a fast 503, say): no ratio.
+        let failing = [Fate::Answered, Fate::Answered, Fate::Answered, Fate::Failed];
+        for (a, b, errors) in [
+            (&a, &run(&[1, 1, 1, 1], &failing), (0, 1)),
+            (&run(&[2, 2, 2, 0], &failing), &b, (1, 0)),
+        ] {
+            let r = ratio(a, b, Run::service);
+            assert_eq!(r["valid"], false, "{r}");
+            assert!(r["p50"].is_null() && r["p99"].is_null(), "{r}");
+            assert_eq!(
+                (r["activator_errors"].as_u64(), r["base_errors"].as_u64()),
+                (Some(errors.0), Some(errors.1))
+            );
+        }
+        // A request never sent is an error too.
+        let unsent = run(
+            &[1, 1, 1, 1],
+            &[
+                Fate::Answered,
+                Fate::Answered,
+                Fate::Answered,
+                Fate::Overflowed,
+            ],
+        );
+        assert_eq!(ratio(&a, &unsent, Run::latency)["valid"], false);
+    }
 }
