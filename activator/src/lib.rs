@@ -38,6 +38,7 @@ pub mod streaming;
 pub mod telemetry;
 pub mod throttle;
 pub mod upgrade;
+pub mod write_stall;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -218,6 +219,7 @@ impl Activator {
                 data,
                 stop,
                 cfg.drain_timeout,
+                cfg.body_idle_timeout,
                 move |req| h.clone().handle(req),
                 fast,
                 None,
@@ -250,6 +252,7 @@ impl Activator {
             let threaded = serving_threads::Threaded::all(&placement, &metrics);
             for ((i, listener), threaded) in listeners.into_iter().enumerate().zip(threaded) {
                 let (h, stop, drain) = (make_handler(), stop.child_token(), cfg.drain_timeout);
+                let write_stall = cfg.body_idle_timeout;
                 let fast = make_fast(&h, &stop);
                 let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
                 std::thread::Builder::new()
@@ -272,6 +275,7 @@ impl Activator {
                                         l,
                                         stop,
                                         drain,
+                                        write_stall,
                                         move |req| h.clone().handle(req),
                                         fast,
                                         Some(threaded),

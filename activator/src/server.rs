@@ -25,6 +25,10 @@ use crate::fast::prefixed::Prefixed;
 use crate::forwarded::ClientAddr;
 use crate::parse_errors::{ActiveGuard, ConnState, ErrorBodies};
 use crate::serving_threads::{Threaded, moved_in};
+use crate::write_stall::WriteStall;
+
+/// How long a client of [`serve`] (the admin port) may take no bytes of a response.
+const WRITE_STALL: Duration = Duration::from_secs(30);
 
 /// How long a client may take to send a request's head before its connection is closed
 /// (hyper's default, which needs a timer to be enforced).
@@ -47,16 +51,19 @@ where
     H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
 {
-    serve_with(listener, stop, drain, handle, None, None).await
+    serve_with(listener, stop, drain, WRITE_STALL, handle, None, None).await
 }
 
 /// [`serve`], with each connection starting in `fast` (the fast lane) when given: hyper
 /// serves a connection from the request the fast lane hands over (see [`crate::fast`]).
-/// With `threaded`, a connection is served on the thread its [`Placement`] chooses.
+/// With `threaded`, a connection is served on the thread its [`Placement`] chooses. A client
+/// that takes no bytes of a response for `write_stall` is disconnected ([`WriteStall`]).
+#[allow(clippy::too_many_arguments)]
 pub async fn serve_with<H, F>(
     listener: TcpListener,
     stop: CancellationToken,
     drain: Duration,
+    write_stall: Duration,
     handle: H,
     fast: Option<Arc<FastLane>>,
     mut threaded: Option<Threaded>,
@@ -105,7 +112,12 @@ pub async fn serve_with<H, F>(
             }
         };
         let Some(fast) = &fast else {
-            let conn = connection(&full, stream, peer, handle.clone());
+            let conn = connection(
+                &full,
+                WriteStall::new(stream, write_stall),
+                peer,
+                handle.clone(),
+            );
             let conn = graceful.watch(conn);
             tokio::spawn(async move {
                 let _placed = placed;
@@ -132,9 +144,16 @@ pub async fn serve_with<H, F>(
             };
             let io = Prefixed::new(read, stream);
             let served = if stop.is_cancelled() {
-                connection(&last, io, peer, handle).await
+                connection(&last, WriteStall::new(io, write_stall), peer, handle).await
             } else {
-                watcher.watch(connection(&full, io, peer, handle)).await
+                watcher
+                    .watch(connection(
+                        &full,
+                        WriteStall::new(io, write_stall),
+                        peer,
+                        handle,
+                    ))
+                    .await
             };
             if let Err(e) = served {
                 tracing::debug!(error = %e, "connection ended with an error");
@@ -146,7 +165,12 @@ pub async fn serve_with<H, F>(
     // thread finds this inbox closed from now on and keeps what it would have moved).
     if let Some(t) = &mut threaded {
         for (stream, peer) in t.close() {
-            let conn = graceful.watch(connection(&last, stream, peer, handle.clone()));
+            let conn = graceful.watch(connection(
+                &last,
+                WriteStall::new(stream, write_stall),
+                peer,
+                handle.clone(),
+            ));
             tokio::spawn(conn);
         }
     }

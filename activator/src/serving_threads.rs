@@ -216,6 +216,7 @@ mod tests {
                                 l,
                                 stop,
                                 Duration::from_secs(1),
+                                Duration::from_secs(30),
                                 handle,
                                 None,
                                 Some(threaded),

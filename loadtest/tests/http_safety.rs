@@ -42,6 +42,9 @@ enum Act {
     /// Writes the first bytes; when the test says `go`, writes the second on the same
     /// connection (nobody asked for them) and tells the test they are written.
     ReplyThenStray(Vec<u8>, Vec<u8>),
+    /// Writes a response too large for the sockets between, and tells the test (`cut`)
+    /// when the activator closed the connection before taking it all.
+    ReplyUntilCut(Vec<u8>),
 }
 
 type Script = Arc<dyn Fn(&Request) -> Act + Send + Sync>;
@@ -88,6 +91,7 @@ struct App {
     seen: Arc<Mutex<Vec<Request>>>,
     go: Arc<Notify>,
     stray_written: Arc<Notify>,
+    cut: Arc<Notify>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -95,18 +99,20 @@ impl App {
     fn start(l: TcpListener, script: Script) -> Self {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let (go, stray_written) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        let cut = Arc::new(Notify::new());
         let task = tokio::spawn({
             let (seen, go, stray_written) = (seen.clone(), go.clone(), stray_written.clone());
+            let cut = cut.clone();
             async move {
                 let mut held = Vec::new();
                 while let Ok((s, _)) = l.accept().await {
-                    let (seen, go, done, script) = (
-                        seen.clone(),
-                        go.clone(),
-                        stray_written.clone(),
-                        script.clone(),
-                    );
-                    held.push(tokio::spawn(serve_conn(s, script, seen, go, done)));
+                    let signals = Signals {
+                        go: go.clone(),
+                        stray_written: stray_written.clone(),
+                        cut: cut.clone(),
+                    };
+                    let conn = serve_conn(s, script.clone(), seen.clone(), signals);
+                    held.push(tokio::spawn(conn));
                 }
             }
         });
@@ -114,6 +120,7 @@ impl App {
             seen,
             go,
             stray_written,
+            cut,
             task,
         }
     }
@@ -129,12 +136,18 @@ impl Drop for App {
     }
 }
 
+/// How the app and the test tell each other where a scripted exchange is.
+struct Signals {
+    go: Arc<Notify>,
+    stray_written: Arc<Notify>,
+    cut: Arc<Notify>,
+}
+
 async fn serve_conn(
     mut s: TcpStream,
     script: Script,
     seen: Arc<Mutex<Vec<Request>>>,
-    go: Arc<Notify>,
-    stray_written: Arc<Notify>,
+    signals: Signals,
 ) {
     // Each write goes out at once: with Nagle's algorithm on, the stray answer would wait in
     // this socket for the ACK of the one before it, and "written" would not mean "sent".
@@ -157,9 +170,15 @@ async fn serve_conn(
             }
             Act::ReplyThenStray(first, stray) => {
                 let _ = s.write_all(&first).await;
-                go.notified().await;
+                signals.go.notified().await;
                 let _ = s.write_all(&stray).await;
-                stray_written.notify_one();
+                signals.stray_written.notify_one();
+            }
+            Act::ReplyUntilCut(big) => {
+                if s.write_all(&big).await.is_err() {
+                    signals.cut.notify_one();
+                }
+                return;
             }
         }
     }
@@ -216,9 +235,24 @@ struct Rig {
 }
 
 async fn rig(name: &str, fast: bool, timeout_seconds: Option<i64>, script: Script) -> Rig {
+    rig_with(name, fast, timeout_seconds, None, script).await
+}
+
+/// [`rig`], with the activators' body idle timeout set.
+async fn rig_with(
+    name: &str,
+    fast: bool,
+    timeout_seconds: Option<i64>,
+    body_idle: Option<Duration>,
+    script: Script,
+) -> Rig {
     let ns = format!("http-safety-{:08x}", rand::random::<u32>());
-    let configure: loadtest::cluster::ConfigureActivator =
-        Arc::new(move |cfg| cfg.fast_lane = fast);
+    let configure: loadtest::cluster::ConfigureActivator = Arc::new(move |cfg| {
+        cfg.fast_lane = fast;
+        if let Some(idle) = body_idle {
+            cfg.body_idle_timeout = idle;
+        }
+    });
     let c = SimCluster::start(ClusterOptions {
         nodes: 3,
         start_delay: Delay::fixed_ms(20),
@@ -484,6 +518,7 @@ on_both_paths!(
     bytes_the_app_wrote_after_a_response_never_reach_another_client,
     a_response_body_that_stalls_is_cut_at_the_revisions_timeout,
     a_chunked_body_with_bare_lf_is_not_passed_on,
+    a_client_that_stops_reading_is_disconnected,
 );
 
 async fn a_length_near_2_to_the_64_is_a_400(fast: bool) {
@@ -754,6 +789,43 @@ async fn a_chunked_body_with_bare_lf_is_not_passed_on(fast: bool) {
     let got = within("the connection closes", read_to_end(&mut s)).await;
     let text = String::from_utf8_lossy(&got);
     assert!(!text.contains("hello"), "{text:?}");
+    r.still_serves().await;
+    r.c.shutdown().await;
+}
+
+async fn a_client_that_stops_reading_is_disconnected(fast: bool) {
+    // More than loopback's socket buffers hold between the app and a client that stops.
+    const BIG: usize = 64 << 20;
+    let script: Script = Arc::new(|r: &Request| match r.path() {
+        "/big" => {
+            let mut b = format!("HTTP/1.1 200 OK\r\ncontent-length: {BIG}\r\n\r\n").into_bytes();
+            b.resize(b.len() + BIG, b'x');
+            Act::ReplyUntilCut(b)
+        }
+        p => Act::Reply(ok(p)),
+    });
+    // The revision's timeout (300 s by default) is far off: the body idle timeout cuts it.
+    let r = rig_with(
+        "slowreader",
+        fast,
+        None,
+        Some(Duration::from_secs(1)),
+        script,
+    )
+    .await;
+    let mut s = TcpStream::connect(r.member).await.unwrap();
+    s.write_all(r.req("GET", "/big", "", "").as_bytes())
+        .await
+        .unwrap();
+    // The client reads nothing; the activator gives up on it and lets the app go.
+    within("the activator cuts the exchange", r.app.cut.notified()).await;
+    let got = within("the connection closes", read_to_end(&mut s)).await;
+    assert!(
+        got.starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        &got[..got.len().min(64)]
+    );
+    assert!(got.len() < BIG, "the whole body arrived: nothing was cut");
     r.still_serves().await;
     r.c.shutdown().await;
 }
