@@ -318,7 +318,28 @@ async fn rig_with(
     rig
 }
 
+/// A client connection to the member, and what it read past the last response.
+struct Client {
+    s: TcpStream,
+    pending: Vec<u8>,
+}
+
+impl Client {
+    /// Sends `request` and reads the response to it.
+    async fn ask(&mut self, what: &str, request: &str) -> Response {
+        self.s.write_all(request.as_bytes()).await.unwrap();
+        within(what, read_response(&mut self.s, &mut self.pending)).await
+    }
+}
+
 impl Rig {
+    async fn client(&self) -> Client {
+        Client {
+            s: TcpStream::connect(self.member).await.unwrap(),
+            pending: Vec::new(),
+        }
+    }
+
     /// A request head with exactly the framing headers in `extra` (none added).
     fn head(&self, method: &str, path: &str, extra: &str) -> String {
         format!(
@@ -639,17 +660,10 @@ async fn a_post_the_pod_may_have_read_is_never_sent_twice(fast: bool) {
         _ => Act::Reply(ok(r.path())),
     });
     let r = rig("replay", fast, None, script).await;
-    let mut s = TcpStream::connect(r.member).await.unwrap();
-    let mut pending = Vec::new();
-    s.write_all(r.req("GET", "/one", "", "").as_bytes())
-        .await
-        .unwrap();
-    let resp = within("GET", read_response(&mut s, &mut pending)).await;
+    let mut s = r.client().await;
+    let resp = s.ask("GET", &r.req("GET", "/one", "", "")).await;
     assert_eq!(resp.status, 200);
-    s.write_all(r.req("POST", "/pay", "", "x").as_bytes())
-        .await
-        .unwrap();
-    let resp = within("POST", read_response(&mut s, &mut pending)).await;
+    let resp = s.ask("POST", &r.req("POST", "/pay", "", "x")).await;
     assert_eq!(resp.status, 502, "{}", resp.head);
     let posts = r.app.seen().iter().filter(|q| q.method() == "POST").count();
     assert_eq!(posts, 1, "the POST reached the app {posts} times");
@@ -669,20 +683,13 @@ async fn a_response_with_both_framing_headers_loses_its_length(fast: bool) {
         p => Act::Reply(ok(p)),
     });
     let r = rig("both", fast, None, script).await;
-    let mut s = TcpStream::connect(r.member).await.unwrap();
-    let mut pending = Vec::new();
-    s.write_all(r.req("GET", "/both", "", "").as_bytes())
-        .await
-        .unwrap();
+    let mut s = r.client().await;
     // read_response refuses a head with both.
-    let resp = within("both", read_response(&mut s, &mut pending)).await;
+    let resp = s.ask("both", &r.req("GET", "/both", "", "")).await;
     assert_eq!((resp.status, resp.body.as_slice()), (200, &b"hello"[..]));
     assert!(resp.header("content-length").is_empty(), "{}", resp.head);
     // The connection is in step: the next answer is the next request's.
-    s.write_all(r.req("GET", "/after", "", "").as_bytes())
-        .await
-        .unwrap();
-    let resp = within("after", read_response(&mut s, &mut pending)).await;
+    let resp = s.ask("after", &r.req("GET", "/after", "", "")).await;
     assert_eq!(resp.body, b"/after");
     r.c.shutdown().await;
 }
@@ -696,12 +703,8 @@ async fn connection_cannot_remove_a_responses_length(fast: bool) {
         p => Act::Reply(ok(p)),
     });
     let r = rig("named", fast, None, script).await;
-    let mut s = TcpStream::connect(r.member).await.unwrap();
-    let mut pending = Vec::new();
-    s.write_all(r.req("GET", "/named", "", "").as_bytes())
-        .await
-        .unwrap();
-    let resp = within("named", read_response(&mut s, &mut pending)).await;
+    let mut s = r.client().await;
+    let resp = s.ask("named", &r.req("GET", "/named", "", "")).await;
     let framed = resp.header("content-length") == ["5"]
         || resp
             .header("transfer-encoding")
@@ -709,10 +712,7 @@ async fn connection_cannot_remove_a_responses_length(fast: bool) {
             .any(|v| v.ends_with("chunked"));
     assert!(framed, "an unframed keep-alive response: {}", resp.head);
     assert_eq!(resp.body, b"hello");
-    s.write_all(r.req("GET", "/after", "", "").as_bytes())
-        .await
-        .unwrap();
-    let resp = within("after", read_response(&mut s, &mut pending)).await;
+    let resp = s.ask("after", &r.req("GET", "/after", "", "")).await;
     assert_eq!((resp.status, resp.body.as_slice()), (200, &b"/after"[..]));
     r.c.shutdown().await;
 }
@@ -726,20 +726,16 @@ async fn bytes_the_app_wrote_after_a_response_never_reach_another_client(fast: b
         p => Act::Reply(ok(p)),
     });
     let r = rig("stray", fast, None, script).await;
-    let mut a = TcpStream::connect(r.member).await.unwrap();
-    a.write_all(r.req("GET", "/204", "", "").as_bytes())
-        .await
-        .unwrap();
-    let resp = within("204", read_response(&mut a, &mut Vec::new())).await;
+    let mut a = r.client().await;
+    let resp = a.ask("204", &r.req("GET", "/204", "", "")).await;
     assert_eq!(resp.status, 204);
     // The app now writes a whole response on that pod connection, which nobody asked for.
     r.app.go.notify_one();
     within("stray written", r.app.stray_written.notified()).await;
-    let mut b = TcpStream::connect(r.member).await.unwrap();
-    b.write_all(r.req("GET", "/mine", "", "").as_bytes())
-        .await
-        .unwrap();
-    let resp = within("another client", read_response(&mut b, &mut Vec::new())).await;
+    let mut b = r.client().await;
+    let resp = b
+        .ask("another client", &r.req("GET", "/mine", "", ""))
+        .await;
     assert_eq!(
         (resp.status, String::from_utf8_lossy(&resp.body).as_ref()),
         (200, "/mine"),
