@@ -5,6 +5,7 @@
 //! process. Start one with [`Activator::start`]; the request path is in [`handler`].
 
 pub mod admin;
+pub mod adopt;
 pub mod answer;
 pub mod body_timeout;
 pub mod cache;
@@ -295,12 +296,19 @@ impl Activator {
         }
         let a = admin.clone();
         let ready_stop = stop.child_token();
+        let (adopt_pools, adopt_revisions, node) =
+            (pools.clone(), revisions.clone(), cfg.node_name.clone());
         tasks.push(tokio::spawn(async move {
             tokio::select! {
                 _ = ready_stop.cancelled() => {}
                 _ = async { tokio::join!(endpoints.synced(), pods.synced()) } => {
                     a.ready.store(true, Ordering::Release);
                     tracing::info!("caches synced; ready");
+                    // Pods a previous process left get their scalers (idle-out, minScale).
+                    tokio::select! {
+                        _ = ready_stop.cancelled() => {}
+                        _ = adopt::adopt_pods(&node, &pods, &endpoints, &adopt_revisions, &adopt_pools) => {}
+                    }
                 }
             }
         }));

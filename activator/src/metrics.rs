@@ -133,6 +133,9 @@ pub struct Metrics {
     /// minScale share to keep (scaler ticks, not pods): shows minScale holding pods an idle
     /// revision would otherwise give up, and lets a test await that decision.
     pub idle_kept_min_scale: Counter,
+    /// Revisions whose pods on this node, left by a previous activator process, this one
+    /// adopted at start (see `adopt`).
+    pub adopted_revisions: Counter,
     /// Requests refused 503 + Retry-After because the buffer was full (the revision's
     /// `--queue-limit` or the node's `--queue-limit-total`).
     pub buffer_full: Counter,
@@ -159,6 +162,7 @@ impl Default for Metrics {
             drained_to_peers: Counter::default(),
             node_full: Counter::default(),
             idle_kept_min_scale: Counter::default(),
+            adopted_revisions: Counter::default(),
             buffer_full: Counter::default(),
             fast_lane_handovers: Counter::default(),
             moved_on_accept: Counter::default(),
@@ -263,6 +267,12 @@ impl Metrics {
             "Scaler decisions taken while a revision was idle past its idleTimeoutSeconds with \
              a minScale share of pods to keep",
             self.idle_kept_min_scale.clone(),
+        );
+        r.register(
+            "adopted_revisions",
+            "Revisions whose pods on this node, left by a previous activator process, were \
+             adopted at start (so they idle out without a request)",
+            self.adopted_revisions.clone(),
         );
         r.register(
             "buffer_full",

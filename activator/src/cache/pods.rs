@@ -134,6 +134,16 @@ impl PodCache {
         (pods, self.by_revision.len())
     }
 
+    /// The revisions with a live pod on this node now (after a restart: the pods a previous
+    /// activator process left, which this one must adopt so they idle out).
+    pub fn revisions_with_live_pods(&self) -> Vec<RevisionKey> {
+        self.by_revision
+            .iter()
+            .filter(|e| e.value().borrow().values().any(LocalPod::live))
+            .map(|e| e.key().clone())
+            .collect()
+    }
+
     pub fn snapshot(&self, key: &RevisionKey) -> RevisionPods {
         self.by_revision
             .get(key)
