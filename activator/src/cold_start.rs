@@ -48,12 +48,20 @@ impl ColdStart {
             .get_or_insert(at.saturating_duration_since(self.since));
     }
 
-    /// A pod became usable: the cold start is over.
+    /// This cold start sent a pod create.
+    pub fn created(&self) -> bool {
+        self.post.is_some()
+    }
+
+    /// A pod became usable: the cold start is over. A pod already created when the first
+    /// request arrived (a replacement the scaler had started, say) was posted and bound
+    /// before the clock started: those phases are 0, so every cold start has all phases.
     pub fn ready(self, at: Instant) -> ColdTimings {
         let ready = at.saturating_duration_since(self.since);
+        let post = self.post.unwrap_or_default().min(ready);
         ColdTimings {
-            post: self.post.unwrap_or(ready),
-            bound: self.bound.unwrap_or(ready),
+            post,
+            bound: self.bound.unwrap_or(post).clamp(post, ready),
             ready,
         }
     }
@@ -114,10 +122,26 @@ mod tests {
     }
 
     #[test]
-    fn a_pod_ready_before_its_create_answered_shows_no_negative_phase() {
-        // Another member's pod, or one adopted from the watch, can be ready first.
+    fn a_pod_created_before_the_first_arrival_has_its_create_phases_at_zero() {
+        // A replacement the scaler started before the request came: posted and bound
+        // already, so only the wait for Ready is this cold start's.
         let t0 = Instant::now();
-        let t = ColdStart::new(t0).ready(t0 + Duration::from_millis(5));
-        assert_eq!((t.post, t.bound), (t.ready, t.ready));
+        let c = ColdStart::new(t0);
+        assert!(!c.created());
+        let t = c.ready(t0 + Duration::from_millis(5));
+        assert_eq!((t.post, t.bound), (Duration::ZERO, Duration::ZERO));
+        assert_eq!(t.ready, Duration::from_millis(5));
+    }
+
+    #[test]
+    fn a_pod_ready_before_its_create_answered_shows_no_phase_past_ready() {
+        // Another pod (made earlier) became usable while this create was in flight.
+        let t0 = Instant::now();
+        let mut c = ColdStart::new(t0);
+        c.posted(t0 + Duration::from_millis(2));
+        assert!(c.created());
+        let t = c.ready(t0 + Duration::from_millis(5));
+        assert_eq!(t.post, Duration::from_millis(2));
+        assert_eq!(t.bound, Duration::from_millis(2));
     }
 }

@@ -397,7 +397,9 @@ impl Handler {
                 Ok(mut resp) => {
                     let route = if lease.cold {
                         let waited = arrived.elapsed();
-                        self.metrics.observe_phase(Phase::FirstByte, waited);
+                        if lease.first_of_cold {
+                            self.metrics.observe_phase(Phase::FirstByte, waited);
+                        }
                         let h = resp.headers_mut();
                         h.insert(HEADER_COLD_START, HeaderValue::from_static("true"));
                         if let Some(t) = lease.timings

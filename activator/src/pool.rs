@@ -172,6 +172,13 @@ pub struct Spec {
     pub me: Arc<ActivatorMember>,
 }
 
+/// A request waiting for a slot.
+struct Waiter {
+    tx: oneshot::Sender<Grant>,
+    /// It found no usable pod: it waits through a cold start.
+    cold: bool,
+}
+
 /// What a waiter is eventually told.
 pub(crate) enum Grant {
     Slot(Lease),
@@ -196,13 +203,16 @@ pub enum NoSlot {
 
 pub(crate) struct State {
     pub throttle: Throttle,
-    waiters: HashMap<Ticket, oneshot::Sender<Grant>>,
+    waiters: HashMap<Ticket, Waiter>,
     next_ticket: Ticket,
     pub spec: Spec,
     pub retired: bool,
     /// The cold start in progress: phases measured from the arrival of the first request
     /// that found no pod; ends when a pod becomes usable.
     pub cold: Option<ColdStart>,
+    /// The phases of the last cold start that ended, for the requests that waited through it
+    /// and got their slot later (all of the new pod's slots were taken at first).
+    last_cold: Option<ColdTimings>,
     /// Which pod each throttle entry is (for pods reported unreachable).
     pub names: HashMap<PodRef, String>,
 }
@@ -242,6 +252,7 @@ impl Pool {
                 spec: Spec { rev, me },
                 retired: false,
                 cold: None,
+                last_cold: None,
                 names: HashMap::new(),
             }),
             wake: Notify::new(),
@@ -315,11 +326,14 @@ impl Pool {
                         s.throttle.queued()
                     ))),
                     Admit::Queued => {
-                        if s.throttle.pods() == 0 && s.cold.is_none() {
+                        // No usable pod: this request waits for a pod to start.
+                        let cold = s.throttle.pods() == 0;
+                        if cold && s.cold.is_none() {
                             s.cold = Some(ColdStart::new(arrived));
+                            s.last_cold = None;
                         }
                         let (tx, rx) = oneshot::channel();
-                        s.waiters.insert(ticket, tx);
+                        s.waiters.insert(ticket, Waiter { tx, cold });
                         total.fetch_add(1, Ordering::Relaxed);
                         self.shared.metrics.queued.inc();
                         Ok(Err((ticket, rx)))
@@ -329,7 +343,7 @@ impl Pool {
         };
         deliver(changed);
         let (ticket, rx) = match queued? {
-            Ok(slot) => return Ok(self.lease(slot, false, None)),
+            Ok(slot) => return Ok(self.lease(slot, false, None, false)),
             Err(waiting) => waiting,
         };
         self.wake.notify_one();
@@ -391,13 +405,20 @@ impl Pool {
         self.take_waiters(s, woken)
     }
 
-    fn lease(self: &Arc<Self>, slot: Slot, cold: bool, timings: Option<ColdTimings>) -> Lease {
+    fn lease(
+        self: &Arc<Self>,
+        slot: Slot,
+        cold: bool,
+        timings: Option<ColdTimings>,
+        first_of_cold: bool,
+    ) -> Lease {
         self.shared.metrics.in_flight.inc();
         Lease {
             pool: self.clone(),
             slot,
             cold,
             timings,
+            first_of_cold,
         }
     }
 
@@ -408,22 +429,32 @@ impl Pool {
         s: &mut State,
         woken: Vec<(Ticket, Slot)>,
     ) -> Vec<(oneshot::Sender<Grant>, Grant)> {
-        self.take_waiters_timed(s, woken, None)
+        self.take_waiters_timed(s, woken, false)
     }
 
-    /// As [`Pool::take_waiters`]; the leases of a pod that just ended a cold start carry
-    /// its phases (for the response's `Server-Timing`).
+    /// As [`Pool::take_waiters`]. A request that waited for a pod start is a cold one and
+    /// its lease carries the phases of that start (for the response's `Server-Timing`);
+    /// `ended_cold` (a pod just ended a cold start) marks the first of them as the one whose
+    /// first byte is the cold start's (`first_byte` is observed once per cold start, so all
+    /// phases count the same cold starts).
     fn take_waiters_timed(
         self: &Arc<Self>,
         s: &mut State,
         woken: Vec<(Ticket, Slot)>,
-        timings: Option<ColdTimings>,
+        ended_cold: bool,
     ) -> Vec<(oneshot::Sender<Grant>, Grant)> {
         let mut out = Vec::with_capacity(woken.len());
+        let mut first = ended_cold;
         for (ticket, slot) in woken {
-            if let Some(tx) = s.waiters.remove(&ticket) {
+            if let Some(w) = s.waiters.remove(&ticket) {
                 self.dequeued();
-                out.push((tx, Grant::Slot(self.lease(slot, true, timings))));
+                let timings = if w.cold { s.last_cold } else { None };
+                let first_of_cold = first && w.cold;
+                first &= !first_of_cold;
+                out.push((
+                    w.tx,
+                    Grant::Slot(self.lease(slot, w.cold, timings, first_of_cold)),
+                ));
             }
         }
         out
@@ -455,9 +486,9 @@ impl Pool {
     ) -> Vec<(oneshot::Sender<Grant>, Grant)> {
         let mut out = Vec::new();
         for ticket in s.throttle.take_queue() {
-            if let Some(tx) = s.waiters.remove(&ticket) {
+            if let Some(w) = s.waiters.remove(&ticket) {
                 self.dequeued();
-                out.push((tx, answer()));
+                out.push((w.tx, answer()));
             }
         }
         out
@@ -484,22 +515,41 @@ impl Pool {
         self.shared.metrics.queued.dec();
     }
 
-    /// Adds a usable pod; returns the grants to deliver after unlocking.
+    /// Adds a usable pod; returns the grants to deliver after unlocking. `adopted`: the pod
+    /// was Ready when this pool first saw it (a previous activator process made it), so no
+    /// pod start ends here unless this pool created one for the waiting requests.
     pub(crate) fn add_pod(
         self: &Arc<Self>,
         s: &mut State,
         name: &str,
         addr: SocketAddr,
+        adopted: bool,
     ) -> (PodRef, Vec<(oneshot::Sender<Grant>, Grant)>) {
         let (id, woken) = s.throttle.add_pod(addr);
         s.names.insert(id, name.to_string());
-        let timings = s.cold.take().map(|c| c.ready(Instant::now()));
-        if let Some(t) = timings {
-            self.shared
-                .metrics
-                .observe_phase(Phase::PodReadySeen, t.ready);
-        }
-        (id, self.take_waiters_timed(s, woken, timings))
+        let ended_cold = match s.cold.take() {
+            // The requests waited for the pool to learn of a running pod, not for a start:
+            // they are warm, and no phase is recorded.
+            Some(c) if adopted && !c.created() => {
+                for w in s.waiters.values_mut() {
+                    w.cold = false;
+                }
+                false
+            }
+            Some(c) => {
+                // Every phase of a cold start is recorded here, together, so each phase's
+                // histogram counts the same cold starts.
+                let t = c.ready(Instant::now());
+                let m = &self.shared.metrics;
+                m.observe_phase(Phase::PodPostSent, t.post);
+                m.observe_phase(Phase::PodBoundSeen, t.bound);
+                m.observe_phase(Phase::PodReadySeen, t.ready);
+                s.last_cold = Some(t);
+                true
+            }
+            None => false,
+        };
+        (id, self.take_waiters_timed(s, woken, ended_cold))
     }
 
     pub(crate) fn remove_pod(&self, s: &mut State, id: PodRef) {
@@ -563,11 +613,13 @@ impl Drop for Waiting<'_> {
 pub struct Lease {
     pool: Arc<Pool>,
     slot: Slot,
-    /// The request waited for its slot (a pod starting, or all busy).
+    /// The request waited for a pod to start (not only for a busy pod's slot).
     pub cold: bool,
-    /// The phases of the cold start whose pod this slot is on, for the first requests it
-    /// served.
+    /// The phases of the cold start the request waited through (for `Server-Timing`).
     pub timings: Option<ColdTimings>,
+    /// The first request served when its cold start ended: its first byte is the cold
+    /// start's `first_byte` phase.
+    pub first_of_cold: bool,
 }
 
 impl Lease {

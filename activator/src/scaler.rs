@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use crate::cache::pods::{LocalPod, RevisionPods};
 use crate::cold_start::ColdStart;
-use crate::metrics::{Phase, PodReason};
+use crate::metrics::PodReason;
 use crate::pool::{Pool, deliver};
 use crate::readiness::Check;
 use crate::routing::RevisionKey;
@@ -224,8 +224,10 @@ impl Scaler {
                     && (p.ready || (t.probed && !t.was_ready));
                 match (usable, t.slot) {
                     (true, None) => {
-                        let (id, g) =
-                            pool.add_pod(&mut s, name, addr.expect("usable has an address"));
+                        // Ready the first time this scaler saw it: a pod it never saw start.
+                        let adopted = t.first_seen == now && p.ready;
+                        let addr = addr.expect("usable has an address");
+                        let (id, g) = pool.add_pod(&mut s, name, addr, adopted);
                         t.slot = Some(id);
                         t.ever_usable = true;
                         grants.extend(g);
@@ -397,9 +399,8 @@ impl Scaler {
             let o = self.scheduler.free_ordinal(&pool.key, pods, &ordinals);
             ordinals.push(o);
         }
-        if let Some(since) = cold_since {
-            sh.metrics
-                .observe_phase(Phase::PodPostSent, since.elapsed());
+        // The phases are recorded when the cold start ends (`Pool::add_pod`), all together.
+        if cold_since.is_some() {
             mark_cold(&pool, ColdStart::posted);
         }
         let results = join_all(
@@ -418,9 +419,7 @@ impl Scaler {
             match r {
                 Ok(_) => {
                     sh.metrics.pod_created(reason);
-                    if let Some(since) = cold_since {
-                        sh.metrics
-                            .observe_phase(Phase::PodBoundSeen, since.elapsed());
+                    if cold_since.is_some() {
                         mark_cold(&pool, ColdStart::bound);
                     }
                 }

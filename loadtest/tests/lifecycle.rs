@@ -515,3 +515,127 @@ async fn a_host_is_resolved_by_label_and_follows_a_newer_revision() {
     moved.await.expect("the newer revision takes the host");
     c.shutdown().await;
 }
+
+/// `activator_cold_start_phase_seconds_count{phase=...}` of `m`, per phase.
+fn phase_counts(m: &std::sync::Arc<activator::metrics::Metrics>) -> BTreeMap<String, u64> {
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &m.registry()).unwrap();
+    text.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("activator_cold_start_phase_seconds_count{phase=\"")?;
+            let (phase, n) = rest.split_once("\"} ")?;
+            Some((phase.to_string(), n.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// After a restart (a DaemonSet upgrade, a crash) the activator adopts the app pods the
+/// previous process left on its node: an idle one goes after its idleTimeoutSeconds with no
+/// request, and a request to a running one is warm (no cold-start header, no phases).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_activator_adopts_its_nodes_pods() {
+    let (mut c, ns) = cluster_with(options()).await;
+    let one = |r: &mut crds::Revision| r.spec.activators = Some(1);
+    let members = revision(&c, &ns, "left", |r| {
+        one(r);
+        r.spec.idle_timeout_seconds = 2;
+    })
+    .await;
+    // Its pod must outlive the restart: nothing idles it out during the test.
+    let kept = revision(&c, &ns, "kept", |r| {
+        one(r);
+        r.spec.idle_timeout_seconds = 3600;
+    })
+    .await;
+    let driver = Driver::new();
+    for (name, m) in [("left", &members[0]), ("kept", &kept[0])] {
+        let (m, addr) = entry(&c, m);
+        let s = driver.get_named((&m, addr), &ns, name, "/").await;
+        assert!(s.ok() && s.cold, "{s:?}");
+    }
+    let kept_pod = live(&pods_of(&c, &ns, "kept").await);
+    assert_eq!(kept_pod.len(), 1, "{kept_pod:?}");
+    // Restart both members: the previous process stops (as on SIGTERM), its pods stay.
+    let mut restarted: Vec<String> = vec![members[0].clone(), kept[0].clone()];
+    restarted.dedup();
+    for node in &restarted {
+        assert!(c.stop_activator(node).await);
+        c.add_activator(node, None).await.unwrap();
+    }
+    // A request to the running pod: served by it, warm.
+    let (m, addr) = entry(&c, &kept[0]);
+    let s = driver.get_named((&m, addr), &ns, "kept", "/").await;
+    assert!(s.ok(), "{s:?}");
+    assert!(
+        !s.cold && s.phases.is_none(),
+        "no pod started, yet the answer says cold: {s:?}"
+    );
+    assert_eq!(
+        s.pod.as_ref(),
+        kept_pod.keys().next(),
+        "served by the pod already running"
+    );
+    // No request to "left": its pod goes after idleTimeoutSeconds all the same.
+    tokio::time::timeout(LIMIT, wait_live(&c, &ns, "left", |n| n == 0))
+        .await
+        .expect("the pod left by the previous activator idled out");
+    let a = c.activators.iter().find(|a| a.node == members[0]).unwrap();
+    assert!(a.activator.metrics().adopted_revisions.get() >= 1);
+    c.shutdown().await;
+}
+
+/// Every cold start records all four phases once, so each phase's histogram counts the same
+/// cold starts: a burst that waits through one start (containerConcurrency 1, so most get
+/// their slot after the first), then a pod deleted and replaced while requests come.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_cold_start_records_each_phase_once() {
+    let (c, ns) = cluster_with(options()).await;
+    let members = revision(&c, &ns, "phases", |r| {
+        r.spec.container_concurrency = 1;
+        r.spec.activators = Some(1);
+        r.spec.max_scale = 1;
+    })
+    .await;
+    let driver = Driver::new();
+    let (m, addr) = entry(&c, &members[0]);
+    let burst = join_all((0..5).map(|_| driver.get_named((&m, addr), &ns, "phases", "/"))).await;
+    all_ok(&burst);
+    assert!(burst.iter().all(|s| s.cold), "all waited for the start");
+    let metrics = c
+        .activators
+        .iter()
+        .find(|a| a.node == members[0])
+        .unwrap()
+        .activator
+        .metrics()
+        .clone();
+    let all_phases = |n: u64| {
+        [
+            "pod_post_sent",
+            "pod_bound_seen",
+            "pod_ready_seen",
+            "first_byte",
+        ]
+        .into_iter()
+        .map(|p| (p.to_string(), n))
+        .collect::<BTreeMap<_, _>>()
+    };
+    assert_eq!(phase_counts(&metrics), all_phases(1));
+    // The pod goes; requests sent meanwhile wait for its replacement.
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), &ns);
+    let name = live(&pods_of(&c, &ns, "phases").await)
+        .into_keys()
+        .next()
+        .unwrap();
+    pods.delete(&name, &Default::default()).await.unwrap();
+    let after = join_all((0..5).map(|_| driver.get_named((&m, addr), &ns, "phases", "/"))).await;
+    all_ok(&after);
+    let counts = phase_counts(&metrics);
+    let n = counts["pod_ready_seen"];
+    assert_eq!(
+        counts,
+        all_phases(n),
+        "every phase counts the same cold starts"
+    );
+    c.shutdown().await;
+}

@@ -313,11 +313,13 @@ impl FastLane {
             }
         };
         // 4. proxy
-        let cold = lease.cold;
+        let (cold, first_of_cold) = (lease.cold, lease.first_of_cold);
         let timings = lease.timings.take();
         let server_timing = || {
             let waited = arrived.elapsed();
-            h.metrics.observe_phase(Phase::FirstByte, waited);
+            if first_of_cold {
+                h.metrics.observe_phase(Phase::FirstByte, waited);
+            }
             timings.map(|t| t.server_timing(waited)).unwrap_or_default()
         };
         let req = exchange::Request {
