@@ -6,9 +6,13 @@ use std::future::Future;
 use std::pin::pin;
 use std::time::Duration;
 
-use kube::Client;
-use kube_lease_manager::LeaseManagerBuilder;
-use tokio::sync::oneshot;
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use kube_lease_manager::{LeaseManager, LeaseManagerBuilder};
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::error::Result;
@@ -46,21 +50,34 @@ where
 {
     let mut shutdown = pin!(shutdown);
     // Building the manager reads (and may create) the Lease: a stop must not wait for that.
-    let build = LeaseManagerBuilder::new(client, &config.name)
-        .with_namespace(&config.namespace)
-        .with_identity(&config.identity)
-        .with_duration(config.duration_seconds)
-        .with_grace(config.grace_seconds)
-        .build();
-    let manager = tokio::select! {
-        m = build => m?,
+    let (mut leader, mut task) = tokio::select! {
+        m = start_manager(&client, &config) => m?,
         _ = &mut shutdown => return Ok(()),
     };
-    let (mut leader, mut task) = manager.watch().await;
+    // kube-lease-manager's standby sleeps until the holder's Lease would expire, even when
+    // the holder released it on a clean shutdown. This watch of the one Lease wakes the
+    // standby when it is released, so the hand-over takes one API write, not the duration.
+    let mut released = pin!(released(&client, &config));
     let outcome = loop {
-        tokio::select! {
+        let woke = tokio::select! {
             _ = &mut shutdown => break Ok(()),
-            r = leader.wait_for(|l| *l) => if r.is_err() { break Ok(()) },
+            r = leader.wait_for(|l| *l) => if r.is_err() { break Ok(()) } else { Woke::Leader },
+            Some(()) = released.next() => Woke::Released,
+        };
+        if matches!(woke, Woke::Released) {
+            if !*leader.borrow() {
+                // The manager is asleep and holds nothing: a new one reads the Lease at
+                // once and takes it (an aborted write, at worst, is redone by the new one
+                // under the same identity).
+                task.abort();
+                let _ = (&mut task).await;
+                (leader, task) = tokio::select! {
+                    m = start_manager(&client, &config) => m?,
+                    _ = &mut shutdown => return Ok(()),
+                };
+                info!(identity = %config.identity, "the Lease was released; trying to take it");
+            }
+            continue;
         }
         info!(identity = %config.identity, "became leader");
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
@@ -92,4 +109,39 @@ where
         warn!(timeout = ?config.release_timeout, "the Lease was not released in time; it will expire");
     }
     outcome
+}
+
+enum Woke {
+    Leader,
+    Released,
+}
+
+type Manager = (
+    watch::Receiver<bool>,
+    JoinHandle<kube_lease_manager::Result<LeaseManager>>,
+);
+
+async fn start_manager(client: &Client, config: &LeaseConfig) -> Result<Manager> {
+    let manager = LeaseManagerBuilder::new(client.clone(), &config.name)
+        .with_namespace(&config.namespace)
+        .with_identity(&config.identity)
+        .with_duration(config.duration_seconds)
+        .with_grace(config.grace_seconds)
+        .build()
+        .await?;
+    Ok(manager.watch().await)
+}
+
+/// Yields each time the Lease is seen with no holder (released by a holder that stopped).
+fn released(client: &Client, config: &LeaseConfig) -> impl Stream<Item = ()> + use<> {
+    let api: Api<Lease> = Api::namespaced(client.clone(), &config.namespace);
+    let cfg = watcher::Config::default().fields(&format!("metadata.name={}", config.name));
+    watcher(api, cfg)
+        .default_backoff()
+        .applied_objects()
+        .filter_map(|l| async move {
+            let l = l.ok()?;
+            let holder = l.spec.as_ref().and_then(|s| s.holder_identity.as_deref());
+            holder.is_none_or(str::is_empty).then_some(())
+        })
 }

@@ -27,6 +27,11 @@ struct Replica {
 /// A replica as the binary runs one: its own identity (kubesim counts its requests under
 /// it), caches started at once, leading whenever it holds the Lease.
 fn replica(c: &Cluster, identity: &str) -> Replica {
+    replica_with(c, identity, 3)
+}
+
+/// A replica whose Lease lasts `duration_seconds` (renewed a second before it ends).
+fn replica_with(c: &Cluster, identity: &str, duration_seconds: u64) -> Replica {
     let client = c.server.client_as(identity);
     let subsetter = Arc::new(Subsetter::new(
         client.clone(),
@@ -39,7 +44,7 @@ fn replica(c: &Cluster, identity: &str) -> Replica {
         name: "subsetter".into(),
         namespace: "default".into(),
         identity: identity.into(),
-        duration_seconds: 3,
+        duration_seconds,
         grace_seconds: 1,
         release_timeout: Duration::from_millis(500),
     };
@@ -213,5 +218,40 @@ async fn stop_before_the_lease_is_read_returns() -> Result<()> {
     tokio::time::timeout(HANG, &mut a.task)
         .await
         .map_err(|_| anyhow::anyhow!("the replica's stop hung"))???;
+    Ok(())
+}
+
+/// Requests `user` made for the Lease, by verb.
+fn lease_requests_by(c: &Cluster, user: &str, verb: &str) -> u64 {
+    c.server
+        .stats()
+        .requests_by_user
+        .iter()
+        .filter(|(k, _)| k.user == user && k.verb == verb && k.resource == "leases")
+        .map(|(_, n)| n)
+        .sum()
+}
+
+/// A clean shutdown releases the Lease and the standby takes it at once: with an hour-long
+/// Lease, a standby that slept until the released Lease would have expired (as
+/// kube-lease-manager's own loop does) would not take over within the wait.
+#[tokio::test]
+async fn a_released_lease_is_taken_at_once_not_when_it_would_have_expired() -> Result<()> {
+    let c = Cluster::start().await?;
+    let mut a = replica_with(&c, "replica-a", 3600);
+    holder(&c, |h| h == "replica-a").await?;
+    let mut b = replica_with(&c, "replica-b", 3600);
+    // The standby has read the Lease (held by replica-a) and gone to sleep on it.
+    tokio::time::timeout(WAIT, async {
+        while lease_requests_by(&c, "replica-b", "get") == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await?;
+    let _ = a.shutdown.take().unwrap().send(());
+    (&mut a.task).await??;
+    assert_eq!(holder(&c, |h| h == "replica-b").await?, "replica-b");
+    let _ = b.shutdown.take().unwrap().send(());
+    (&mut b.task).await??;
     Ok(())
 }
