@@ -22,6 +22,9 @@ pub const CUSTOM_SCHEDULER: &str = "CustomScheduler";
 pub mod reason {
     pub const SUBSET_ASSIGNED: &str = "SubsetAssigned";
     pub const NO_ACTIVATORS: &str = "NoActivators";
+    /// Activators are Ready, but none is on a node that can run the template (a taint it does
+    /// not tolerate, a nodeSelector or required affinity it does not match, a cordon).
+    pub const NO_ELIGIBLE_ACTIVATORS: &str = "NoEligibleActivators";
     pub const INSUFFICIENT_ACTIVATORS: &str = "InsufficientActivators";
     pub const SINGLE_ACTIVATOR: &str = "SingleActivator";
     pub const FULL_SUBSET: &str = "FullSubset";
@@ -68,14 +71,53 @@ pub fn merge(
         .collect()
 }
 
-/// Ready and Degraded of an ActivationEndpoints with `members` of a wanted `wanted`.
-pub fn subset(members: usize, wanted: usize) -> Vec<Desired> {
+/// Why a subset has no member: the reason and message of its `Ready=False`, and of its
+/// Revision's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NoMembers {
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl NoMembers {
+    /// From the number of Ready activators and why each of the ineligible ones is (the
+    /// first reason is quoted: an operator fixes one, usually the same, thing).
+    pub fn new(ready: usize, ineligible: &[String]) -> Self {
+        match ineligible.first() {
+            Some(first) if ready > 0 => Self {
+                reason: reason::NO_ELIGIBLE_ACTIVATORS,
+                message: format!(
+                    "{ready} Ready activator(s), none on a node that can run the template: \
+                     {first}{}",
+                    match ineligible.len() - 1 {
+                        0 => String::new(),
+                        more => format!(" (and {more} more node(s) ineligible)"),
+                    }
+                ),
+            },
+            _ => Self::default(),
+        }
+    }
+}
+
+impl Default for NoMembers {
+    fn default() -> Self {
+        Self {
+            reason: reason::NO_ACTIVATORS,
+            message: "no Ready activator is available".into(),
+        }
+    }
+}
+
+/// Ready and Degraded of an ActivationEndpoints with `members` of a wanted `wanted`; `none`
+/// says why when there are no members.
+pub fn subset(members: usize, wanted: usize, none: &NoMembers) -> Vec<Desired> {
     let ready = if members == 0 {
         Desired {
             type_: READY,
             status: false,
-            reason: reason::NO_ACTIVATORS,
-            message: "no Ready activator is available".into(),
+            reason: none.reason,
+            message: none.message.clone(),
         }
     } else {
         Desired {
@@ -145,7 +187,7 @@ pub fn custom_scheduler(name: Option<&str>) -> Option<Desired> {
 }
 
 /// Ready of a Revision: its subset's readiness, or False/InvalidSpec.
-pub fn revision(problems: &[String], members: usize) -> Vec<Desired> {
+pub fn revision(problems: &[String], members: usize, none: &NoMembers) -> Vec<Desired> {
     let ready = if !problems.is_empty() {
         Desired {
             type_: READY,
@@ -157,8 +199,8 @@ pub fn revision(problems: &[String], members: usize) -> Vec<Desired> {
         Desired {
             type_: READY,
             status: false,
-            reason: reason::NO_ACTIVATORS,
-            message: "no Ready activator is available".into(),
+            reason: none.reason,
+            message: none.message.clone(),
         }
     } else {
         Desired {
@@ -189,16 +231,26 @@ mod tests {
 
     #[test]
     fn transition_time_kept_while_status_unchanged() {
-        let first = merge(&[], &subset(3, 3), Some(1), t(100));
-        let again = merge(&first, &subset(3, 3), Some(1), t(200));
+        let first = merge(&[], &subset(3, 3, &NoMembers::default()), Some(1), t(100));
+        let again = merge(
+            &first,
+            &subset(3, 3, &NoMembers::default()),
+            Some(1),
+            t(200),
+        );
         assert_eq!(first, again);
         assert_eq!(again[0].last_transition_time, Time(t(100)));
     }
 
     #[test]
     fn transition_time_moves_when_status_flips() {
-        let first = merge(&[], &subset(3, 3), Some(1), t(100));
-        let degraded = merge(&first, &subset(2, 3), Some(1), t(200));
+        let first = merge(&[], &subset(3, 3, &NoMembers::default()), Some(1), t(100));
+        let degraded = merge(
+            &first,
+            &subset(2, 3, &NoMembers::default()),
+            Some(1),
+            t(200),
+        );
         let ready = degraded.iter().find(|c| c.type_ == READY).unwrap();
         let deg = degraded.iter().find(|c| c.type_ == DEGRADED).unwrap();
         assert_eq!(ready.last_transition_time, Time(t(100)));
@@ -211,8 +263,8 @@ mod tests {
     #[test]
     fn reason_change_without_status_change_keeps_time() {
         // N = 1 (SingleActivator) -> 0 of 2 wanted (InsufficientActivators): both Degraded=True.
-        let a = merge(&[], &subset(1, 1), None, t(1));
-        let b = merge(&a, &subset(1, 2), None, t(2));
+        let a = merge(&[], &subset(1, 1, &NoMembers::default()), None, t(1));
+        let b = merge(&a, &subset(1, 2, &NoMembers::default()), None, t(2));
         let deg = b.iter().find(|c| c.type_ == DEGRADED).unwrap();
         assert_eq!(deg.reason, reason::INSUFFICIENT_ACTIVATORS);
         assert_eq!(deg.last_transition_time, Time(t(1)));
@@ -220,12 +272,12 @@ mod tests {
 
     #[test]
     fn single_activator_is_degraded_and_empty_is_not_ready() {
-        let c = subset(1, 1);
+        let c = subset(1, 1, &NoMembers::default());
         assert!(
             c.iter()
                 .any(|d| d.type_ == DEGRADED && d.status && d.reason == reason::SINGLE_ACTIVATOR)
         );
-        let c = subset(0, 3);
+        let c = subset(0, 3, &NoMembers::default());
         assert!(c.iter().any(|d| d.type_ == READY && !d.status));
     }
 
@@ -257,7 +309,11 @@ mod tests {
 
     #[test]
     fn invalid_spec_wins_over_membership() {
-        let c = revision(&["spec.port 0 is outside 1-65535".into()], 3);
+        let c = revision(
+            &["spec.port 0 is outside 1-65535".into()],
+            3,
+            &NoMembers::default(),
+        );
         assert_eq!(c[0].reason, reason::INVALID_SPEC);
         assert!(!c[0].status);
         assert!(c[0].message.contains("spec.port"));

@@ -55,6 +55,8 @@ pub struct SubsetPlan {
     pub degraded: Option<(String, String)>,
     /// Fewer members than wanted.
     pub short: bool,
+    /// Why there are no members (None when there are).
+    pub no_members: Option<conditions::NoMembers>,
 }
 
 /// Inputs of [`subset`].
@@ -177,7 +179,22 @@ pub fn subset(inp: &SubsetInputs<'_>) -> SubsetPlan {
         .map(|s| s.conditions.as_slice())
         .unwrap_or(&[]);
     let generation = inp.revision.metadata.generation;
-    let mut desired = conditions::subset(activators.len(), n);
+    // No member: say whether no activator is Ready or none is on a node that can run the
+    // template (a scan of every activator, only for such a revision).
+    let no_members = activators.is_empty().then(|| {
+        let ineligible: Vec<String> = inp
+            .available
+            .values()
+            .filter_map(|a| placement.allows(a.facts.as_ref()?).err())
+            .map(|why| why.to_string())
+            .collect();
+        conditions::NoMembers::new(inp.available.len(), &ineligible)
+    });
+    let mut desired = conditions::subset(
+        activators.len(),
+        n,
+        no_members.as_ref().unwrap_or(&Default::default()),
+    );
     desired.extend(conditions::host_conflict(inp.host_conflicts));
     desired.extend(conditions::custom_scheduler(
         placement.custom_scheduler.as_deref(),
@@ -238,6 +255,7 @@ pub fn subset(inp: &SubsetInputs<'_>) -> SubsetPlan {
         left_ineligible,
         left_rebalanced,
         degraded,
+        no_members,
     }
 }
 
@@ -267,6 +285,7 @@ pub fn revision_conditions(
     revision: &Revision,
     problems: &[String],
     members: usize,
+    none: &conditions::NoMembers,
     now: Timestamp,
 ) -> Option<(Option<i64>, Vec<Condition>)> {
     let current = revision.status.as_ref();
@@ -274,7 +293,7 @@ pub fn revision_conditions(
     let generation = revision.metadata.generation;
     let conds = conditions::merge(
         existing,
-        &conditions::revision(problems, members),
+        &conditions::revision(problems, members, none),
         generation,
         now,
     );
@@ -552,16 +571,37 @@ mod tests {
     #[test]
     fn revision_conditions_skip_when_unchanged() {
         let mut rev = revision(0, 0, None);
-        let (generation, conds) =
-            revision_conditions(&rev, &[], 3, Timestamp::from_second(1).unwrap()).unwrap();
+        let (generation, conds) = revision_conditions(
+            &rev,
+            &[],
+            3,
+            &Default::default(),
+            Timestamp::from_second(1).unwrap(),
+        )
+        .unwrap();
         rev.status = Some(crds::RevisionStatus {
             observed_generation: generation,
             conditions: conds,
         });
-        assert!(revision_conditions(&rev, &[], 3, Timestamp::from_second(2).unwrap()).is_none());
         assert!(
-            revision_conditions(&rev, &["bad".into()], 3, Timestamp::from_second(2).unwrap())
-                .is_some()
+            revision_conditions(
+                &rev,
+                &[],
+                3,
+                &Default::default(),
+                Timestamp::from_second(2).unwrap()
+            )
+            .is_none()
+        );
+        assert!(
+            revision_conditions(
+                &rev,
+                &["bad".into()],
+                3,
+                &Default::default(),
+                Timestamp::from_second(2).unwrap()
+            )
+            .is_some()
         );
     }
 

@@ -303,7 +303,8 @@ async fn reconcile_synced(rev: &Arc<Revision>, ctx: &Arc<Context>) -> Result<Act
     let problems = rev.problems();
     if !problems.is_empty() {
         debug!(revision = %key, ?problems, "invalid spec");
-        write_revision_status(&ctx, &revisions, &rev, &problems, 0, now).await?;
+        let none = crate::conditions::NoMembers::default();
+        write_revision_status(&ctx, &revisions, &rev, &problems, 0, &none, now).await?;
         lock(&ctx.failures).remove(&key);
         return Ok(Action::await_change());
     }
@@ -462,6 +463,7 @@ async fn reconcile_synced(rev: &Arc<Revision>, ctx: &Arc<Context>) -> Result<Act
         &rev,
         &[],
         plan.status.activators.len(),
+        plan.no_members.as_ref().unwrap_or(&Default::default()),
         now,
     )
     .await?;
@@ -493,9 +495,12 @@ async fn write_revision_status(
     rev: &Revision,
     problems: &[String],
     members: usize,
+    none: &crate::conditions::NoMembers,
     now: Timestamp,
 ) -> Result<()> {
-    if let Some((generation, conditions)) = plan::revision_conditions(rev, problems, members, now) {
+    if let Some((generation, conditions)) =
+        plan::revision_conditions(rev, problems, members, none, now)
+    {
         let patch =
             json!({ "status": { "observedGeneration": generation, "conditions": conditions } });
         let lane = match rev.status.as_ref() {

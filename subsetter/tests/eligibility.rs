@@ -280,3 +280,56 @@ async fn a_node_turning_not_ready_is_repaired_and_its_return_moves_nothing() -> 
     }
     running.stop().await
 }
+
+/// A revision whose template tolerates no node's taint has no member, and its conditions say
+/// why: activators are Ready, none is on a node that can run it, and which taint (not "no
+/// Ready activator is available", which sends an operator to the activators).
+#[tokio::test]
+async fn no_eligible_node_says_which_taint_keeps_the_revision_out() -> Result<()> {
+    let c = Cluster::start().await?;
+    for (i, n) in ["t1", "t2"].iter().enumerate() {
+        node(
+            &c,
+            n,
+            json!([{"key": "dedicated", "value": "infra", "effect": "NoSchedule"}]),
+            true,
+        )
+        .await?;
+        c.add_activator(n, &format!("127.0.2.{}", i + 11)).await?;
+    }
+    let running = c.run_subsetter(Arc::new(LeastLoaded));
+    c.wait_metrics(&running, |m| {
+        counter(m, "subsetter_activators_available") == 2
+    })
+    .await?;
+    c.create_revision("shy", spec(0, 0, Some(2))).await?;
+    let ae = c
+        .wait_endpoints("shy", |ae| ae_condition(ae, "Ready").is_some())
+        .await?;
+    let ready = condition(&ae.status.as_ref().unwrap().conditions, "Ready").unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "NoEligibleActivators")
+    );
+    assert!(
+        ready
+            .message
+            .starts_with("2 Ready activator(s), none on a node that can run")
+            && ready.message.contains("taint dedicated=infra:NoSchedule")
+            && ready.message.contains("and 1 more"),
+        "{}",
+        ready.message
+    );
+    let rev = c
+        .wait_revision("shy", |r| {
+            r.status
+                .as_ref()
+                .and_then(|s| condition(&s.conditions, "Ready"))
+                .is_some_and(|c| c.reason == "NoEligibleActivators")
+        })
+        .await?;
+    let rev_ready = condition(&rev.status.as_ref().unwrap().conditions, "Ready").unwrap();
+    assert_eq!(rev_ready.message, ready.message);
+    running.stop().await?;
+    Ok(())
+}
