@@ -1,9 +1,13 @@
-//! The admin port: `/metrics` (Prometheus text), `/healthz`. Every replica serves it, leader
-//! or not, so probes and scrapes work on the standby too.
+//! The admin port: `/metrics` (Prometheus text), `/healthz`, `/readyz`. Every replica serves
+//! it, leader or not, so probes and scrapes work on the standby too. `/readyz` answers 200
+//! once the replica's caches have had their first list (a standby is ready to take over), and
+//! 503 before: a replica that cannot reach the API server is not Ready, so `kubectl rollout
+//! status` does not pass on it.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -18,6 +22,7 @@ use crate::metrics::Metrics;
 pub async fn serve(
     addr: SocketAddr,
     metrics: Arc<Metrics>,
+    ready: Arc<AtomicBool>,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
@@ -31,10 +36,11 @@ pub async fn serve(
                     continue;
                 }
             };
-            let metrics = metrics.clone();
+            let (metrics, ready) = (metrics.clone(), ready.clone());
             let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
                 let metrics = metrics.clone();
-                async move { Ok::<_, Infallible>(answer(req.uri().path(), &metrics)) }
+                let ready = ready.load(Ordering::Acquire);
+                async move { Ok::<_, Infallible>(answer(req.uri().path(), &metrics, ready)) }
             });
             tokio::spawn(async move {
                 let _ = auto::Builder::new(TokioExecutor::new())
@@ -46,14 +52,20 @@ pub async fn serve(
     Ok((bound, task))
 }
 
-fn answer(path: &str, metrics: &Metrics) -> Response<Full<Bytes>> {
+fn answer(path: &str, metrics: &Metrics, ready: bool) -> Response<Full<Bytes>> {
     let (status, body, ctype) = match path {
         "/metrics" => (
             StatusCode::OK,
             metrics.encode(),
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         ),
-        "/healthz" | "/readyz" => (StatusCode::OK, "ok\n".into(), "text/plain; charset=utf-8"),
+        "/healthz" => (StatusCode::OK, "ok\n".into(), "text/plain; charset=utf-8"),
+        "/readyz" if ready => (StatusCode::OK, "ok\n".into(), "text/plain; charset=utf-8"),
+        "/readyz" => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "caches not synced: the API server has not answered the first lists\n".into(),
+            "text/plain; charset=utf-8",
+        ),
         _ => (
             StatusCode::NOT_FOUND,
             "not found\n".into(),
@@ -76,8 +88,13 @@ mod tests {
     #[test]
     fn paths() {
         let m = Metrics::default();
-        assert_eq!(answer("/healthz", &m).status(), StatusCode::OK);
-        assert_eq!(answer("/nope", &m).status(), StatusCode::NOT_FOUND);
-        assert_eq!(answer("/metrics", &m).status(), StatusCode::OK);
+        assert_eq!(answer("/healthz", &m, false).status(), StatusCode::OK);
+        assert_eq!(answer("/nope", &m, true).status(), StatusCode::NOT_FOUND);
+        assert_eq!(answer("/metrics", &m, false).status(), StatusCode::OK);
+        assert_eq!(
+            answer("/readyz", &m, false).status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert_eq!(answer("/readyz", &m, true).status(), StatusCode::OK);
     }
 }

@@ -108,13 +108,27 @@ async fn main() -> anyhow::Result<()> {
         ..Config::default()
     };
     let subsetter = Arc::new(Subsetter::new(client.clone(), config, Arc::from(policy)));
-    let (admin, _admin_task) = subsetter::admin::serve(args.admin_addr, subsetter.metrics())
-        .await
-        .with_context(|| format!("binding the admin port {}", args.admin_addr))?;
-    tracing::info!(%admin, "admin port: /metrics, /healthz");
+    let ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (admin, _admin_task) =
+        subsetter::admin::serve(args.admin_addr, subsetter.metrics(), Arc::clone(&ready))
+            .await
+            .with_context(|| format!("binding the admin port {}", args.admin_addr))?;
+    tracing::info!(%admin, "admin port: /metrics, /healthz, /readyz");
     let shutdown = shutdown_signal();
+    // The standby keeps its caches warm: a hand-over reconciles what is cached. Ready once
+    // they have synced (either replica can then lead).
+    let caches = Arc::new(subsetter.start_caches());
+    {
+        let caches = Arc::clone(&caches);
+        tokio::spawn(async move {
+            caches.wait_synced().await;
+            ready.store(true, std::sync::atomic::Ordering::Release);
+            tracing::info!("caches synced; ready");
+        });
+    }
     if args.no_leader_election {
-        subsetter.run(shutdown).await?;
+        subsetter.lead(&caches, shutdown).await?;
+        caches.stop();
         return Ok(());
     }
     let identity = args
@@ -128,8 +142,6 @@ async fn main() -> anyhow::Result<()> {
         grace_seconds: args.lease_grace_seconds,
         release_timeout: subsetter::leader::DEFAULT_RELEASE_TIMEOUT,
     };
-    // The standby keeps its caches warm: a hand-over reconciles what is cached.
-    let caches = Arc::new(subsetter.start_caches());
     run_as_leader(client, lease, shutdown, |stop| {
         let (subsetter, caches) = (Arc::clone(&subsetter), Arc::clone(&caches));
         async move { subsetter.lead(&caches, stop).await }

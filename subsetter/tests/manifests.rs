@@ -14,3 +14,15 @@ fn the_manifest_args_and_env_are_the_binarys() {
         &["POD_NAME", "POD_NAMESPACE"],
     );
 }
+
+/// Both replicas are probed for readiness (`/readyz`: their caches have synced, so a replica
+/// that cannot reach the API server is not Ready) and liveness on the admin port.
+#[test]
+fn the_deployment_probes_readiness_and_liveness_on_the_admin_port() {
+    let c = manifest_check::container("base/subsetter.yaml", "Deployment", "subsetter");
+    for (kind, path) in [("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")] {
+        let get = &c[kind]["httpGet"];
+        assert_eq!(get["path"], path, "{kind}: {c}");
+        assert_eq!(get["port"], "admin", "{kind}");
+    }
+}

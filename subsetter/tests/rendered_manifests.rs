@@ -61,3 +61,13 @@ fn the_chart_has_a_value_for_every_subsetter_flag() {
         assert!(keys.contains(&k.to_string()), "{k} in {keys:?}");
     }
 }
+
+#[test]
+fn every_rendering_probes_readiness_on_the_admin_port() {
+    for (what, docs) in render::all_renderings() {
+        let c = render::first_container(render::find(&docs, KIND, BIN));
+        let get = &c["readinessProbe"]["httpGet"];
+        assert_eq!(get["path"], "/readyz", "{what}");
+        assert_eq!(get["port"], "admin", "{what}");
+    }
+}
