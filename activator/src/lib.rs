@@ -7,6 +7,7 @@
 pub mod admin;
 pub mod adopt;
 pub mod answer;
+pub mod api_count;
 pub mod body_timeout;
 pub mod cache;
 pub mod cli;
@@ -99,6 +100,7 @@ impl Activator {
         let stop = CancellationToken::new();
         let stop_caches = CancellationToken::new();
         let metrics = Arc::new(Metrics::default());
+        let client = api_count::counted(client, metrics.api_requests.clone());
         let revisions = RevisionCache::new(client.clone());
         // Off, no Host lookup is ever made (requests must name their revision by headers).
         let hosts = cfg

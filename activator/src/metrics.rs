@@ -136,6 +136,8 @@ pub struct Metrics {
     /// Revisions whose pods on this node, left by a previous activator process, this one
     /// adopted at start (see `adopt`).
     pub adopted_revisions: Counter,
+    /// Requests this activator sent to the API server, by verb and resource (`api_count`).
+    pub api_requests: Family<crate::api_count::ApiRequest, Counter>,
     /// Requests refused 503 + Retry-After because the buffer was full (the revision's
     /// `--queue-limit` or the node's `--queue-limit-total`).
     pub buffer_full: Counter,
@@ -163,6 +165,7 @@ impl Default for Metrics {
             node_full: Counter::default(),
             idle_kept_min_scale: Counter::default(),
             adopted_revisions: Counter::default(),
+            api_requests: Family::default(),
             buffer_full: Counter::default(),
             fast_lane_handovers: Counter::default(),
             moved_on_accept: Counter::default(),
@@ -273,6 +276,11 @@ impl Metrics {
             "Revisions whose pods on this node, left by a previous activator process, were \
              adopted at start (so they idle out without a request)",
             self.adopted_revisions.clone(),
+        );
+        r.register(
+            "api_requests",
+            "Requests this activator sent to the API server, by verb and resource",
+            self.api_requests.clone(),
         );
         r.register(
             "buffer_full",

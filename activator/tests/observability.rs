@@ -25,6 +25,12 @@ fn exposition() -> String {
     m.observe_phase(Phase::PodReadySeen, Duration::from_millis(3));
     m.pod_created(PodReason::Cold);
     m.pod_deleted(PodReason::Idle);
+    m.api_requests
+        .get_or_create(&activator::api_count::ApiRequest {
+            verb: "create".into(),
+            resource: "pods".into(),
+        })
+        .inc();
     let mut out = String::new();
     prometheus_client::encoding::text::encode(&mut out, &m.registry()).unwrap();
     out

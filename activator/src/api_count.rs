@@ -1,0 +1,144 @@
+//! Counts every request the activator sends to the API server, by verb and resource
+//! (`activator_api_requests_total`). The cold path is meant to make one request, the pod
+//! create: this is how a load test (on kubesim or a real cluster, where the activators are
+//! pods) checks it, and how an operator sees what each activator costs the API server.
+
+use std::fmt::Write as _;
+
+use http::{Method, Request, Uri};
+use kube::Client;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+
+/// The labels of `activator_api_requests_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ApiRequest {
+    /// Kubernetes' verb: get, list, watch, create, update, patch, delete, deletecollection.
+    pub verb: String,
+    /// The resource, with its subresource: `pods`, `pods/status`, `revisions`.
+    pub resource: String,
+}
+
+/// `client`, with every request it sends counted in `counts` first.
+pub fn counted(client: Client, counts: Family<ApiRequest, Counter>) -> Client {
+    let default_ns = client.default_namespace().to_string();
+    let svc = tower::service_fn(move |req: Request<kube::client::Body>| {
+        let (client, counts) = (client.clone(), counts.clone());
+        async move {
+            counts
+                .get_or_create(&classify(req.method(), req.uri()))
+                .inc();
+            client.send(req).await
+        }
+    });
+    Client::new(svc, default_ns)
+}
+
+/// The verb and resource of a request to the Kubernetes API (pure).
+pub fn classify(method: &Method, uri: &Uri) -> ApiRequest {
+    let segs: Vec<&str> = uri.path().split('/').filter(|s| !s.is_empty()).collect();
+    // /api/v1/... or /apis/<group>/<version>/...
+    let rest: &[&str] = match segs.as_slice() {
+        ["api", _v, rest @ ..] => rest,
+        ["apis", _g, _v, rest @ ..] => rest,
+        _ => &[],
+    };
+    // namespaces/<ns>/<resource>... (but namespaces/<name> is a namespace itself)
+    let rest = match rest {
+        ["namespaces", _ns, r @ ..] if !r.is_empty() => r,
+        r => r,
+    };
+    let (resource, named) = match rest {
+        [] => (String::from("unknown"), false),
+        [r] => ((*r).to_string(), false),
+        [r, _name] => ((*r).to_string(), true),
+        [r, _name, sub, ..] => {
+            let mut s = String::with_capacity(r.len() + sub.len() + 1);
+            let _ = write!(s, "{r}/{sub}");
+            (s, true)
+        }
+    };
+    let watch = uri
+        .query()
+        .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"));
+    let verb = match *method {
+        Method::GET if watch => "watch",
+        Method::GET if named => "get",
+        Method::GET => "list",
+        Method::POST => "create",
+        Method::PUT => "update",
+        Method::PATCH => "patch",
+        Method::DELETE if named => "delete",
+        Method::DELETE => "deletecollection",
+        _ => "other",
+    };
+    ApiRequest {
+        verb: verb.into(),
+        resource,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn c(method: Method, uri: &str) -> (String, String) {
+        let r = classify(&method, &uri.parse().unwrap());
+        (r.verb, r.resource)
+    }
+
+    fn p(verb: &str, resource: &str) -> (String, String) {
+        (verb.into(), resource.into())
+    }
+
+    #[test]
+    fn verbs_and_resources_of_the_activators_calls() {
+        assert_eq!(
+            c(Method::POST, "/api/v1/namespaces/apps/pods?"),
+            p("create", "pods")
+        );
+        assert_eq!(
+            c(
+                Method::GET,
+                "/apis/serving.local-activator.dev/v1alpha1/namespaces/apps/revisions/web"
+            ),
+            p("get", "revisions")
+        );
+        assert_eq!(
+            c(
+                Method::GET,
+                "/apis/serving.local-activator.dev/v1alpha1/activationendpoints?&labelSelector=x&resourceVersion=0"
+            ),
+            p("list", "activationendpoints")
+        );
+        assert_eq!(
+            c(
+                Method::GET,
+                "/api/v1/pods?&watch=true&fieldSelector=spec.nodeName%3Dn1"
+            ),
+            p("watch", "pods")
+        );
+        assert_eq!(
+            c(Method::DELETE, "/api/v1/namespaces/apps/pods/web-1"),
+            p("delete", "pods")
+        );
+        assert_eq!(
+            c(Method::PATCH, "/api/v1/namespaces/apps/pods/web-1/status"),
+            p("patch", "pods/status")
+        );
+        assert_eq!(
+            c(
+                Method::POST,
+                "/apis/events.k8s.io/v1/namespaces/apps/events"
+            ),
+            p("create", "events")
+        );
+        // A namespace is itself a named object of /api/v1/namespaces.
+        assert_eq!(
+            c(Method::GET, "/api/v1/namespaces/apps"),
+            p("get", "namespaces")
+        );
+        assert_eq!(c(Method::GET, "/version"), p("list", "unknown"));
+    }
+}
