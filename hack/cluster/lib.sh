@@ -107,6 +107,13 @@ start_in_ns() {
   log "started $name (pid $pid, in the mount namespace of $holder, log $STATE_DIR/logs/$name.log)"
 }
 
+# running PID: PID exists and is not a zombie (stopped processes are reaped by init, later).
+running() {
+  local st
+  st=$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) || return 1
+  [[ -n $st && $st != Z ]]
+}
+
 # stop NAME [TIMEOUT]: SIGTERM the recorded PID, SIGKILL after TIMEOUT seconds, forget it.
 stop() {
   local name=$1 timeout=${2:-20} f pid exe i
@@ -117,10 +124,10 @@ stop() {
     log "stopping $name (pid $pid)"
     kill -TERM "$pid" 2>/dev/null || true
     for ((i = 0; i < timeout * 10; i++)); do
-      [[ -d /proc/$pid ]] || break
+      running "$pid" || break
       sleep 0.1
     done
-    if [[ -d /proc/$pid ]]; then
+    if running "$pid"; then
       log "$name (pid $pid) still running after ${timeout}s: SIGKILL"
       kill -KILL "$pid" 2>/dev/null || true
       sleep 0.5
