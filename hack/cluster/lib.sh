@@ -1,0 +1,142 @@
+# shellcheck shell=bash
+# shellcheck disable=SC2034  # the settings are used by the scripts that source this file
+# Shared settings and helpers of hack/cluster/{up,down,install,uninstall} and hack/images/build.
+# Sourced, never run. Every setting can be overridden by the environment.
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+# Kubernetes server binaries: kube-apiserver kube-controller-manager kube-scheduler kubelet
+# kube-proxy (docs/real-cluster.md says where to get them). /work/k8s/bin is only an example.
+KUBE_BIN_DIR="${KUBE_BIN_DIR:-/work/k8s/bin}"
+STATE_DIR="${LA_STATE_DIR:-$REPO_ROOT/hack/cluster/.state}"
+# Image archives (hack/images/build); kept by down.
+CACHE_DIR="${LA_CACHE_DIR:-$REPO_ROOT/hack/cluster/.cache}"
+KUBECONFIG_PATH="$STATE_DIR/kubeconfig"
+NODE_COUNT="${LA_NODES:-3}"
+NODE_PREFIX="${LA_NODE_PREFIX:-la-node}"
+# The API server's address: on its own port-less bridge (this kernel has no dummy links), only
+# on this machine, reachable from the host and from every pod bridge.
+API_ADDR="${LA_API_ADDR:-10.88.255.1}"
+API_LINK=la-api0
+API_PORT=6443
+ETCD_CLIENT_PORT=23790
+ETCD_PEER_PORT=23800
+SERVICE_CIDR=10.96.0.0/24
+SERVICE_IP=10.96.0.1
+CLUSTER_CIDR=10.88.0.0/16
+IMAGE_TAG="${LA_IMAGE_TAG:-dev}"
+IMAGE_REPO="${LA_IMAGE_REPO:-localhost/local-activator}"
+PAUSE_IMAGE="$IMAGE_REPO/pause:$IMAGE_TAG"
+HOSTS_MARK="# local-activator-cluster"
+WAIT_TIMEOUT="${LA_WAIT_TIMEOUT:-120}"
+
+# Per node i (1-based): name, bridge, pod subnet 10.88.i.0/24 with the host side 10.88.i.1 (also
+# the node's InternalIP), kubelet port 10250+i and healthz port 10260+i on 127.0.0.1.
+node_name() { echo "$NODE_PREFIX$1"; }
+node_bridge() { echo "la-br$1"; }
+node_subnet() { echo "10.88.$1.0/24"; }
+node_gw() { echo "10.88.$1.1"; }
+node_port() { echo $((10250 + $1)); }
+node_healthz_port() { echo $((10260 + $1)); }
+node_dir() { echo "$STATE_DIR/nodes/$(node_name "$1")"; }
+node_sock() { echo "$(node_dir "$1")/containerd/containerd.sock"; }
+
+log() { printf '%s %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+kc() { kubectl --kubeconfig "$KUBECONFIG_PATH" "$@"; }
+
+# wait_for WHAT TIMEOUT CMD...: run CMD every second until it succeeds or TIMEOUT seconds pass.
+wait_for() {
+  local what=$1 timeout=$2 start
+  shift 2
+  start=$(date +%s)
+  log "waiting for $what (up to ${timeout}s)"
+  until "$@" >/dev/null 2>&1; do
+    if (($(date +%s) - start >= timeout)); then
+      log "timed out after ${timeout}s waiting for $what (check: $*)"
+      return 1
+    fi
+    sleep 1
+  done
+  log "ok: $what after $(($(date +%s) - start))s"
+}
+
+# A process this cluster started: $STATE_DIR/pids/NAME holds "PID EXE".
+pid_file() { echo "$STATE_DIR/pids/$1"; }
+
+# alive NAME: the recorded PID runs the recorded executable.
+alive() {
+  local f pid exe
+  f=$(pid_file "$1")
+  [[ -f $f ]] || return 1
+  read -r pid exe <"$f"
+  [[ -d /proc/$pid ]] || return 1
+  [[ "$(readlink "/proc/$pid/exe" 2>/dev/null)" == "$exe" ]]
+}
+
+# start NAME EXE ARGS...: start EXE in the background (own session, output to
+# $STATE_DIR/logs/NAME.log) and record its PID, unless NAME is alive already.
+start() {
+  local name=$1 exe=$2
+  shift 2
+  if alive "$name"; then
+    log "$name already running (pid $(cut -d' ' -f1 <"$(pid_file "$name")"))"
+    return 0
+  fi
+  mkdir -p "$STATE_DIR/pids" "$STATE_DIR/logs"
+  setsid "$exe" "$@" >>"$STATE_DIR/logs/$name.log" 2>&1 </dev/null &
+  local pid=$!
+  echo "$pid $(readlink -f "$exe")" >"$(pid_file "$name")"
+  log "started $name (pid $pid, log $STATE_DIR/logs/$name.log)"
+}
+
+# start_in_ns NAME HOLDER EXE ARGS...: as start, inside the mount namespace of the process
+# recorded as HOLDER (nsenter execs EXE: the recorded PID is EXE's).
+start_in_ns() {
+  local name=$1 holder=$2 exe=$3 hpid
+  shift 3
+  if alive "$name"; then
+    log "$name already running (pid $(cut -d' ' -f1 <"$(pid_file "$name")"))"
+    return 0
+  fi
+  read -r hpid _ <"$(pid_file "$holder")"
+  mkdir -p "$STATE_DIR/pids" "$STATE_DIR/logs"
+  setsid nsenter "--mount=/proc/$hpid/ns/mnt" -- "$exe" "$@" >>"$STATE_DIR/logs/$name.log" 2>&1 </dev/null &
+  local pid=$!
+  echo "$pid $(readlink -f "$exe")" >"$(pid_file "$name")"
+  log "started $name (pid $pid, in the mount namespace of $holder, log $STATE_DIR/logs/$name.log)"
+}
+
+# running PID: PID exists and is not a zombie (stopped processes are reaped by init, later).
+running() {
+  local st
+  st=$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) || return 1
+  [[ -n $st && $st != Z ]]
+}
+
+# stop NAME [TIMEOUT]: SIGTERM the recorded PID, SIGKILL after TIMEOUT seconds, forget it.
+stop() {
+  local name=$1 timeout=${2:-20} f pid exe i
+  f=$(pid_file "$name")
+  [[ -f $f ]] || return 0
+  read -r pid exe <"$f"
+  if alive "$name"; then
+    log "stopping $name (pid $pid)"
+    kill -TERM "$pid" 2>/dev/null || true
+    for ((i = 0; i < timeout * 10; i++)); do
+      running "$pid" || break
+      sleep 0.1
+    done
+    if running "$pid"; then
+      log "$name (pid $pid) still running after ${timeout}s: SIGKILL"
+      kill -KILL "$pid" 2>/dev/null || true
+      sleep 0.5
+    fi
+  fi
+  rm -f "$f"
+}
+
+need() {
+  local c
+  for c in "$@"; do command -v "$c" >/dev/null 2>&1 || die "missing command: $c"; done
+}
