@@ -431,19 +431,30 @@ impl Scaler {
                 self.create_backoff = CREATE_BACKOFF;
                 self.next_create = None;
             }
-            Some(CreateError::Invalid(why)) => {
+            Some(e @ (CreateError::Invalid(_) | CreateError::Refused(_))) => {
+                let why = e.to_string();
                 tracing::warn!(revision = %pool.key, error = %why, "cannot create pod");
                 sh.events.cold_start_failed(&rev, "PodRefused", why.clone());
+                // What the client reads: a template fault is the revision's own; the API
+                // server's words (policy names, the cluster's rules) stay in the event.
+                let told = match e {
+                    CreateError::Refused(_) => format!(
+                        "revision {}: the API server refused its pod (the reason is in the \
+                         Revision's events)",
+                        pool.key
+                    ),
+                    _ => why,
+                };
                 let grants = {
                     let mut s = pool.lock();
                     if s.throttle.pods() == 0 {
-                        pool.fail_waiters(&mut s, &why)
+                        pool.fail_waiters(&mut s, &told)
                     } else {
                         Vec::new()
                     }
                 };
                 deliver(grants);
-                self.invalid = Some((rev.clone(), why));
+                self.invalid = Some((rev.clone(), told));
             }
             Some(CreateError::Api(why)) => {
                 sh.events

@@ -17,6 +17,10 @@ use crate::routing::RevisionKey;
 pub enum CreateError {
     /// The Revision cannot make a pod (bad template): retrying will not help.
     Invalid(String),
+    /// The API server refused the pod as invalid (422/400: its validation or an admission
+    /// policy): retrying will not help. The API server's message names policies and fields
+    /// of the cluster, so it goes to the Revision's events and the log, never to a client.
+    Refused(String),
     /// The API server refused or did not answer.
     Api(String),
 }
@@ -24,7 +28,7 @@ pub enum CreateError {
 impl std::fmt::Display for CreateError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Invalid(s) | Self::Api(s) => f.write_str(s),
+            Self::Invalid(s) | Self::Refused(s) | Self::Api(s) => f.write_str(s),
         }
     }
 }
@@ -77,7 +81,7 @@ impl LocalScheduler {
             // Invalid (422) or forbidden (403: e.g. the namespace is terminating): the
             // template or the namespace is at fault, not this node.
             Err(kube::Error::Api(s)) if s.code == 422 || s.code == 400 => Err(
-                CreateError::Invalid(format!("creating pod {name}: {}", s.message)),
+                CreateError::Refused(format!("creating pod {name}: {}", s.message)),
             ),
             // The create may have happened with its answer lost (a timeout, a cut
             // connection): if the pod exists, it is ours.

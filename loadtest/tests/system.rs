@@ -45,6 +45,11 @@ async fn revision(c: &SimCluster, ns: &str, name: &str) -> Vec<String> {
     )
     .await
     .unwrap();
+    wait_subsets_of(c, ns, name).await
+}
+
+/// The member nodes of `name`'s subset, once it has some.
+async fn wait_subsets_of(c: &SimCluster, ns: &str, name: &str) -> Vec<String> {
     wait_subsets(&c.client, ns, &[name.to_string()], Duration::from_secs(30))
         .await
         .unwrap();
@@ -315,6 +320,37 @@ async fn draining_member_hands_a_waiting_request_to_a_peer() {
         answered_by.spec.unwrap().node_name.as_deref(),
         Some(members[1].as_str()),
         "the peer member served the drained request"
+    );
+    c.shutdown().await;
+}
+
+/// A pod the API server refuses (its validation, or an admission policy) fails the request
+/// with 502 and a short reason that names no field or policy of the cluster: the API server's
+/// words go to the Revision's events and the activator's log, not to an internet client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_the_api_server_refuses_is_a_502_that_leaks_nothing() {
+    let (c, ns) = cluster().await;
+    let api: Api<crds::Revision> = Api::namespaced(c.client.clone(), &ns);
+    let mut bad = echo_revision("refused", &ns, vec![host_of("refused", &ns)]);
+    let mut t = bad.spec.template.0.clone();
+    t["spec"]["containers"][0]["name"] = "Not_A_Label".into();
+    bad.spec.template = crds::PodTemplate(t);
+    api.create(&PostParams::default(), &bad).await.unwrap();
+    let members = wait_subsets_of(&c, &ns, "refused").await;
+    let entry = c
+        .entries()
+        .into_iter()
+        .find(|(n, _)| members.contains(n))
+        .expect("a member");
+    let s = Driver::new()
+        .get_named((&entry.0, entry.1), &ns, "refused", "/")
+        .await;
+    assert_eq!(s.status, 502, "{s:?}");
+    let body = s.error.as_deref().unwrap_or("");
+    assert!(body.contains("the API server refused its pod"), "{body}");
+    assert!(
+        !body.contains("Not_A_Label") && !body.contains("spec.containers"),
+        "the API server's message reached the client: {body}"
     );
     c.shutdown().await;
 }
