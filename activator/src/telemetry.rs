@@ -169,7 +169,11 @@ fn install(provider: Option<&SdkTracerProvider>) -> Result<(), TelemetryError> {
     let otel = provider.map(|p| otel_layer(p.tracer(SCOPE)));
     tracing_subscriber::registry()
         .with(filter)
-        .with(tracing_subscriber::fmt::layer())
+        // Colour only on a terminal: a pod's log is a file, where escapes are noise.
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout())),
+        )
         .with(otel)
         .try_init()?;
     Ok(())
