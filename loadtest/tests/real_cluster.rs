@@ -70,8 +70,7 @@ impl Drop for Env {
 async fn env(test: &str) -> Option<Env> {
     let path = kubeconfig_path();
     let skip = |why: String| {
-        println!("SKIPPED {test}: {why}");
-        eprintln!("SKIPPED {test}: {why}");
+        eeprintln!("SKIPPED {test}: {why}");
     };
     if !path.exists() {
         skip(format!(
@@ -444,7 +443,7 @@ async fn cold_start_by_headers_and_by_host_through_a_real_activator() {
     assert!(cold.ok() && cold.cold, "{cold:?}");
     assert!(cold.phases.is_some(), "a cold answer carries its phases");
     let pod = cold.pod.clone().expect("the app names its pod");
-    println!(
+    eprintln!(
         "cold start by headers on {}: request -> answer {} ms",
         m.node,
         cold.latency.as_millis()
@@ -489,7 +488,7 @@ async fn container_concurrency_throttles_and_scales_out_on_a_node() {
     assert_all_ok(&samples);
     let served: BTreeSet<&String> = samples.iter().filter_map(|s| s.pod.as_ref()).collect();
     let (most, by_node) = peak.read();
-    println!("busy: served by {served:?}; most pods at once {most}, by node {by_node:?}");
+    eprintln!("busy: served by {served:?}; most pods at once {most}, by node {by_node:?}");
     assert!(served.len() >= 2, "scaled out: {served:?}");
     assert!(most <= 3, "maxScale 3, yet {most} pods at once");
     assert_eq!(
@@ -548,7 +547,7 @@ async fn max_scale_three_with_three_members_never_exceeds_three_pods() {
     let samples = join_all((0..12).map(|i| env.get(&members[i % 3], "shared", &slow))).await;
     assert_all_ok(&samples);
     let (most, by_node) = peak.read();
-    println!("shared: most pods at once {most}, by node {by_node:?}");
+    eprintln!("shared: most pods at once {most}, by node {by_node:?}");
     assert!(most <= 3, "maxScale 3, yet {most} pods at once");
     assert!(
         by_node.values().all(|&n| n <= 1),
@@ -580,7 +579,7 @@ async fn a_node_lost_under_load_is_replaced_and_nothing_fails_after_the_repair()
         })
         .await;
     let repair = Instant::now();
-    println!(
+    eprintln!(
         "{lost} stopped; NotReady and replaced after {} ms by {:?}",
         repair.duration_since(stopped).as_millis(),
         repaired.iter().map(|m| &m.node).collect::<Vec<_>>()
@@ -594,7 +593,7 @@ async fn a_node_lost_under_load_is_replaced_and_nothing_fails_after_the_repair()
         .filter(|(t, _)| *t >= repair)
         .map(|(_, s)| s.clone())
         .collect();
-    println!(
+    eprintln!(
         "all: {}; after the repair: {}",
         summary(&samples),
         after.len()
@@ -639,7 +638,7 @@ async fn an_activator_deleted_under_load_drains_and_loses_nothing() {
     .expect("a new activator on the node");
     load.wait_for(100).await;
     let samples = load.stop().await;
-    println!("activator {victim} deleted: {}", summary(&samples));
+    eprintln!("activator {victim} deleted: {}", summary(&samples));
     let all: Vec<Sample> = samples.into_iter().map(|(_, s)| s).collect();
     assert_all_ok(&all);
 }
@@ -674,13 +673,13 @@ async fn a_rolling_update_of_the_activators_under_load_loses_nothing_and_keeps_t
     .unwrap();
     let started = Instant::now();
     wait_daemonset_ready(&env.client).await;
-    println!(
+    eprintln!(
         "rollout of 3 activators: {} ms",
         started.elapsed().as_millis()
     );
     load.wait_for(100).await;
     let samples = load.stop().await;
-    println!("rolling update: {}", summary(&samples));
+    eprintln!("rolling update: {}", summary(&samples));
     let all: Vec<Sample> = samples.into_iter().map(|(_, s)| s).collect();
     assert_all_ok(&all);
     // The new activators adopted the app's pods: still serving, none started again.
@@ -704,7 +703,7 @@ async fn the_live_cluster_keeps_the_endpoints_contract() {
         .await
         .expect("reading the cluster");
     let breaches = subsetter::contract::check(&cluster);
-    println!(
+    eprintln!(
         "{} ActivationEndpoints, {} Revisions, {} usable activators: {} breach(es)",
         cluster.endpoints.len(),
         cluster.revisions.len(),
