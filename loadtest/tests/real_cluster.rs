@@ -70,7 +70,7 @@ impl Drop for Env {
 async fn env(test: &str) -> Option<Env> {
     let path = kubeconfig_path();
     let skip = |why: String| {
-        eeprintln!("SKIPPED {test}: {why}");
+        eprintln!("SKIPPED {test}: {why}");
     };
     if !path.exists() {
         skip(format!(
