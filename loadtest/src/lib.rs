@@ -6,6 +6,7 @@ pub mod cluster;
 pub mod demo;
 pub mod driver;
 pub mod error;
+pub mod installed;
 pub mod nginx;
 pub mod observe;
 pub mod open_loop;

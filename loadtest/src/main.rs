@@ -83,6 +83,27 @@ enum Cmd {
         #[arg(long, default_value = loadtest::cluster::CALIBRATED_WRITE_LATENCY)]
         api_write_latency: Delay,
     },
+    /// Cold starts on a cluster where the product is installed and real kubelets run the
+    /// app (hack/cluster, docs/real-cluster.md): through an activator, through a Deployment
+    /// scaled 0 → 1, and the floor (the pod POSTed with spec.nodeName), each to the first byte.
+    Installed {
+        /// The cluster (default: KUBECONFIG, then ~/.kube/config).
+        #[arg(long)]
+        kubeconfig: Option<PathBuf>,
+        #[arg(long, default_value_t = 10)]
+        runs: usize,
+        /// Cold starts at once per path in a round.
+        #[arg(long, default_value_t = 1)]
+        burst: usize,
+        /// The app image: answers the path on 8080, present on every node.
+        #[arg(long, default_value = "localhost/local-activator/testapp:dev")]
+        image: String,
+        #[arg(long, default_value = "/cgi-bin/app")]
+        path: String,
+        /// Write the report as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
 }
 
 #[tokio::main]
@@ -200,6 +221,40 @@ async fn main() -> anyhow::Result<()> {
             }
             if summary.errors > 0 {
                 anyhow::bail!("{} of {} requests failed", summary.errors, summary.requests);
+            }
+        }
+        Cmd::Installed {
+            kubeconfig,
+            runs,
+            burst,
+            image,
+            path,
+            json,
+        } => {
+            let client = match kubeconfig {
+                Some(p) => {
+                    let kc = kube::config::Kubeconfig::read_from(&p)?;
+                    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+                    kube::Client::try_from(cfg)?
+                }
+                None => kube::Client::try_default().await?,
+            };
+            let opts = loadtest::installed::Options {
+                runs,
+                burst,
+                image,
+                path,
+                ..Default::default()
+            };
+            let report = loadtest::installed::run(&client, &opts).await?;
+            print!("{}", report.table());
+            if let Some(p) = json {
+                std::fs::write(&p, serde_json::to_string_pretty(&report)?)?;
+                eprintln!("wrote {}", p.display());
+            }
+            let failed: usize = report.paths.iter().map(|p| p.first_byte_ms.failed).sum();
+            if failed > 0 {
+                anyhow::bail!("{failed} cold start(s) failed");
             }
         }
     }

@@ -396,9 +396,32 @@ impl Load {
 fn summary(samples: &[(Instant, Sample)]) -> String {
     let failed = samples.iter().filter(|(_, s)| !s.ok()).count();
     let retried = samples.iter().filter(|(_, s)| s.first.is_some()).count();
+    // Per entry activator: requests, failures, latency p50 / p99 / max (failures included,
+    // at their time to failure).
+    let mut by_entry: BTreeMap<&str, Vec<&Sample>> = BTreeMap::new();
+    for (_, s) in samples {
+        by_entry.entry(s.entry.as_str()).or_default().push(s);
+    }
+    let per: Vec<String> = by_entry
+        .into_iter()
+        .map(|(e, ss)| {
+            let mut l: Vec<Duration> = ss.iter().map(|s| s.latency).collect();
+            l.sort();
+            let q = |f: f64| l[((l.len() - 1) as f64 * f) as usize].as_millis();
+            format!(
+                "{e}: {} requests, {} failed, p50 {} ms, p99 {} ms, max {} ms",
+                ss.len(),
+                ss.iter().filter(|s| !s.ok()).count(),
+                q(0.5),
+                q(0.99),
+                q(1.0)
+            )
+        })
+        .collect();
+    let per = per.join("; ");
     format!(
         "{} requests, {failed} failed, {retried} answered on a second member after a refused \
-         or reset connection",
+         or reset connection [{per}]",
         samples.len()
     )
 }
@@ -415,6 +438,25 @@ fn script(name: &str, args: &[&str]) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A node's kubelet, stopped until this is dropped (also when the test fails: the next test
+/// must find every node).
+struct StoppedKubelet(String);
+
+impl StoppedKubelet {
+    fn stop(index: &str) -> Self {
+        script("node", &["stop", index]);
+        Self(index.to_string())
+    }
+}
+
+impl Drop for StoppedKubelet {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(repo().join("hack/cluster/node"))
+            .args(["start", &self.0])
+            .output();
+    }
 }
 
 async fn node_ready(client: &Client, node: &str, ready: bool) {
@@ -569,7 +611,7 @@ async fn a_node_lost_under_load_is_replaced_and_nothing_fails_after_the_repair()
         .to_string();
     let load = Load::start(&env, "steady", 4);
     load.wait_for(20).await;
-    script("node", &["stop", &index]);
+    let kubelet = StoppedKubelet::stop(&index);
     let stopped = Instant::now();
     node_ready(&env.client, &lost, false).await;
     let lost2 = lost.clone();
@@ -586,18 +628,23 @@ async fn a_node_lost_under_load_is_replaced_and_nothing_fails_after_the_repair()
     );
     load.wait_for(200).await;
     let samples = load.stop().await;
-    script("node", &["start", &index]);
+    drop(kubelet);
     node_ready(&env.client, &lost, true).await;
     let after: Vec<Sample> = samples
         .iter()
         .filter(|(t, _)| *t >= repair)
         .map(|(_, s)| s.clone())
         .collect();
+    let (before, after_s): (Vec<_>, Vec<_>) =
+        samples.iter().cloned().partition(|(t, _)| *t < repair);
     eprintln!(
-        "all: {}; after the repair: {}",
-        summary(&samples),
-        after.len()
+        "before the repair: {}\nafter the repair: {}",
+        summary(&before),
+        summary(&after_s)
     );
+    for (_, s) in samples.iter().filter(|(_, s)| !s.ok()) {
+        eprintln!("failed: {s:?}");
+    }
     assert!(after.len() >= 200);
     assert_all_ok(&after);
 }

@@ -1,0 +1,440 @@
+//! `loadtest installed`: cold starts on a cluster where the product is installed and real
+//! kubelets run real containers (the local cluster of `hack/cluster`, docs/real-cluster.md, or
+//! any other). Three ways from nothing to an answer, each to the first byte through the same
+//! app container, each measured the same way (from the moment the client acts):
+//!
+//! - **activator**: a request to a member activator of a new Revision (no pod): the activator
+//!   POSTs the pod with `spec.nodeName`, waits for it, proxies. Its `Server-Timing` gives the
+//!   anatomy (pod POST sent, create answered, pod usable, first byte).
+//! - **deployment**: a Deployment scaled 0 → 1 (ReplicaSet controller, kube-scheduler, the
+//!   kubelet), its pod watched until Ready, then the same request to the pod IP.
+//! - **pod POST** (the floor): the pod the activator would create, POSTed with `spec.nodeName`
+//!   by the client itself, watched until Ready, then the same request.
+//!
+//! The pods of all three are alike (the activator's defaults: no ServiceAccount token, no
+//! service links), so the difference is the control path. Runs rotate over the nodes (the
+//! deployment's pod goes where kube-scheduler puts it). A failure is counted, never dropped:
+//! each figure is printed with its failures (ranked last, as everywhere in the load test).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use crds::{ActivationEndpoints, Revision};
+use futures::future::join_all;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::wait::await_condition;
+use kube::{Api, Client, ResourceExt};
+use serde::Serialize;
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use crate::Error;
+use crate::anatomy::ColdPhases;
+use crate::driver::Driver;
+use crate::stats::Percentiles;
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Rounds; each starts `burst` of each path.
+    pub runs: usize,
+    /// Cold starts at once per path in a round (1: one at a time).
+    pub burst: usize,
+    /// The app image (it must answer `path` on port 8080 and be on every node).
+    pub image: String,
+    pub path: String,
+    /// A bound on each cold start (a hang detector, not a figure).
+    pub limit: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            runs: 10,
+            burst: 1,
+            image: "localhost/local-activator/testapp:dev".into(),
+            path: "/cgi-bin/app".into(),
+            limit: Duration::from_secs(120),
+        }
+    }
+}
+
+/// One path's figures, in ms from the client's first act to the first byte of the answer.
+#[derive(Debug, Clone, Serialize)]
+pub struct PathFigures {
+    pub path: &'static str,
+    pub first_byte_ms: Percentiles,
+    /// Why each failure failed.
+    pub errors: Vec<String>,
+}
+
+/// The activator's own account of its cold starts (Server-Timing), p50 of each phase, ms from
+/// the request's arrival.
+#[derive(Debug, Clone, Serialize)]
+pub struct Anatomy {
+    pub pod_post_ms: Percentiles,
+    pub pod_bound_ms: Percentiles,
+    pub pod_ready_ms: Percentiles,
+    pub first_byte_ms: Percentiles,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct InstalledReport {
+    pub nodes: Vec<String>,
+    pub runs: usize,
+    pub burst: usize,
+    pub paths: Vec<PathFigures>,
+    pub activator_anatomy: Anatomy,
+    /// activator p50 ÷ pod POST p50 (None when either has failures: a ratio is refused then).
+    pub activator_over_floor_p50: Option<f64>,
+    /// deployment p50 ÷ activator p50 (None as above).
+    pub deployment_over_activator_p50: Option<f64>,
+}
+
+impl InstalledReport {
+    pub fn table(&self) -> String {
+        let mut s = format!(
+            "cold start to the first byte on real kubelets ({} nodes: {}), {} runs × {} at once\n",
+            self.nodes.len(),
+            self.nodes.join(", "),
+            self.runs,
+            self.burst
+        );
+        s += "path          count failed    p50 ms    p90 ms    p99 ms    max ms\n";
+        for p in &self.paths {
+            let f = &p.first_byte_ms;
+            s += &format!(
+                "{:<13} {:>5} {:>6} {:>9.1} {:>9.1} {:>9.1} {:>9.1}\n",
+                p.path, f.count, f.failed, f.p50, f.p90, f.p99, f.max
+            );
+        }
+        let a = &self.activator_anatomy;
+        s += &format!(
+            "activator anatomy, p50 ms from the request's arrival: pod POST sent {:.1}, create \
+             answered {:.1}, pod usable {:.1}, first byte {:.1}\n",
+            a.pod_post_ms.p50, a.pod_bound_ms.p50, a.pod_ready_ms.p50, a.first_byte_ms.p50
+        );
+        let ratio = |r: Option<f64>| r.map_or("invalid (failures)".into(), |r| format!("{r:.2}"));
+        s += &format!(
+            "activator ÷ pod POST floor (p50): {}; deployment ÷ activator (p50): {}\n",
+            ratio(self.activator_over_floor_p50),
+            ratio(self.deployment_over_activator_p50)
+        );
+        for p in &self.paths {
+            for e in p.errors.iter().take(5) {
+                s += &format!("  {} failed: {e}\n", p.path);
+            }
+        }
+        s
+    }
+}
+
+/// An outcome: time to the first byte, or why it failed.
+type Outcome = Result<Duration, String>;
+
+pub async fn run(client: &Client, opts: &Options) -> Result<InstalledReport, Error> {
+    let nodes: Vec<String> = Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|n| {
+            n.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        })
+        .map(|n| n.name_any())
+        .collect();
+    if nodes.is_empty() {
+        return Err(Error::Options("no Ready node".into()));
+    }
+    let ns = format!("installed-{:08x}", rand::random::<u32>());
+    crate::cluster::ensure_namespace(client, &ns).await?;
+    let result = measure(client, opts, &ns, &nodes).await;
+    let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .delete(&ns, &DeleteParams::default())
+        .await;
+    result
+}
+
+async fn measure(
+    client: &Client,
+    opts: &Options,
+    ns: &str,
+    nodes: &[String],
+) -> Result<InstalledReport, Error> {
+    let driver = Driver::new();
+    let (mut act, mut dep, mut pod) = (Vec::new(), Vec::new(), Vec::new());
+    let mut phases: Vec<ColdPhases> = Vec::new();
+    for r in 0..opts.runs {
+        let names: Vec<String> = (0..opts.burst).map(|b| format!("r{r}-{b}")).collect();
+        // The activator: every revision's subset first (its creation is not the cold start).
+        let members = join_all(names.iter().map(|n| revision(client, ns, n, opts))).await;
+        let outcomes = join_all(names.iter().zip(members).map(|(n, m)| {
+            let driver = driver.clone();
+            async move {
+                let m = m?;
+                let s = driver.get_named((&m.0, m.1), ns, n, &opts.path).await;
+                match s.ok() {
+                    true => Ok((s.latency, s.phases)),
+                    false => Err(format!("{}: {}", m.0, s.error.unwrap_or_default())),
+                }
+            }
+        }))
+        .await;
+        for o in outcomes {
+            act.push(o.map(|(l, p)| {
+                phases.extend(p);
+                l
+            }));
+        }
+        // The Deployment path.
+        dep.extend(
+            join_all(
+                names
+                    .iter()
+                    .map(|n| deployment(client, ns, n, opts, &driver)),
+            )
+            .await,
+        );
+        // The floor: the activator's pod, POSTed by the client.
+        pod.extend(
+            join_all(names.iter().enumerate().map(|(b, n)| {
+                let node = &nodes[(r * opts.burst + b) % nodes.len()];
+                raw_pod(client, ns, n, node, opts, &driver)
+            }))
+            .await,
+        );
+        tracing::info!(run = r, "round done");
+    }
+    let fig = |path: &'static str, v: &[Outcome]| {
+        let ok: Vec<Duration> = v.iter().filter_map(|o| o.as_ref().ok().copied()).collect();
+        let errors: Vec<String> = v.iter().filter_map(|o| o.as_ref().err().cloned()).collect();
+        PathFigures {
+            path,
+            first_byte_ms: Percentiles::with_failed(&ok, errors.len()),
+            errors,
+        }
+    };
+    let (a, d, p) = (
+        fig("activator", &act),
+        fig("deployment", &dep),
+        fig("pod POST", &pod),
+    );
+    let ms = |f: &dyn Fn(&ColdPhases) -> f64| {
+        let v: Vec<Duration> = phases
+            .iter()
+            .map(|p| Duration::from_secs_f64(f(p) / 1e3))
+            .collect();
+        Percentiles::of(&v)
+    };
+    let ratio = |x: &PathFigures, y: &PathFigures| {
+        (x.first_byte_ms.failed == 0 && y.first_byte_ms.failed == 0 && y.first_byte_ms.p50 > 0.0)
+            .then(|| x.first_byte_ms.p50 / y.first_byte_ms.p50)
+    };
+    Ok(InstalledReport {
+        nodes: nodes.to_vec(),
+        runs: opts.runs,
+        burst: opts.burst,
+        activator_anatomy: Anatomy {
+            pod_post_ms: ms(&|p| p.pod_post),
+            pod_bound_ms: ms(&|p| p.pod_bound),
+            pod_ready_ms: ms(&|p| p.pod_ready),
+            first_byte_ms: ms(&|p| p.wait),
+        },
+        activator_over_floor_p50: ratio(&a, &p),
+        deployment_over_activator_p50: ratio(&d, &a),
+        paths: vec![a, d, p],
+    })
+}
+
+/// The pod spec all three paths run (the activator adds nodeName and its labels).
+fn pod_spec(opts: &Options) -> Value {
+    json!({
+        "automountServiceAccountToken": false,
+        "enableServiceLinks": false,
+        "containers": [{
+            "name": "app",
+            "image": opts.image,
+            "imagePullPolicy": "Never",
+            "ports": [{"containerPort": 8080}],
+        }],
+    })
+}
+
+/// Creates a revision (one member) and returns its member once assigned.
+async fn revision(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    opts: &Options,
+) -> Result<(String, SocketAddr), String> {
+    let rev: Revision = serde_json::from_value(json!({
+        "apiVersion": "local-activator.dev/v1alpha1",
+        "kind": "Revision",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"port": 8080, "activators": 1, "template": {"spec": pod_spec(opts)}},
+    }))
+    .map_err(|e| e.to_string())?;
+    Api::<Revision>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &rev)
+        .await
+        .map_err(|e| format!("creating revision {name}: {e}"))?;
+    let api: Api<ActivationEndpoints> = Api::namespaced(client.clone(), ns);
+    let assigned = await_condition(api, name, |a: Option<&ActivationEndpoints>| {
+        a.and_then(|a| a.status.as_ref())
+            .is_some_and(|s| !s.activators.is_empty())
+    });
+    let ae = tokio::time::timeout(opts.limit, assigned)
+        .await
+        .map_err(|_| format!("{name}: no subset within {:?}", opts.limit))?
+        .map_err(|e| e.to_string())?
+        .ok_or("the subset vanished")?;
+    let m = ae.status.unwrap().activators.remove(0);
+    let addr = m
+        .address
+        .parse()
+        .map_err(|e| format!("{}: {e}", m.address))?;
+    Ok((m.node, addr))
+}
+
+/// A watch of the pods labelled `app=<name>`, established (its first list answered) before
+/// this returns, as the activator's own pod watch is before a request comes: the receiver
+/// gets the first Ready pod's node and IP.
+async fn watch_ready(
+    client: &Client,
+    ns: &str,
+    name: &str,
+) -> tokio::sync::oneshot::Receiver<(String, String)> {
+    use futures::StreamExt;
+    use kube::runtime::watcher;
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let cfg = watcher::Config::default().labels(&watcher_labels(name));
+    let (listed_tx, listed) = tokio::sync::oneshot::channel();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let mut listed_tx = Some(listed_tx);
+        let mut s = std::pin::pin!(watcher(api, cfg));
+        while let Some(ev) = s.next().await {
+            let pod = match ev {
+                Ok(watcher::Event::InitDone) => {
+                    if let Some(t) = listed_tx.take() {
+                        let _ = t.send(());
+                    }
+                    continue;
+                }
+                Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => p,
+                _ => continue,
+            };
+            let ready = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+            if ready && let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.clone()) {
+                let node = pod.spec.and_then(|s| s.node_name).unwrap_or_default();
+                let _ = tx.send((node, ip));
+                return;
+            }
+        }
+    });
+    let _ = listed.await;
+    rx
+}
+
+/// Awaits the Ready pod, then requests it: the time from `t0` to its answer.
+async fn then_request(
+    ready: tokio::sync::oneshot::Receiver<(String, String)>,
+    name: &str,
+    opts: &Options,
+    driver: &Driver,
+    t0: Instant,
+) -> Outcome {
+    let (node, ip) = tokio::time::timeout(opts.limit.saturating_sub(t0.elapsed()), ready)
+        .await
+        .map_err(|_| format!("{name}: not Ready within {:?}", opts.limit))?
+        .map_err(|_| format!("{name}: the watch ended"))?;
+    let addr = SocketAddr::new(ip.parse().map_err(|e| format!("{ip}: {e}"))?, 8080);
+    let s = driver.get((&node, addr), name, "app", &opts.path).await;
+    if s.ok() {
+        Ok(t0.elapsed())
+    } else {
+        Err(format!("{node}: {}", s.error.unwrap_or_default()))
+    }
+}
+
+fn watcher_labels(name: &str) -> String {
+    format!("loadtest.local-activator.dev/app={name}")
+}
+
+fn labels(name: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([(
+        "loadtest.local-activator.dev/app".to_string(),
+        name.to_string(),
+    )])
+}
+
+/// A Deployment at 0, then scaled to 1 at `t0`.
+async fn deployment(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    opts: &Options,
+    driver: &Driver,
+) -> Outcome {
+    let api: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let d: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": format!("d-{name}")},
+        "spec": {
+            "replicas": 0,
+            "selector": {"matchLabels": labels(&format!("d-{name}"))},
+            "template": {
+                "metadata": {"labels": labels(&format!("d-{name}"))},
+                "spec": pod_spec(opts),
+            },
+        },
+    }))
+    .map_err(|e| e.to_string())?;
+    api.create(&PostParams::default(), &d)
+        .await
+        .map_err(|e| format!("creating deployment d-{name}: {e}"))?;
+    let ready = watch_ready(client, ns, &format!("d-{name}")).await;
+    let t0 = Instant::now();
+    api.patch(
+        &format!("d-{name}"),
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"replicas": 1}})),
+    )
+    .await
+    .map_err(|e| format!("scaling d-{name}: {e}"))?;
+    then_request(ready, &format!("d-{name}"), opts, driver, t0).await
+}
+
+/// The floor: the pod POSTed with `spec.nodeName` at `t0`.
+async fn raw_pod(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    node: &str,
+    opts: &Options,
+    driver: &Driver,
+) -> Outcome {
+    let mut spec = pod_spec(opts);
+    spec["nodeName"] = node.into();
+    let p: Pod = serde_json::from_value(json!({
+        "metadata": {"name": format!("p-{name}"), "labels": labels(&format!("p-{name}"))},
+        "spec": spec,
+    }))
+    .map_err(|e| e.to_string())?;
+    let ready = watch_ready(client, ns, &format!("p-{name}")).await;
+    let t0 = Instant::now();
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &p)
+        .await
+        .map_err(|e| format!("creating pod p-{name}: {e}"))?;
+    then_request(ready, &format!("p-{name}"), opts, driver, t0).await
+}
