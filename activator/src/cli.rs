@@ -106,6 +106,12 @@ pub struct Args {
     /// How long a Host no revision claims is answered 404 without asking again.
     #[arg(long, env = "HOST_MISS_TTL", default_value = "1s", value_parser = duration)]
     pub host_miss_ttl: Duration,
+    /// How long the activator keeps serving after SIGTERM, with /readyz failing, before it
+    /// stops accepting: those that route to it (ingresses, peers reading ActivationEndpoints)
+    /// learn that it is going only after the pod is marked terminating; until they do, they
+    /// still send here, and a pod that had already exited would leave them a dead address.
+    #[arg(long, env = "SHUTDOWN_DELAY", default_value = "5s", value_parser = duration)]
+    pub shutdown_delay: Duration,
     /// How long SIGTERM waits for in-flight requests (keep it below the pod's
     /// terminationGracePeriodSeconds).
     #[arg(long, env = "DRAIN_TIMEOUT", default_value = "90s", value_parser = duration)]

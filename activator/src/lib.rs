@@ -359,6 +359,11 @@ impl Activator {
         &self.metrics
     }
 
+    /// Fails `/readyz` from now on, serving on (the first step of a shutdown).
+    pub fn set_not_ready(&self) {
+        self.admin.ready.store(false, Ordering::Release);
+    }
+
     /// Whether the caches have synced (what `/readyz` answers).
     pub fn is_ready(&self) -> bool {
         self.admin.ready.load(Ordering::Acquire)

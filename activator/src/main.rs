@@ -55,7 +55,16 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let client = kube::Client::try_default().await?;
     let activator = Activator::start(cfg, client).await?;
     shutdown_signal().await;
-    tracing::info!("SIGTERM: draining");
+    // Not ready at once, but still serving: whoever routes here learns that this pod is
+    // going from the API server (its deletion, then the subset without it), which takes a
+    // moment; until then their requests must find a listener, not a dead address.
+    activator.set_not_ready();
+    tracing::info!(delay = ?args.shutdown_delay, "SIGTERM: not ready; serving until the delay ends, then draining");
+    tokio::select! {
+        _ = tokio::time::sleep(args.shutdown_delay) => {}
+        _ = shutdown_signal() => tracing::info!("second signal: draining now"),
+    }
+    tracing::info!("draining");
     activator.shutdown().await;
     Ok(())
 }

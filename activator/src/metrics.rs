@@ -43,6 +43,23 @@ label_value!(Route {
     Refused => "refused",
 });
 
+/// What made a new pod usable first.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum FirstBy {
+    Probe,
+    Watch,
+}
+
+label_value!(FirstBy {
+    Probe => "probe",
+    Watch => "watch",
+});
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UsableFirst {
+    pub by: FirstBy,
+}
+
 /// The outcome label of a finished request.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Outcome {
@@ -136,6 +153,11 @@ pub struct Metrics {
     /// Revisions whose pods on this node, left by a previous activator process, this one
     /// adopted at start (see `adopt`).
     pub adopted_revisions: Counter,
+    /// How long before the kubelet's Ready the activator's own probe found a new pod
+    /// answering (0 when the kubelet's Ready came first).
+    pub probe_lead: Histogram,
+    /// New pods, by what made them usable first: the activator's probe or the kubelet's Ready.
+    pub usable_first: Family<UsableFirst, Counter>,
     /// Requests this activator sent to the API server, by verb and resource (`api_count`).
     pub api_requests: Family<crate::api_count::ApiRequest, Counter>,
     /// Requests refused 503 + Retry-After because the buffer was full (the revision's
@@ -166,6 +188,8 @@ impl Default for Metrics {
             idle_kept_min_scale: Counter::default(),
             adopted_revisions: Counter::default(),
             api_requests: Family::default(),
+            probe_lead: phase_histogram(),
+            usable_first: Family::default(),
             buffer_full: Counter::default(),
             fast_lane_handovers: Counter::default(),
             moved_on_accept: Counter::default(),
@@ -175,6 +199,19 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// A new pod turned Ready in the watch; `lead`: how long before, the activator's own probe
+    /// had found it answering (None: it had not).
+    pub fn observe_ready_lead(&self, lead: Option<Duration>) {
+        let by = if lead.is_some() {
+            FirstBy::Probe
+        } else {
+            FirstBy::Watch
+        };
+        self.usable_first.get_or_create(&UsableFirst { by }).inc();
+        self.probe_lead
+            .observe(lead.unwrap_or_default().as_secs_f64());
+    }
+
     pub fn observe_phase(&self, phase: Phase, d: Duration) {
         self.cold_start_phase
             .get_or_create(&PhaseLabel { phase })
@@ -276,6 +313,18 @@ impl Metrics {
             "Revisions whose pods on this node, left by a previous activator process, were \
              adopted at start (so they idle out without a request)",
             self.adopted_revisions.clone(),
+        );
+        r.register(
+            "probe_lead_seconds",
+            "How long before the kubelet reported a new pod Ready the activator's own probe \
+             found it answering (0 when the kubelet's Ready came first)",
+            self.probe_lead.clone(),
+        );
+        r.register(
+            "pod_usable_first",
+            "New pods, by what found them usable first: the activator's probe or the \
+             kubelet's Ready (watch)",
+            self.usable_first.clone(),
         );
         r.register(
             "api_requests",

@@ -52,6 +52,8 @@ struct Tracked {
     probe: Option<JoinHandle<()>>,
     /// A probe got an answer before the watch said Ready.
     probed: bool,
+    /// When the first probe answered (to measure its lead over the kubelet's Ready).
+    probed_at: Option<Instant>,
     /// The watch has said Ready at least once (after that, its word counts).
     was_ready: bool,
     /// A request could not connect: out until a probe answers.
@@ -119,6 +121,7 @@ impl Scaler {
                 Some(name) = self.probe_rx.recv() => {
                     if let Some(t) = self.tracked.get_mut(&name) {
                         t.probed = true;
+                        t.probed_at.get_or_insert_with(Instant::now);
                         t.suspect = false;
                         t.probe = None;
                     }
@@ -179,11 +182,18 @@ impl Scaler {
                     slot: None,
                     probe: None,
                     probed: false,
+                    probed_at: None,
                     was_ready: false,
                     suspect: false,
                     removing: false,
                     ever_usable: false,
                 });
+                // A pod this scaler saw start turns Ready: did the activator's own probe find
+                // it answering first, and by how long?
+                if p.ready && !t.was_ready && t.first_seen != now {
+                    let lead = t.probed_at.map(|at| now.saturating_duration_since(at));
+                    sh.metrics.observe_ready_lead(lead);
+                }
                 t.was_ready |= p.ready;
                 let addr = p.ip.map(|ip| SocketAddr::new(ip, port));
                 if let Some(reason) = &p.failed

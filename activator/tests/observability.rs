@@ -31,6 +31,7 @@ fn exposition() -> String {
             resource: "pods".into(),
         })
         .inc();
+    m.observe_ready_lead(None);
     let mut out = String::new();
     prometheus_client::encoding::text::encode(&mut out, &m.registry()).unwrap();
     out

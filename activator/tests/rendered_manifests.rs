@@ -70,17 +70,17 @@ fn every_renderings_grace_period_covers_its_drain() {
                 .flatten()
                 .map(|a| a.as_str().unwrap().to_string()),
         );
-        let drain = Args::try_parse_from(&argv)
-            .unwrap_or_else(|e| panic!("{what}: {e}"))
-            .config()
-            .drain_timeout;
+        let args = Args::try_parse_from(&argv).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let (delay, drain) = (args.shutdown_delay, args.config().drain_timeout);
         let grace = ds["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
             .as_u64()
             .unwrap_or_else(|| panic!("{what}: no terminationGracePeriodSeconds"));
-        // SIGTERM drains for at most the drain timeout, then flushes traces (5 s).
+        // SIGTERM serves on for the shutdown delay, drains for at most the drain timeout,
+        // then flushes traces (5 s).
         assert!(
-            grace > drain.as_secs() + 5,
-            "{what}: terminationGracePeriodSeconds {grace} does not cover --drain-timeout {drain:?}"
+            grace > delay.as_secs() + drain.as_secs() + 5,
+            "{what}: terminationGracePeriodSeconds {grace} does not cover --shutdown-delay \
+             {delay:?} + --drain-timeout {drain:?}"
         );
     }
 }

@@ -335,6 +335,22 @@ async fn an_exec_probe_waits_for_the_kubelets_ready_and_no_probe_does_not() {
             ready_when_answered,
             "{name}: was the pod Ready when its first request was answered?"
         );
+        // When the kubelet's Ready comes, the member counts what found the pod usable first.
+        let a = c.activators.iter().find(|a| a.node == m).unwrap();
+        let metrics = a.activator.metrics().clone();
+        let by = if ready_when_answered {
+            activator::metrics::FirstBy::Watch
+        } else {
+            activator::metrics::FirstBy::Probe
+        };
+        let label = activator::metrics::UsableFirst { by };
+        tokio::time::timeout(LIMIT, async {
+            while metrics.usable_first.get_or_create(&label).get() == 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{name}: usable first by {by:?}"));
     }
     c.shutdown().await;
 }
