@@ -209,6 +209,8 @@ async fn measure(
             }))
             .await,
         );
+        // Every round starts from the same nodes: nothing of the last one left running.
+        clean(client, ns, opts.limit).await?;
         tracing::info!(run = r, "round done");
     }
     let fig = |path: &'static str, v: &[Outcome]| {
@@ -437,4 +439,33 @@ async fn raw_pod(
         .await
         .map_err(|e| format!("creating pod p-{name}: {e}"))?;
     then_request(ready, &format!("p-{name}"), opts, driver, t0).await
+}
+
+/// Deletes what a round made (Revisions take their pods along) and waits until no pod of the
+/// namespace is left, so that no path runs on nodes busier than another's.
+async fn clean(client: &Client, ns: &str, limit: Duration) -> Result<(), Error> {
+    let dp = DeleteParams::default();
+    let lp = ListParams::default();
+    Api::<Revision>::namespaced(client.clone(), ns)
+        .delete_collection(&dp, &lp)
+        .await?;
+    Api::<Deployment>::namespaced(client.clone(), ns)
+        .delete_collection(&dp, &lp)
+        .await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    pods.delete_collection(&dp, &lp).await?;
+    let gone = async {
+        loop {
+            match pods.list(&lp).await {
+                Ok(l) if l.items.is_empty() => return,
+                _ => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    };
+    tokio::time::timeout(limit, gone)
+        .await
+        .map_err(|_| Error::Timeout {
+            what: format!("the pods of {ns} to be deleted"),
+            secs: limit.as_secs(),
+        })
 }
