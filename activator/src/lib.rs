@@ -106,13 +106,13 @@ impl Activator {
         let hosts = cfg
             .host_routing
             .then(|| HostCache::new(client.clone(), cfg.host_ttl, cfg.host_miss_ttl));
-        let (keep_warm_tx, mut keep_warm) = tokio::sync::mpsc::unbounded_channel();
+        let (member_of_tx, mut member_of) = tokio::sync::mpsc::unbounded_channel();
         let endpoints = EndpointsCache::start(
             client.clone(),
             &cfg.node_name,
             cfg.endpoints_ttl,
             stop_caches.child_token(),
-            keep_warm_tx,
+            member_of_tx,
         );
         let pods = PodCache::start(client.clone(), &cfg.node_name, stop_caches.child_token());
         let caches = (
@@ -138,15 +138,34 @@ impl Activator {
             epoch: tokio::time::Instant::now(),
             full: Default::default(),
         });
-        // Revisions with a share of minScale here get a pool (and so their pods) without
-        // waiting for a request; the pool keeps them while the share lasts.
+        // The revisions of this node's subsets are read ahead of their first request (a
+        // member's cold start then makes one API request, the pod create). Those with a share
+        // of minScale here also get a pool (and so their pods) without waiting for a request;
+        // the pool keeps them while the share lasts.
         let (warm_pools, warm_revisions, warm_stop) =
             (pools.clone(), revisions.clone(), stop_caches.child_token());
         tokio::spawn(async move {
             loop {
-                let (key, me) = tokio::select! {
+                let event = tokio::select! {
                     _ = warm_stop.cancelled() => return,
-                    m = keep_warm.recv() => match m { Some(m) => m, None => return },
+                    m = member_of.recv() => match m { Some(m) => m, None => return },
+                };
+                let (key, me) = match event {
+                    cache::endpoints::MemberEvent::Left(key) => {
+                        warm_revisions.unpin(&key);
+                        continue;
+                    }
+                    cache::endpoints::MemberEvent::Member {
+                        key,
+                        me,
+                        generation,
+                    } => {
+                        warm_revisions.prefetch(&key, generation);
+                        if me.min_pods == 0 {
+                            continue;
+                        }
+                        (key, me)
+                    }
                 };
                 match warm_revisions.get_or_fetch(&key).await {
                     Ok(Some(rev)) => {

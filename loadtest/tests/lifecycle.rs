@@ -655,3 +655,135 @@ async fn every_cold_start_records_each_phase_once() {
     );
     c.shutdown().await;
 }
+
+/// `activator_api_requests_total` of `m`, by (verb, resource).
+fn api_requests(
+    m: &std::sync::Arc<activator::metrics::Metrics>,
+) -> BTreeMap<(String, String), u64> {
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &m.registry()).unwrap();
+    text.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("activator_api_requests_total{")?;
+            let (labels, n) = rest.split_once("} ")?;
+            let mut verb = None;
+            let mut resource = None;
+            for kv in labels.split(',') {
+                let (k, v) = kv.split_once('=')?;
+                let v = v.trim_matches('"').to_string();
+                match k {
+                    "verb" => verb = Some(v),
+                    "resource" => resource = Some(v),
+                    _ => {}
+                }
+            }
+            Some(((verb?, resource?), n.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// A member knows its subsets' Revisions before their first request (it reads each one as
+/// its subset lists it), so a cold start makes exactly one request to the API server: the
+/// pod create. Counted by the activator itself (`activator_api_requests_total`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_members_cold_start_makes_one_api_request_the_pod_create() {
+    let (c, ns) = cluster_with(options()).await;
+    let members = revision(&c, &ns, "lean", |r| r.spec.activators = Some(1)).await;
+    let a = c.activators.iter().find(|a| a.node == members[0]).unwrap();
+    let metrics = a.activator.metrics().clone();
+    let get_revisions = ("get".to_string(), "revisions".to_string());
+    // The member reads the revision as its subset lists it, before any request.
+    tokio::time::timeout(LIMIT, async {
+        while api_requests(&metrics)
+            .get(&get_revisions)
+            .copied()
+            .unwrap_or(0)
+            == 0
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the member read its revision ahead");
+    let before = api_requests(&metrics);
+    let (m, addr) = entry(&c, &members[0]);
+    let s = Driver::new().get_named((&m, addr), &ns, "lean", "/").await;
+    assert!(s.ok() && s.cold, "{s:?}");
+    let after = api_requests(&metrics);
+    let made: BTreeMap<_, _> = after
+        .iter()
+        .filter_map(|(k, n)| {
+            let d = n - before.get(k).copied().unwrap_or(0);
+            (d > 0).then(|| (k.clone(), d))
+        })
+        .collect();
+    assert_eq!(
+        made,
+        BTreeMap::from([(("create".to_string(), "pods".to_string()), 1)]),
+        "the API requests of one cold start"
+    );
+    c.shutdown().await;
+}
+
+/// A member keeps its subsets' Revisions without re-reading them by age, so a change must
+/// reach it another way: the subsetter reconciles the new generation into the subset, and
+/// the member reads the Revision again. Here a shorter idleTimeoutSeconds takes effect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_members_revision_follows_a_spec_change() {
+    let (c, ns) = cluster_with(options()).await;
+    let members = revision(&c, &ns, "changing", |r| {
+        r.spec.activators = Some(1);
+        r.spec.idle_timeout_seconds = 3600;
+    })
+    .await;
+    let driver = Driver::new();
+    let (m, addr) = entry(&c, &members[0]);
+    let s = driver.get_named((&m, addr), &ns, "changing", "/").await;
+    assert!(s.ok() && s.cold, "{s:?}");
+    let api: Api<crds::Revision> = Api::namespaced(c.client.clone(), &ns);
+    let changed = api
+        .patch(
+            "changing",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"idleTimeoutSeconds": 1}})),
+        )
+        .await
+        .unwrap();
+    let want = changed.metadata.generation;
+    // The subsetter has reconciled the new generation into the subset.
+    let aes: Api<crds::ActivationEndpoints> = Api::namespaced(c.client.clone(), &ns);
+    tokio::time::timeout(
+        LIMIT,
+        kube::runtime::wait::await_condition(
+            aes,
+            "changing",
+            move |a: Option<&crds::ActivationEndpoints>| {
+                a.and_then(|a| a.status.as_ref())
+                    .is_some_and(|s| s.observed_generation >= want)
+            },
+        ),
+    )
+    .await
+    .expect("the subset follows the new generation")
+    .unwrap();
+    // Requests keep arriving until the member has the new spec: then, idle for a second, the
+    // pod goes. With the old spec (an hour) it would stay.
+    tokio::time::timeout(LIMIT, async {
+        loop {
+            let s = driver.get_named((&m, addr), &ns, "changing", "/").await;
+            assert!(s.ok(), "{s:?}");
+            if tokio::time::timeout(
+                Duration::from_secs(5),
+                wait_live(&c, &ns, "changing", |n| n == 0),
+            )
+            .await
+            .is_ok()
+            {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("the member took the new idleTimeoutSeconds");
+    c.shutdown().await;
+}

@@ -33,6 +33,20 @@ pub enum Membership {
     Unassigned,
 }
 
+/// What the subset watch tells the rest of the activator about this node's memberships.
+#[derive(Debug, Clone)]
+pub enum MemberEvent {
+    /// A subset lists this node (again, or changed): `generation` is the Revision generation
+    /// the subsetter last reconciled (`status.observedGeneration`).
+    Member {
+        key: RevisionKey,
+        me: ActivatorMember,
+        generation: Option<i64>,
+    },
+    /// A subset no longer lists this node (or is gone).
+    Left(RevisionKey),
+}
+
 /// A shared wait for a new revision's subset.
 type SubsetWatch = Shared<BoxFuture<'static, Option<Arc<ActivationEndpoints>>>>;
 
@@ -60,15 +74,16 @@ pub struct EndpointsCache {
 }
 
 impl EndpointsCache {
-    /// Starts the label-selected watch of the subsets listing `node`. Each subset in which
-    /// this node has a share of minScale (`minPods` > 0) is sent to `keep_warm`, so its pods
-    /// are started without waiting for a request.
+    /// Starts the label-selected watch of the subsets listing `node`. Each subset that lists
+    /// this node is sent to `member_of` as it is seen (its Revision is read ahead of the first
+    /// request, and a share of minScale starts pods without one), and each that stops listing
+    /// it as [`MemberEvent::Left`].
     pub fn start(
         client: Client,
         node: &str,
         ttl: Duration,
         stop: CancellationToken,
-        keep_warm: mpsc::UnboundedSender<(RevisionKey, ActivatorMember)>,
+        member_of: mpsc::UnboundedSender<MemberEvent>,
     ) -> Self {
         let (mine, writer) = reflector::store();
         let api: Api<ActivationEndpoints> = Api::all(client.clone());
@@ -85,15 +100,33 @@ impl EndpointsCache {
             // watch holds this node's subsets only, so events are few).
             epoch_w.fetch_add(1, Ordering::AcqRel);
             memo_w.clear();
-            let (watcher::Event::Apply(aep) | watcher::Event::InitApply(aep)) = ev else {
-                return;
+            let key_of = |aep: &ActivationEndpoints| {
+                let ns = aep.metadata.namespace.clone()?;
+                Some(RevisionKey::new(ns, aep.metadata.name.clone()?))
             };
-            if let Some(m) = aep.status.as_ref().and_then(|s| s.member(&me))
-                && m.min_pods > 0
-                && let Some(ns) = aep.metadata.namespace.clone()
-            {
-                let key = RevisionKey::new(ns, aep.metadata.name.clone().unwrap_or_default());
-                let _ = keep_warm.send((key, m.clone()));
+            match ev {
+                watcher::Event::Apply(aep) | watcher::Event::InitApply(aep) => {
+                    let status = aep.status.as_ref();
+                    match (key_of(&aep), status.and_then(|s| s.member(&me))) {
+                        (Some(key), Some(m)) => {
+                            let _ = member_of.send(MemberEvent::Member {
+                                key,
+                                me: m.clone(),
+                                generation: status.and_then(|s| s.observed_generation),
+                            });
+                        }
+                        (Some(key), None) => {
+                            let _ = member_of.send(MemberEvent::Left(key));
+                        }
+                        _ => {}
+                    }
+                }
+                watcher::Event::Delete(aep) => {
+                    if let Some(key) = key_of(&aep) {
+                        let _ = member_of.send(MemberEvent::Left(key));
+                    }
+                }
+                _ => {}
             }
         });
         Self {

@@ -31,12 +31,18 @@ struct Fetched {
     refreshing: Arc<AtomicBool>,
 }
 
-/// Revisions read from the API server, kept briefly.
+/// Revisions read from the API server, kept briefly; those of this node's subsets are read
+/// ahead and kept while the node is a member.
 #[derive(Clone)]
 pub struct RevisionCache {
     client: Client,
     fetched: Arc<DashMap<RevisionKey, Fetched>>,
     pending: Arc<DashMap<RevisionKey, Read>>,
+    /// Revisions of the subsets that list this node, with the generation their subset says
+    /// the subsetter last reconciled. Their copy is kept without a TTL and read again only
+    /// when that generation moves past it (a spec change): a member's cold start then makes
+    /// no read at all. Bounded by this node's memberships.
+    pinned: Arc<DashMap<RevisionKey, Option<i64>>>,
 }
 
 /// A read in progress, shared by the requests waiting for it.
@@ -48,7 +54,42 @@ impl RevisionCache {
             client,
             fetched: Arc::new(DashMap::new()),
             pending: Arc::new(DashMap::new()),
+            pinned: Arc::new(DashMap::new()),
         }
+    }
+
+    /// This node is a member of `key`'s subset, last reconciled at `generation`: read the
+    /// revision now (in the background) unless the copy held is that recent, and keep it.
+    pub fn prefetch(&self, key: &RevisionKey, generation: Option<i64>) {
+        self.pinned.insert(key.clone(), generation);
+        let held = self
+            .fetched
+            .get(key)
+            .and_then(|e| e.revision.as_ref().map(|r| r.metadata.generation));
+        let fresh = match (held, generation) {
+            (Some(have), Some(want)) => have >= Some(want),
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        if !fresh {
+            let this = self.clone();
+            let key = key.clone();
+            tokio::spawn(async move {
+                if let Err(e) = this.fetch_shared(&key).await {
+                    tracing::debug!(revision = %key, error = %e, "reading a member revision ahead");
+                }
+            });
+        }
+    }
+
+    /// This node left `key`'s subset: its copy ages out like any other.
+    pub fn unpin(&self, key: &RevisionKey) {
+        self.pinned.remove(key);
+    }
+
+    /// Revisions held for this node's subsets.
+    pub fn pinned(&self) -> usize {
+        self.pinned.len()
     }
 
     /// Revisions remembered now (found or missing).
@@ -87,6 +128,8 @@ impl RevisionCache {
         let hit = self.fetched.get(key).map(|e| e.clone())?;
         let age = now.saturating_duration_since(hit.at);
         match &hit.revision {
+            // A member's revision is kept fresh by its subset's events, not by age.
+            Some(rev) if self.pinned.contains_key(key) => Some(Some(rev.clone())),
             Some(rev) => {
                 if age >= FETCHED_TTL {
                     self.refresh_in_background(key, &hit);
@@ -124,13 +167,15 @@ impl RevisionCache {
         let api: Api<Revision> = Api::namespaced(self.client.clone(), &key.namespace);
         let revision = api.get_opt(&key.name).await?.map(Arc::new);
         if self.fetched.len() >= ENTRIES_KEPT {
-            self.fetched.retain(|_, e| {
-                e.at.elapsed()
-                    < if e.revision.is_some() {
-                        FETCHED_TTL
-                    } else {
-                        MISS_TTL
-                    }
+            let pinned = &self.pinned;
+            self.fetched.retain(|k, e| {
+                pinned.contains_key(k)
+                    || e.at.elapsed()
+                        < if e.revision.is_some() {
+                            FETCHED_TTL
+                        } else {
+                            MISS_TTL
+                        }
             });
         }
         self.fetched.insert(
