@@ -431,6 +431,42 @@ impl SimCluster {
         true
     }
 
+    /// Requests the activators of this process sent to the API server, by `verb resource`
+    /// (their `activator_api_requests_total`; an API server that is not kubesim counts too).
+    pub fn activator_api_requests(&self) -> BTreeMap<String, u64> {
+        let mut out = BTreeMap::new();
+        for a in &self.activators {
+            let mut text = String::new();
+            if prometheus_client::encoding::text::encode(
+                &mut text,
+                &a.activator.metrics().registry(),
+            )
+            .is_err()
+            {
+                continue;
+            }
+            for l in text.lines() {
+                let Some(rest) = l.strip_prefix("activator_api_requests_total{") else {
+                    continue;
+                };
+                let Some((labels, n)) = rest.split_once("} ") else {
+                    continue;
+                };
+                let label = |k: &str| {
+                    labels
+                        .split(',')
+                        .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('='))
+                        .map(|v| v.trim_matches('"').to_string())
+                        .unwrap_or_default()
+                };
+                let n: u64 = n.trim().parse().unwrap_or(0);
+                *out.entry(format!("{} {}", label("verb"), label("resource")))
+                    .or_default() += n;
+            }
+        }
+        out
+    }
+
     /// Data addresses of the activators, by node.
     pub fn entries(&self) -> Vec<(String, SocketAddr)> {
         self.activators

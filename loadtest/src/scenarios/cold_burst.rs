@@ -39,6 +39,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
         let sender = Sender::new(ns, k.by_host()?);
         let entries = cluster.entries();
         let api_before = cluster.api_requests_by_verb();
+        let activator_api_before = cluster.activator_api_requests();
         let wave = || {
             join_all((0..clients).map(|i| {
                 let (sender, rev) = (sender.clone(), names[i % names.len()].clone());
@@ -51,6 +52,15 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
         let burst = wave().await;
         let burst_ms = t.elapsed().as_secs_f64() * 1e3;
         let api = api_delta(cluster, &api_before);
+        // The activators' own count, per cold start: a member's cold start is one pod create.
+        let activator_api: std::collections::BTreeMap<String, u64> = cluster
+            .activator_api_requests()
+            .into_iter()
+            .filter_map(|(k, n)| {
+                let d = n - activator_api_before.get(&k).copied().unwrap_or(0);
+                (d > 0).then_some((k, d))
+            })
+            .collect();
         let warm = if ctx.cancel.is_cancelled() {
             Vec::new()
         } else {
@@ -63,12 +73,17 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
             SampleSummary::of(&warm),
             SampleSummary::of(&all),
         );
+        let per_cold = |n: u64| n as f64 / cold.cold_starts.max(1) as f64;
+        let activator_api_per_cold: std::collections::BTreeMap<&String, f64> =
+            activator_api.iter().map(|(k, n)| (k, per_cold(*n))).collect();
         let text = format!(
             "cold-burst: {clients} clients → {revisions} revisions on {} nodes (burst took {burst_ms:.0} ms)\n\
-             -- the burst --\n{}-- the same requests again --\n{}API requests during the burst: {api:?}\n",
+             -- the burst --\n{}-- the same requests again --\n{}API requests during the burst: {api:?}\n\
+             activators' API requests per cold start ({} cold starts): {activator_api_per_cold:?}\n",
             cluster.activators.len(),
             cold.lines(),
             again.lines(),
+            cold.cold_starts,
         );
         Ok(Outcome {
             figures: serde_json::json!({
@@ -80,6 +95,8 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                 "burst": cold,
                 "warm_again": again,
                 "api_requests_during_burst": api,
+                "activator_api_requests_during_burst": activator_api,
+                "activator_api_requests_per_cold_start": activator_api_per_cold,
             }),
             text,
             plots: vec![
