@@ -178,6 +178,7 @@ async fn measure(
             let driver = driver.clone();
             async move {
                 let m = m?;
+                jitter().await;
                 let s = driver.get_named((&m.0, m.1), ns, n, &opts.path).await;
                 match s.ok() {
                     true => Ok((s.latency, s.phases)),
@@ -252,6 +253,17 @@ async fn measure(
         deployment_over_activator_p50: ratio(&d, &a),
         paths: vec![a, d, p],
     })
+}
+
+/// A random pause of up to a second before each measured start. A kubelet notices a started
+/// container at its next one-second relist, so a cold start's length depends on where in that
+/// second it begins; rounds that start the paths at fixed offsets from each other would favour
+/// one path by its phase alone (two runs without this gave the activator 0.78× and 1.62× the
+/// floor). The pause is outside every measured time.
+async fn jitter() {
+    use rand::RngExt;
+    let ms = rand::rng().random_range(0..1000u64);
+    tokio::time::sleep(Duration::from_millis(ms)).await;
 }
 
 /// The pod spec all three paths run (the activator adds nodeName and its labels).
@@ -405,6 +417,7 @@ async fn deployment(
         .await
         .map_err(|e| format!("creating deployment d-{name}: {e}"))?;
     let ready = watch_ready(client, ns, &format!("d-{name}")).await;
+    jitter().await;
     let t0 = Instant::now();
     api.patch(
         &format!("d-{name}"),
@@ -433,6 +446,7 @@ async fn raw_pod(
     }))
     .map_err(|e| e.to_string())?;
     let ready = watch_ready(client, ns, &format!("p-{name}")).await;
+    jitter().await;
     let t0 = Instant::now();
     Api::<Pod>::namespaced(client.clone(), ns)
         .create(&PostParams::default(), &p)
