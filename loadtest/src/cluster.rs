@@ -436,31 +436,9 @@ impl SimCluster {
     pub fn activator_api_requests(&self) -> BTreeMap<String, u64> {
         let mut out = BTreeMap::new();
         for a in &self.activators {
-            let mut text = String::new();
-            if prometheus_client::encoding::text::encode(
-                &mut text,
-                &a.activator.metrics().registry(),
-            )
-            .is_err()
-            {
-                continue;
-            }
-            for l in text.lines() {
-                let Some(rest) = l.strip_prefix("activator_api_requests_total{") else {
-                    continue;
-                };
-                let Some((labels, n)) = rest.split_once("} ") else {
-                    continue;
-                };
-                let label = |k: &str| {
-                    labels
-                        .split(',')
-                        .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('='))
-                        .map(|v| v.trim_matches('"').to_string())
-                        .unwrap_or_default()
-                };
-                let n: u64 = n.trim().parse().unwrap_or(0);
-                *out.entry(format!("{} {}", label("verb"), label("resource")))
+            let m = a.activator.metrics();
+            for (l, n) in crate::activator_metrics::samples(m, "activator_api_requests_total") {
+                *out.entry(format!("{} {}", l["verb"], l["resource"]))
                     .or_default() += n;
             }
         }

@@ -1,6 +1,7 @@
 //! The load-test harness: composes kubesim, the subsetter and one activator per node in one
 //! process (or targets a real cluster through `KUBECONFIG`), runs scenarios and reports.
 
+pub mod activator_metrics;
 pub mod anatomy;
 pub mod cluster;
 pub mod demo;

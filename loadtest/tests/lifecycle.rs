@@ -16,6 +16,7 @@ use kube::api::{ListParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, ResourceExt};
 use kubesim::node::Delay;
+use loadtest::activator_metrics::samples;
 use loadtest::demo::{echo_revision, host_of, member_nodes, wait_subsets};
 use loadtest::driver::{Driver, Sample};
 use loadtest::{ClusterOptions, SimCluster};
@@ -534,14 +535,9 @@ async fn a_host_is_resolved_by_label_and_follows_a_newer_revision() {
 
 /// `activator_cold_start_phase_seconds_count{phase=...}` of `m`, per phase.
 fn phase_counts(m: &std::sync::Arc<activator::metrics::Metrics>) -> BTreeMap<String, u64> {
-    let mut text = String::new();
-    prometheus_client::encoding::text::encode(&mut text, &m.registry()).unwrap();
-    text.lines()
-        .filter_map(|l| {
-            let rest = l.strip_prefix("activator_cold_start_phase_seconds_count{phase=\"")?;
-            let (phase, n) = rest.split_once("\"} ")?;
-            Some((phase.to_string(), n.trim().parse().ok()?))
-        })
+    samples(m, "activator_cold_start_phase_seconds_count")
+        .into_iter()
+        .map(|(l, n)| (l["phase"].clone(), n))
         .collect()
 }
 
@@ -660,25 +656,9 @@ async fn every_cold_start_records_each_phase_once() {
 fn api_requests(
     m: &std::sync::Arc<activator::metrics::Metrics>,
 ) -> BTreeMap<(String, String), u64> {
-    let mut text = String::new();
-    prometheus_client::encoding::text::encode(&mut text, &m.registry()).unwrap();
-    text.lines()
-        .filter_map(|l| {
-            let rest = l.strip_prefix("activator_api_requests_total{")?;
-            let (labels, n) = rest.split_once("} ")?;
-            let mut verb = None;
-            let mut resource = None;
-            for kv in labels.split(',') {
-                let (k, v) = kv.split_once('=')?;
-                let v = v.trim_matches('"').to_string();
-                match k {
-                    "verb" => verb = Some(v),
-                    "resource" => resource = Some(v),
-                    _ => {}
-                }
-            }
-            Some(((verb?, resource?), n.trim().parse().ok()?))
-        })
+    samples(m, "activator_api_requests_total")
+        .into_iter()
+        .map(|(l, n)| ((l["verb"].clone(), l["resource"].clone()), n))
         .collect()
 }
 

@@ -1,0 +1,58 @@
+//! An in-process activator's metrics as `/metrics` would serve them, read back by name: the
+//! scenarios and tests count what the activator counted (its API requests, its cold-start
+//! phases) rather than keep a second count of their own. Pure logic over the exposition text.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use activator::metrics::Metrics;
+
+/// The samples of `name` (a full sample name: `activator_api_requests_total`,
+/// `activator_cold_start_phase_seconds_count`) with their labels, integer values only.
+pub fn samples(m: &Arc<Metrics>, name: &str) -> Vec<(BTreeMap<String, String>, u64)> {
+    let mut text = String::new();
+    if prometheus_client::encoding::text::encode(&mut text, &m.registry()).is_err() {
+        return Vec::new();
+    }
+    parse(&text, name)
+}
+
+fn parse(text: &str, name: &str) -> Vec<(BTreeMap<String, String>, u64)> {
+    text.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix(name)?;
+            let (labels, value) = match rest.strip_prefix('{') {
+                Some(r) => r.split_once("} ")?,
+                None => ("", rest.strip_prefix(' ')?),
+            };
+            let labels = labels
+                .split(',')
+                .filter_map(|kv| {
+                    let (k, v) = kv.split_once('=')?;
+                    Some((k.to_string(), v.trim_matches('"').to_string()))
+                })
+                .collect();
+            Some((labels, value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labelled_and_plain_samples_of_one_name_only() {
+        let text = "# TYPE x counter\n\
+                    activator_api_requests_total{verb=\"create\",resource=\"pods\"} 3\n\
+                    activator_api_requests_total_other 9\n\
+                    activator_adopted_revisions_total 2\n";
+        let got = parse(text, "activator_api_requests_total");
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].0["verb"], "create");
+        assert_eq!(got[0].0["resource"], "pods");
+        assert_eq!(got[0].1, 3);
+        let plain = parse(text, "activator_adopted_revisions_total");
+        assert_eq!(plain, vec![(BTreeMap::new(), 2)]);
+    }
+}
