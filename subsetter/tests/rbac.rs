@@ -6,7 +6,7 @@
 //! (b) nothing else: every granted (group, resource, verb) was used, or is in `NOT_TRIGGERED`
 //!     with the reason this test cannot make the call.
 //!
-//! Paths run: leader election (Lease), the settings ConfigMap (created, changed), EndpointSlices
+//! Paths run: leader election (Lease) with a standby watching it, the settings ConfigMap (created, changed), EndpointSlices
 //! on, subsets for new Revisions (ActivationEndpoints, Revision status), a Host lookup, a cold
 //! start on a member and a forward from a non-member, scale out under concurrency, idle to
 //! zero, a revision whose pods are refused (the activator's Event) and a one-member subset
@@ -455,14 +455,7 @@ fn start_subsetter(
         config,
         Arc::new(Random::new()),
     ));
-    let lease = LeaseConfig {
-        name: "local-activator-subsetter".into(),
-        namespace: SYSTEM_NS.into(),
-        identity: "subsetter-0".into(),
-        duration_seconds: 15,
-        grace_seconds: 5,
-        release_timeout: subsetter::leader::DEFAULT_RELEASE_TIMEOUT,
-    };
+    let lease = lease_config();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(async move {
         run_as_leader(
@@ -479,6 +472,67 @@ fn start_subsetter(
         .await
     });
     (stop, task)
+}
+
+/// A replica that never becomes leader while [`start_subsetter`]'s holds the Lease: it only
+/// waits, as a standby does, and does nothing if it ever leads.
+fn start_standby(
+    server: &ApiServer,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<subsetter::Result<()>>,
+) {
+    let client = server.client_as(SUBSETTER);
+    let lease = LeaseConfig {
+        identity: "subsetter-1".into(),
+        ..lease_config()
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(run_as_leader(
+        client,
+        lease,
+        async move {
+            let _ = stopped.await;
+        },
+        |stop| async move {
+            stop.await;
+            Ok(())
+        },
+    ));
+    (stop, task)
+}
+
+fn lease_config() -> LeaseConfig {
+    LeaseConfig {
+        name: "local-activator-subsetter".into(),
+        namespace: SYSTEM_NS.into(),
+        identity: "subsetter-0".into(),
+        duration_seconds: 15,
+        grace_seconds: 5,
+        release_timeout: subsetter::leader::DEFAULT_RELEASE_TIMEOUT,
+    }
+}
+
+fn lease_watch_by_subsetter(k: &UserRequestKey) -> bool {
+    k.user == SUBSETTER
+        && k.verb == "watch"
+        && k.group == "coordination.k8s.io"
+        && k.resource == "leases"
+}
+
+/// Waits until kubesim has counted a request that `wanted` matches.
+async fn wait_counted(server: &ApiServer, wanted: fn(&UserRequestKey) -> bool) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if server.stats().requests_by_user.keys().any(wanted) {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!("kubesim counted no such request in 30 s");
+        }
+        // kubesim's counters have no change notification; this polls them.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Runs the paths and returns every request kubesim counted, by user.
@@ -552,6 +606,9 @@ async fn run_paths() -> Result<BTreeSet<UserRequestKey>> {
         )
         .await?;
     let ae = wait_endpoints(&admin, "web", |ae| members(ae).len() == 2).await?;
+    // A second replica, now that the first holds the Lease: the standby that watches the
+    // Lease to take it the moment it is released (deploy/base runs two replicas).
+    let (stop_standby, standby_task) = start_standby(&server);
     let member = members(&ae)[0].clone();
     let outsider = entries
         .keys()
@@ -713,6 +770,11 @@ async fn run_paths() -> Result<BTreeSet<UserRequestKey>> {
     })
     .await?;
 
+    // The standby's watch of the Lease is counted before it stops (its LIST comes first, and
+    // the paths above may all finish before its WATCH is sent).
+    wait_counted(&server, lease_watch_by_subsetter).await?;
+    let _ = stop_standby.send(());
+    standby_task.await??;
     let _ = stop_subsetter.send(());
     subsetter_task.await??;
     for a in activators {
