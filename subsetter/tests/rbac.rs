@@ -6,8 +6,8 @@
 //! (b) nothing else: every granted (group, resource, verb) was used, or is in `NOT_TRIGGERED`
 //!     with the reason this test cannot make the call.
 //!
-//! Paths run: leader election (Lease) with a standby watching it, the settings ConfigMap (created, changed), EndpointSlices
-//! on, subsets for new Revisions (ActivationEndpoints, Revision status), a Host lookup, a cold
+//! Paths run: leader election (Lease) with a standby watching it, the settings ConfigMap
+//! (created, changed), EndpointSlices on, subsets for new Revisions (ActivationEndpoints, Revision status), a Host lookup, a cold
 //! start on a member and a forward from a non-member, scale out under concurrency, idle to
 //! zero, a revision whose pods are refused (the activator's Event) and a one-member subset
 //! (the subsetter's Degraded Event), a node dying (repair), an ActivationEndpoints another
