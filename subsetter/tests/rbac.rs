@@ -6,12 +6,12 @@
 //! (b) nothing else: every granted (group, resource, verb) was used, or is in `NOT_TRIGGERED`
 //!     with the reason this test cannot make the call.
 //!
-//! Paths run: leader election (Lease) with a standby watching it, the settings ConfigMap
-//! (created, changed), EndpointSlices on, subsets for new Revisions (ActivationEndpoints, Revision status), a Host lookup, a cold
-//! start on a member and a forward from a non-member, scale out under concurrency, idle to
-//! zero, a revision whose pods are refused (the activator's Event) and a one-member subset
-//! (the subsetter's Degraded Event), a node dying (repair), an ActivationEndpoints another
-//! Revision controls under a new Revision's name (the foreign-owner delete).
+//! Paths run: leader election (Lease) with a standby watching it, the settings ConfigMap (created,
+//! changed), EndpointSlices on, subsets for new Revisions (ActivationEndpoints, Revision status), a
+//! Host lookup, a cold start on a member and a forward from a non-member, scale out under
+//! concurrency, idle to zero, a revision whose pods are refused (the activator's Event) and a one-
+//! member subset (the subsetter's Degraded Event), a node dying (repair), an ActivationEndpoints
+//! another Revision controls under a new Revision's name (the foreign-owner delete).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
