@@ -74,6 +74,21 @@ async fn cold_burst_wakes_every_revision_and_reports_each_phase() {
     // The phases follow each other: the whole wait is at least the start delay.
     assert!(num(&a["total_ms"], "p50") >= 50.0, "{a}");
     assert!(num(&f["warm_again"]["warm_ms"], "count") >= 1.0, "{f}");
+    // The floor: as many pods as were cold-started, each waiting for its node's start delay
+    // too (a floor that stopped at "bound" would be faster than the start delay), and a ratio
+    // that exists because neither side failed.
+    let floor = &f["floor"];
+    assert_eq!(num(floor, "pods"), num(&f, "cold_starts"), "{floor}");
+    assert_eq!(floor["errors"].as_array().map(Vec::len), Some(0), "{floor}");
+    assert!(num(&floor["ready_ms"], "p50") >= 50.0, "{floor}");
+    assert!(
+        num(&floor["first_byte_ms"], "p50") >= num(&floor["ready_ms"], "p50"),
+        "{floor}"
+    );
+    for r in [&f["first_byte_over_floor"], &f["client_over_floor"]] {
+        assert_eq!(r["valid"], true, "{r}");
+        assert!(num(r, "p50") > 0.0, "{r}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

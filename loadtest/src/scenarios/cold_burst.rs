@@ -1,11 +1,14 @@
 //! `cold-burst`: R sleeping revisions woken at once by C concurrent clients (client i asks
-//! revision i mod R, through a random activator), then the same C requests again, warm.
+//! revision i mod R, through a random activator), then the same C requests again, warm; then
+//! the floor: as many pods as the burst cold-started, POSTed at once by the client with
+//! `spec.nodeName` (see [`super::floor`]), and the burst's arrival → first byte over it.
 
 use std::time::Instant;
 
 use futures::future::join_all;
 
 use super::common::{SampleSummary, Sender, api_delta, random_entry};
+use super::floor::{self, Ratio};
 use crate::Error;
 use crate::plot;
 use crate::scenario::{Ctx, Knobs, Outcome, Report, Scenario, create_revisions, revision_names};
@@ -73,17 +76,43 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
             SampleSummary::of(&warm),
             SampleSummary::of(&all),
         );
+        // The floor of this burst: as many pods as it started, with the revisions' template.
+        let floor = if ctx.cancel.is_cancelled() || cold.cold_starts == 0 {
+            None
+        } else {
+            ctx.step(format!(
+                "the floor: {} pods POSTed at once with spec.nodeName",
+                cold.cold_starts
+            ));
+            let rev = kube::Api::<crds::Revision>::namespaced(cluster.client.clone(), ns)
+                .get(&names[0])
+                .await?;
+            let nodes: Vec<String> = entries.iter().map(|(n, _)| n.clone()).collect();
+            let spec = rev.spec.template.0.get("spec").cloned().unwrap_or_default();
+            let port = u16::try_from(rev.spec.port).unwrap_or(8080);
+            let limit = std::time::Duration::from_secs(120);
+            Some(floor::burst(&cluster.client, ns, &spec, port, &nodes, cold.cold_starts, limit).await)
+        };
+        // Every request that waited for a pod, failures ranked last: the burst's side.
+        let waited = crate::stats::Percentiles {
+            failed: cold.errors,
+            ..cold.anatomy.total_ms
+        };
+        let over_floor = floor.as_ref().map(|f| Ratio::over_floor(&waited, f));
+        // The client's whole wait (the entry's forward and the client included) over it too.
+        let client_over_floor = floor.as_ref().map(|f| Ratio::over_floor(&cold.all_ms, f));
         let per_cold = |n: u64| n as f64 / cold.cold_starts.max(1) as f64;
         let activator_api_per_cold: std::collections::BTreeMap<&String, f64> =
             activator_api.iter().map(|(k, n)| (k, per_cold(*n))).collect();
         let text = format!(
             "cold-burst: {clients} clients → {revisions} revisions on {} nodes (burst took {burst_ms:.0} ms)\n\
              -- the burst --\n{}-- the same requests again --\n{}API requests during the burst: {api:?}\n\
-             activators' API requests per cold start ({} cold starts): {activator_api_per_cold:?}\n",
+             activators' API requests per cold start ({} cold starts): {activator_api_per_cold:?}\n{}",
             cluster.activators.len(),
             cold.lines(),
             again.lines(),
             cold.cold_starts,
+            floor_lines(floor.as_ref(), over_floor.as_ref(), client_over_floor.as_ref()),
         );
         Ok(Outcome {
             figures: serde_json::json!({
@@ -97,6 +126,9 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                 "api_requests_during_burst": api,
                 "activator_api_requests_during_burst": activator_api,
                 "activator_api_requests_per_cold_start": activator_api_per_cold,
+                "floor": floor,
+                "first_byte_over_floor": over_floor,
+                "client_over_floor": client_over_floor,
             }),
             text,
             plots: vec![
@@ -106,4 +138,33 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
         })
     })
     .await
+}
+
+fn floor_lines(
+    floor: Option<&floor::Floor>,
+    ratio: Option<&Ratio>,
+    client: Option<&Ratio>,
+) -> String {
+    let (Some(f), Some(r), Some(c)) = (floor, ratio, client) else {
+        return "-- the floor -- not run (no cold start, or cancelled)\n".into();
+    };
+    let mut o = format!(
+        "-- the floor: {} pods POSTed at once with spec.nodeName, {} failed --\n",
+        f.pods,
+        f.errors.len()
+    );
+    o += &super::common::pct_line("POST→Ready", &f.ready_ms);
+    o += &super::common::pct_line("POST→first byte", &f.first_byte_ms);
+    o += &format!(
+        "arrival→first byte ÷ floor POST→first byte (p50): {}\n",
+        r.line()
+    );
+    o += &format!(
+        "client latency ÷ floor POST→first byte (p50): {}\n",
+        c.line()
+    );
+    for e in f.errors.iter().take(5) {
+        o += &format!("floor error: {e}\n");
+    }
+    o
 }
