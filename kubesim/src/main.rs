@@ -55,9 +55,17 @@ struct Args {
     /// server: `6ms`, `uniform:3ms..9ms`, `lognormal:6ms,0.5`. Default none (answered from memory).
     #[arg(long, default_value = "0ms")]
     api_write_latency: Delay,
-    /// Time each GET and LIST takes (same syntax).
+    /// Time each GET and LIST takes in the server itself (same syntax).
     #[arg(long, default_value = "0ms")]
     api_read_latency: Delay,
+    /// Time a quorum read (a GET or LIST without resourceVersion) holds the storage, as etcd
+    /// serves it in line with the writes (same syntax); a read naming a resourceVersion is
+    /// answered from the watch cache.
+    #[arg(long, default_value = "0ms")]
+    api_quorum_read_latency: Delay,
+    /// Writes and quorum reads the storage serves at once; more wait in line (0: no queueing).
+    #[arg(long, default_value_t = 0)]
+    api_storage_lanes: usize,
     /// How often watches that ask for bookmarks get one (kube-apiserver: 1m).
     #[arg(long, default_value = "60s", value_parser = duration)]
     bookmark_interval: Duration,
@@ -89,6 +97,8 @@ async fn main() -> anyhow::Result<()> {
         latency: args.api_latency_ms.map(Duration::from_millis),
         write_latency: args.api_write_latency.clone(),
         read_latency: args.api_read_latency.clone(),
+        quorum_read_latency: args.api_quorum_read_latency.clone(),
+        storage_lanes: (args.api_storage_lanes > 0).then_some(args.api_storage_lanes),
         bookmark_interval: args.bookmark_interval,
         ..Default::default()
     })

@@ -18,6 +18,7 @@ pub mod selector;
 mod server;
 mod stats;
 mod status;
+pub mod storage;
 mod store;
 mod watch;
 

@@ -26,6 +26,7 @@ use super::list::Selectors;
 use super::resource::ResourceDef;
 use super::stats::{Stats, StatsInner, UserRequestKey, metrics_text};
 use super::status::{ApiError, Cause};
+use super::storage::{Access, Storage};
 use super::store::State;
 use super::watch::{WatchStat, Watcher, bookmark_line, event_line, next_bookmark};
 use crate::delay::Delay;
@@ -44,11 +45,18 @@ pub struct ApiServerConfig {
     pub bind: SocketAddr,
     /// Delay before handling each request (simulates a remote API server).
     pub latency: Option<Duration>,
-    /// Time each write (create, update, patch, delete) takes before it is applied and
-    /// answered, sampled per write: on a real server every write is an etcd commit.
+    /// Time each write (create, update, patch, delete) holds the storage before it is applied
+    /// and answered, sampled per write: on a real server every write is an etcd commit.
     pub write_latency: Delay,
-    /// Time each GET and LIST takes before it is answered (watches are not delayed).
+    /// Time each GET and LIST takes in the server itself, before it is answered, cached or
+    /// not (watches are not delayed).
     pub read_latency: Delay,
+    /// Time a quorum read (a GET or LIST without `resourceVersion`) holds the storage, on top
+    /// of `read_latency`; a read naming a resourceVersion is served from the watch cache.
+    pub quorum_read_latency: Delay,
+    /// Writes and quorum reads the storage serves at once; more wait in arrival order (see
+    /// [`super::storage`]). `None`: no queueing, each waits only its own time.
+    pub storage_lanes: Option<usize>,
     /// Watch events kept per resource for resuming watches; a watch from an older
     /// resourceVersion gets 410 Gone.
     pub watch_history: usize,
@@ -65,6 +73,8 @@ impl Default for ApiServerConfig {
             latency: None,
             write_latency: Delay::ZERO,
             read_latency: Delay::ZERO,
+            quorum_read_latency: Delay::ZERO,
+            storage_lanes: None,
             watch_history: 10_000,
             bookmark_interval: DEFAULT_BOOKMARK_INTERVAL,
         }
@@ -77,7 +87,7 @@ pub(crate) struct Inner {
     addr: SocketAddr,
     /// nanoseconds; u64::MAX = none
     latency: AtomicU64,
-    write_latency: Mutex<Delay>,
+    storage: Storage,
     read_latency: Mutex<Delay>,
     /// Read latency of particular resources (by plural), over `read_latency`.
     resource_read_latency: Mutex<std::collections::HashMap<String, Delay>>,
@@ -127,7 +137,11 @@ impl ApiServer {
             stats: Mutex::new(StatsInner::default()),
             addr,
             latency: AtomicU64::new(latency_nanos(cfg.latency)),
-            write_latency: Mutex::new(cfg.write_latency.clone()),
+            storage: Storage::new(
+                cfg.storage_lanes,
+                cfg.write_latency.clone(),
+                cfg.quorum_read_latency.clone(),
+            ),
             read_latency: Mutex::new(cfg.read_latency.clone()),
             resource_read_latency: Mutex::default(),
             bookmark_interval: cfg.bookmark_interval,
@@ -221,7 +235,8 @@ impl ApiServer {
     pub fn set_write_latency(&self, d: Delay) {
         *self
             .inner
-            .write_latency
+            .storage
+            .write
             .lock()
             .unwrap_or_else(|e| e.into_inner()) = d;
     }
@@ -360,23 +375,25 @@ fn accepts(req: &Request<Incoming>, what: &str) -> bool {
         .any(|v| v.to_str().is_ok_and(|s| s.contains(what)))
 }
 
-/// The latency model's delay for one request of `verb` on `plural` (zero for watches).
-fn modelled_latency(inner: &Inner, verb: &str, plural: &str) -> Duration {
-    let model = match verb {
-        "get" | "list" => {
-            let per = inner
-                .resource_read_latency
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            if let Some(d) = per.get(plural) {
-                return d.sample_now();
-            }
-            &inner.read_latency
-        }
-        "watch" => return Duration::ZERO,
-        _ => &inner.write_latency,
-    };
-    model.lock().unwrap_or_else(|e| e.into_inner()).sample_now()
+/// The server's own time for one request of `verb` on `plural`: reads only (the storage's
+/// share is [`Storage::serve`]'s).
+fn read_latency(inner: &Inner, verb: &str, plural: &str) -> Duration {
+    if !matches!(verb, "get" | "list") {
+        return Duration::ZERO;
+    }
+    let per = inner
+        .resource_read_latency
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if let Some(d) = per.get(plural) {
+        return d.sample_now();
+    }
+    drop(per);
+    inner
+        .read_latency
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .sample_now()
 }
 
 async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Response<Body> {
@@ -502,22 +519,22 @@ async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Response<Body> {
         Some(sub) => format!("{plural}/{sub}"),
         None => plural.to_string(),
     };
-    {
-        let user = req
+    let user_key = UserRequestKey {
+        user: req
             .headers()
             .get("impersonate-user")
             .and_then(|v| v.to_str().ok())
             .unwrap_or_default()
-            .to_string();
+            .to_string(),
+        verb: verb.to_string(),
+        group: group.to_string(),
+        resource: resource.clone(),
+        namespace: ns.map(String::from),
+    };
+    {
         let mut stats = inner.stats();
         stats.count(verb, group, &resource);
-        stats.count_by_user(UserRequestKey {
-            user,
-            verb: verb.to_string(),
-            group: group.to_string(),
-            resource: resource.clone(),
-            namespace: ns.map(String::from),
-        });
+        stats.count_by_user(user_key.clone());
     }
     let content_type = req
         .headers()
@@ -553,9 +570,14 @@ async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Response<Body> {
         meta_only,
         manager,
     };
-    let modelled = modelled_latency(&inner, verb, ctx.def.plural.as_str());
-    if !modelled.is_zero() {
-        tokio::time::sleep(modelled).await;
+    let access = Access::of(verb, ctx.query.get("resourceVersion").unwrap_or(""));
+    if access == Access::QuorumRead {
+        inner.stats().count_quorum_read(user_key.clone());
+    }
+    inner.storage.serve(access).await;
+    let own = read_latency(&inner, verb, ctx.def.plural.as_str());
+    if !own.is_zero() {
+        tokio::time::sleep(own).await;
     }
     if verb == "watch" {
         return match start_watch(&inner, &ctx, resource) {

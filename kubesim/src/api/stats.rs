@@ -61,6 +61,9 @@ pub struct Stats {
     /// The same requests by the identity that made them and their namespace (for checking
     /// RBAC against what each component does).
     pub requests_by_user: BTreeMap<UserRequestKey, u64>,
+    /// Of those, the GETs and LISTs that named no resourceVersion: quorum reads, which a real
+    /// server sends to etcd (the others it answers from its watch cache).
+    pub quorum_reads_by_user: BTreeMap<UserRequestKey, u64>,
     /// Open watches and recently closed ones, each with its own event count.
     pub watches: Vec<WatchInfo>,
     /// Older closed watches, folded per resource: (watches, events delivered).
@@ -101,6 +104,7 @@ const WATCHES_LISTED: usize = 20_000;
 pub(crate) struct StatsInner {
     pub requests: BTreeMap<RequestKey, u64>,
     requests_by_user: BTreeMap<UserRequestKey, u64>,
+    quorum_reads_by_user: BTreeMap<UserRequestKey, u64>,
     watches: Vec<Arc<WatchStat>>,
     closed: BTreeMap<String, (u64, u64)>,
 }
@@ -136,10 +140,16 @@ impl StatsInner {
         *self.requests_by_user.entry(key).or_default() += 1;
     }
 
+    /// Counts a quorum read (see [`Stats::quorum_reads_by_user`]).
+    pub fn count_quorum_read(&mut self, key: UserRequestKey) {
+        *self.quorum_reads_by_user.entry(key).or_default() += 1;
+    }
+
     pub fn snapshot(&self) -> Stats {
         Stats {
             requests: self.requests.clone(),
             requests_by_user: self.requests_by_user.clone(),
+            quorum_reads_by_user: self.quorum_reads_by_user.clone(),
             watches: self
                 .watches
                 .iter()
