@@ -2,6 +2,9 @@
 //! (`activator_api_requests_total`). The cold path is meant to make one request, the pod
 //! create: this is how a load test (on kubesim or a real cluster, where the activators are
 //! pods) checks it, and how an operator sees what each activator costs the API server.
+//! `from` says what of the API server answers: `etcd` for writes and quorum reads (a GET or
+//! LIST without resourceVersion), `cache` for reads naming one and for watches (the API
+//! server's watch cache): a burst of cold starts queues the former behind etcd's commits.
 
 use std::fmt::Write as _;
 
@@ -18,6 +21,8 @@ pub struct ApiRequest {
     pub verb: String,
     /// The resource, with its subresource: `pods`, `pods/status`, `revisions`.
     pub resource: String,
+    /// `etcd` or `cache` (see the module's comment).
+    pub from: &'static str,
 }
 
 /// `client`, with every request it sends counted in `counts` first.
@@ -59,9 +64,14 @@ pub fn classify(method: &Method, uri: &Uri) -> ApiRequest {
             (s, true)
         }
     };
-    let watch = uri
-        .query()
-        .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"));
+    let param = |k: &str| {
+        uri.query().and_then(|q| {
+            q.split('&')
+                .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('='))
+        })
+    };
+    let watch = matches!(param("watch"), Some("true" | "1"));
+    let names_version = param("resourceVersion").is_some_and(|v| !v.is_empty());
     let verb = match *method {
         Method::GET if watch => "watch",
         Method::GET if named => "get",
@@ -73,9 +83,15 @@ pub fn classify(method: &Method, uri: &Uri) -> ApiRequest {
         Method::DELETE => "deletecollection",
         _ => "other",
     };
+    let from = match verb {
+        "watch" => "cache",
+        "get" | "list" if names_version => "cache",
+        _ => "etcd",
+    };
     ApiRequest {
         verb: verb.into(),
         resource,
+        from,
     }
 }
 
@@ -86,6 +102,44 @@ mod tests {
     fn c(method: Method, uri: &str) -> (String, String) {
         let r = classify(&method, &uri.parse().unwrap());
         (r.verb, r.resource)
+    }
+
+    fn from(method: Method, uri: &str) -> &'static str {
+        classify(&method, &uri.parse().unwrap()).from
+    }
+
+    #[test]
+    fn reads_naming_a_resource_version_and_watches_are_the_caches() {
+        let rev = "/apis/serving.local-activator.dev/v1alpha1/namespaces/apps/revisions/web";
+        assert_eq!(from(Method::GET, rev), "etcd");
+        assert_eq!(
+            from(Method::GET, &format!("{rev}?&resourceVersion=")),
+            "etcd"
+        );
+        assert_eq!(
+            from(Method::GET, &format!("{rev}?&resourceVersion=0")),
+            "cache"
+        );
+        assert_eq!(
+            from(
+                Method::GET,
+                "/api/v1/pods?&resourceVersionMatch=NotOlderThan&resourceVersion=9"
+            ),
+            "cache"
+        );
+        assert_eq!(from(Method::GET, "/api/v1/pods?&labelSelector=a"), "etcd");
+        assert_eq!(
+            from(Method::GET, "/api/v1/pods?&watch=true&resourceVersion=5"),
+            "cache"
+        );
+        assert_eq!(from(Method::POST, "/api/v1/namespaces/apps/pods?"), "etcd");
+        assert_eq!(
+            from(
+                Method::PATCH,
+                "/api/v1/namespaces/apps/pods/p?&resourceVersion=3"
+            ),
+            "etcd"
+        );
     }
 
     fn p(verb: &str, resource: &str) -> (String, String) {

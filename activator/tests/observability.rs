@@ -29,6 +29,7 @@ fn exposition() -> String {
         .get_or_create(&activator::api_count::ApiRequest {
             verb: "create".into(),
             resource: "pods".into(),
+            from: "etcd",
         })
         .inc();
     m.observe_ready_lead(None);

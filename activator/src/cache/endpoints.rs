@@ -16,6 +16,7 @@ use kube::{Api, Client};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::read::get_cache_first;
 use crate::routing::RevisionKey;
 
 /// Where a request for a revision should be served.
@@ -269,7 +270,14 @@ impl EndpointsCache {
             return Ok(hit.1.clone());
         }
         let api: Api<ActivationEndpoints> = Api::namespaced(self.client.clone(), &key.namespace);
-        let got = api.get_opt(&key.name).await?.map(Arc::new);
+        // A fresh look (this node's own watch, or a member, was found stale) reads etcd; any
+        // other from the API server's cache, as a TTL-cached copy is at least as old.
+        let got = if fresh {
+            api.get_opt(&key.name).await?
+        } else {
+            get_cache_first(&api, &key.name, None).await?
+        }
+        .map(Arc::new);
         self.others
             .insert(key.clone(), (Instant::now(), got.clone()));
         Ok(got)

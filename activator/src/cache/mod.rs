@@ -5,10 +5,12 @@
 //! - [`endpoints`]: the ActivationEndpoints that list this node (a label-selected watch), plus
 //!   short-lived lookups of other revisions' subsets, for forwarding.
 //! - [`pods`]: app pods on this node (a `spec.nodeName` field-selected watch).
+//! - [`read`]: reads by name from the API server's cache first, not from etcd.
 
 pub mod endpoints;
 pub mod hosts;
 pub mod pods;
+pub mod read;
 pub mod revisions;
 
 /// How many objects the caches hold now: what an activator costs grows with these, not with

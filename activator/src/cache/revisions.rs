@@ -13,6 +13,7 @@ use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use kube::{Api, Client};
 
+use super::read::get_cache_first;
 use crate::routing::RevisionKey;
 
 /// How long a revision found missing is not looked up again.
@@ -75,7 +76,7 @@ impl RevisionCache {
             let this = self.clone();
             let key = key.clone();
             tokio::spawn(async move {
-                if let Err(e) = this.fetch_shared(&key).await {
+                if let Err(e) = this.fetch_shared(&key, generation).await {
                     tracing::debug!(revision = %key, error = %e, "reading a member revision ahead");
                 }
             });
@@ -112,7 +113,7 @@ impl RevisionCache {
         if let Some(known) = self.cached(key, Instant::now()) {
             return Ok(known);
         }
-        self.fetch_shared(key).await.map_err(|e| match &*e {
+        self.fetch_shared(key, None).await.map_err(|e| match &*e {
             // kube::Error is not Clone: keep the API status where there is one.
             kube::Error::Api(s) => kube::Error::Api(s.clone()),
             other => kube::Error::Service(other.to_string().into()),
@@ -145,6 +146,7 @@ impl RevisionCache {
     async fn fetch_shared(
         &self,
         key: &RevisionKey,
+        min_generation: Option<i64>,
     ) -> Result<Option<Arc<Revision>>, Arc<kube::Error>> {
         let shared = self
             .pending
@@ -152,7 +154,7 @@ impl RevisionCache {
             .or_insert_with(|| {
                 let (this, key) = (self.clone(), key.clone());
                 async move {
-                    let r = this.fetch(&key).await.map_err(Arc::new);
+                    let r = this.fetch(&key, min_generation).await.map_err(Arc::new);
                     this.pending.remove(&key);
                     r
                 }
@@ -163,9 +165,17 @@ impl RevisionCache {
         shared.await
     }
 
-    async fn fetch(&self, key: &RevisionKey) -> Result<Option<Arc<Revision>>, kube::Error> {
+    /// Reads `key` from the API server's cache (a miss, or a copy older than
+    /// `min_generation`, from etcd): see [`super::read`].
+    async fn fetch(
+        &self,
+        key: &RevisionKey,
+        min_generation: Option<i64>,
+    ) -> Result<Option<Arc<Revision>>, kube::Error> {
         let api: Api<Revision> = Api::namespaced(self.client.clone(), &key.namespace);
-        let revision = api.get_opt(&key.name).await?.map(Arc::new);
+        let revision = get_cache_first(&api, &key.name, min_generation)
+            .await?
+            .map(Arc::new);
         if self.fetched.len() >= ENTRIES_KEPT {
             let pinned = &self.pinned;
             self.fetched.retain(|k, e| {
@@ -195,7 +205,7 @@ impl RevisionCache {
         }
         let (this, key, flag) = (self.clone(), key.clone(), hit.refreshing.clone());
         tokio::spawn(async move {
-            if let Err(e) = this.fetch(&key).await {
+            if let Err(e) = this.fetch(&key, None).await {
                 tracing::debug!(revision = %key, error = %e, "refreshing revision");
                 flag.store(false, Ordering::Release);
             }
