@@ -44,6 +44,15 @@ const EXTERNAL_ANNOTATION: &str = "kubesim.local-activator.dev/external";
 /// log-normal tail. See docs/load-testing.md.
 pub const CALIBRATED_WRITE_LATENCY: &str = "lognormal:6ms,0.5";
 
+/// The time a quorum read (a GET or LIST without resourceVersion) holds the embedded API
+/// server's storage, as etcd serves it in line with the writes. See docs/load-testing.md.
+pub const CALIBRATED_QUORUM_READ_LATENCY: &str = "lognormal:1ms,0.5";
+
+/// Writes and quorum reads the embedded API server's storage serves at once (more wait in
+/// line): calibrated so that a burst of pod creates, and reads made during it, wait as long as
+/// on a real kube-apiserver + etcd on this kind of machine. See docs/load-testing.md.
+pub const CALIBRATED_STORAGE_LANES: usize = 2;
+
 /// kube-controller-manager's `--node-monitor-grace-period` default.
 pub const DEFAULT_NODE_GRACE: Duration = Duration::from_secs(40);
 
@@ -73,6 +82,12 @@ pub struct ClusterOptions {
     pub api_write_latency: Delay,
     /// The embedded API server's latency for GET and LIST.
     pub api_read_latency: Delay,
+    /// The embedded API server's storage time per quorum read; see
+    /// [`CALIBRATED_QUORUM_READ_LATENCY`].
+    pub api_quorum_read_latency: Delay,
+    /// Writes and quorum reads the embedded API server's storage serves at once (`None`: no
+    /// queueing); see [`CALIBRATED_STORAGE_LANES`].
+    pub api_storage_lanes: Option<usize>,
     /// How long shutting down waits, in all, for what the cluster created on a shared API
     /// server to be gone (namespaces terminate only when their pods have).
     pub cleanup_timeout: Duration,
@@ -109,6 +124,8 @@ impl Default for ClusterOptions {
             api_latency: None,
             api_write_latency: Delay::ZERO,
             api_read_latency: Delay::ZERO,
+            api_quorum_read_latency: Delay::ZERO,
+            api_storage_lanes: None,
             cleanup_timeout: Duration::from_secs(60),
             shared_kubelet_watch: false,
             max_pods: 110,
@@ -162,13 +179,18 @@ impl SimCluster {
                 latency: opts.api_latency,
                 write_latency: opts.api_write_latency.clone(),
                 read_latency: opts.api_read_latency.clone(),
+                quorum_read_latency: opts.api_quorum_read_latency.clone(),
+                storage_lanes: opts.api_storage_lanes,
                 ..ApiServerConfig::default()
             })
             .await?;
             let client = api.client();
+            let lanes = opts
+                .api_storage_lanes
+                .map_or("unbounded".to_string(), |n| n.to_string());
             let description = format!(
-                "embedded kubesim; write latency {}, read latency {}",
-                opts.api_write_latency, opts.api_read_latency
+                "embedded kubesim; write latency {}, quorum read latency {}, storage lanes {lanes}, read latency {}",
+                opts.api_write_latency, opts.api_quorum_read_latency, opts.api_read_latency
             );
             (Some(api), client, description)
         };
@@ -431,14 +453,15 @@ impl SimCluster {
         true
     }
 
-    /// Requests the activators of this process sent to the API server, by `verb resource`
-    /// (their `activator_api_requests_total`; an API server that is not kubesim counts too).
+    /// Requests the activators of this process sent to the API server, by `verb resource
+    /// (from)`, `from` being `etcd` or the API server's `cache` (their
+    /// `activator_api_requests_total`; an API server that is not kubesim counts too).
     pub fn activator_api_requests(&self) -> BTreeMap<String, u64> {
         let mut out = BTreeMap::new();
         for a in &self.activators {
             let m = a.activator.metrics();
             for (l, n) in crate::activator_metrics::samples(m, "activator_api_requests_total") {
-                *out.entry(format!("{} {}", l["verb"], l["resource"]))
+                *out.entry(format!("{} {} ({})", l["verb"], l["resource"], l["from"]))
                     .or_default() += n;
             }
         }

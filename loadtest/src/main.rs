@@ -82,6 +82,14 @@ enum Cmd {
         /// default is calibrated on a real kube-apiserver + etcd (docs/load-testing.md).
         #[arg(long, default_value = loadtest::cluster::CALIBRATED_WRITE_LATENCY)]
         api_write_latency: Delay,
+        /// The embedded API server's storage time per quorum read (a GET or LIST without
+        /// resourceVersion, which a real server sends to etcd), same syntax.
+        #[arg(long, default_value = loadtest::cluster::CALIBRATED_QUORUM_READ_LATENCY)]
+        api_quorum_read_latency: Delay,
+        /// Writes and quorum reads the embedded API server's storage serves at once; more
+        /// wait in line, as behind a real etcd (0: no queueing).
+        #[arg(long, default_value_t = loadtest::cluster::CALIBRATED_STORAGE_LANES)]
+        api_storage_lanes: usize,
     },
     /// Cold starts on a cluster where the product is installed and real kubelets run the
     /// app (hack/cluster, docs/real-cluster.md): through an activator, through a Deployment
@@ -178,6 +186,8 @@ async fn main() -> anyhow::Result<()> {
             ingress,
             json,
             api_write_latency,
+            api_quorum_read_latency,
+            api_storage_lanes,
         } => {
             let by_host = routing == "host";
             let t = std::time::Instant::now();
@@ -186,6 +196,8 @@ async fn main() -> anyhow::Result<()> {
                 start_delay: Delay::fixed_ms(start_delay_ms),
                 default_activators: activators,
                 api_write_latency,
+                api_quorum_read_latency,
+                api_storage_lanes: (api_storage_lanes > 0).then_some(api_storage_lanes),
                 // On a shared API server the subsetter must leave other Revisions alone.
                 revision_namespace: Some(DemoOptions::default().namespace),
                 ..ClusterOptions::default()

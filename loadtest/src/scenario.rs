@@ -13,7 +13,10 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::Error;
-use crate::cluster::{CALIBRATED_WRITE_LATENCY, ClusterOptions, SimCluster};
+use crate::cluster::{
+    CALIBRATED_QUORUM_READ_LATENCY, CALIBRATED_STORAGE_LANES, CALIBRATED_WRITE_LATENCY,
+    ClusterOptions, SimCluster,
+};
 use crate::demo::{echo_revision, host_of, wait_subsets};
 use crate::scenarios;
 
@@ -84,6 +87,14 @@ pub struct Knobs {
     /// The embedded API server's write-latency model (`6ms`, `lognormal:6ms,0.5`, `0ms`).
     #[arg(long)]
     pub api_write_latency: Option<String>,
+    /// The embedded API server's storage time per quorum read (a GET or LIST without
+    /// resourceVersion), same syntax.
+    #[arg(long)]
+    pub api_quorum_read_latency: Option<String>,
+    /// Writes and quorum reads the embedded API server's storage serves at once; more wait in
+    /// line (0: no queueing).
+    #[arg(long)]
+    pub api_storage_lanes: Option<usize>,
     /// Length of the measured load, seconds.
     #[arg(long)]
     pub duration_secs: Option<f64>,
@@ -145,6 +156,8 @@ impl Knobs {
             start_delay_ms,
             app_delay_ms,
             api_write_latency,
+            api_quorum_read_latency,
+            api_storage_lanes,
             duration_secs,
             rate,
             kill_nodes,
@@ -175,6 +188,22 @@ impl Knobs {
             .unwrap_or(CALIBRATED_WRITE_LATENCY)
             .parse()
             .map_err(|e| Error::Options(format!("api-write-latency: {e}")))
+    }
+
+    pub fn quorum_read_latency(&self) -> Result<Delay, Error> {
+        self.api_quorum_read_latency
+            .as_deref()
+            .unwrap_or(CALIBRATED_QUORUM_READ_LATENCY)
+            .parse()
+            .map_err(|e| Error::Options(format!("api-quorum-read-latency: {e}")))
+    }
+
+    /// The storage's lanes; 0 means no queueing.
+    pub fn storage_lanes(&self) -> Option<usize> {
+        match self.api_storage_lanes.unwrap_or(CALIBRATED_STORAGE_LANES) {
+            0 => None,
+            n => Some(n),
+        }
     }
 
     pub fn by_host(&self) -> Result<bool, Error> {
@@ -238,6 +267,8 @@ impl Ctx {
             start_delay: Delay::fixed_ms(k.start_delay_ms.unwrap_or(300)),
             default_activators: k.activators.unwrap_or(3),
             api_write_latency: k.write_latency()?,
+            api_quorum_read_latency: k.quorum_read_latency()?,
+            api_storage_lanes: k.storage_lanes(),
             use_kubeconfig: false,
             ..ClusterOptions::default()
         };

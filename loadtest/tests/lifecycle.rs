@@ -652,13 +652,31 @@ async fn every_cold_start_records_each_phase_once() {
     c.shutdown().await;
 }
 
-/// `activator_api_requests_total` of `m`, by (verb, resource).
+/// `activator_api_requests_total` of `m`, by (verb, resource), whether etcd or the API
+/// server's cache answered.
 fn api_requests(
     m: &std::sync::Arc<activator::metrics::Metrics>,
 ) -> BTreeMap<(String, String), u64> {
+    let mut out = BTreeMap::new();
+    for (l, n) in samples(m, "activator_api_requests_total") {
+        *out.entry((l["verb"].clone(), l["resource"].clone()))
+            .or_default() += n;
+    }
+    out
+}
+
+/// `activator_api_requests_total` of `m`, by (verb, resource, from).
+fn api_requests_from(
+    m: &std::sync::Arc<activator::metrics::Metrics>,
+) -> BTreeMap<(String, String, String), u64> {
     samples(m, "activator_api_requests_total")
         .into_iter()
-        .map(|(l, n)| ((l["verb"].clone(), l["resource"].clone()), n))
+        .map(|(l, n)| {
+            (
+                (l["verb"].clone(), l["resource"].clone(), l["from"].clone()),
+                n,
+            )
+        })
         .collect()
 }
 
@@ -702,6 +720,62 @@ async fn a_members_cold_start_makes_one_api_request_the_pod_create() {
         BTreeMap::from([(("create".to_string(), "pods".to_string()), 1)]),
         "the API requests of one cold start"
     );
+    c.shutdown().await;
+}
+
+/// A request's deltas of `activator_api_requests_total` around `f`.
+async fn api_made<F: std::future::Future>(
+    m: &std::sync::Arc<activator::metrics::Metrics>,
+    f: F,
+) -> (F::Output, BTreeMap<(String, String, String), u64>) {
+    let before = api_requests_from(m);
+    let out = f.await;
+    let made = api_requests_from(m)
+        .into_iter()
+        .filter_map(|(k, n)| {
+            let d = n - before.get(&k).copied().unwrap_or(0);
+            (d > 0).then_some((k, d))
+        })
+        .collect();
+    (out, made)
+}
+
+/// An entry that is not a member looks the subset and the Revision up from the API server's
+/// watch cache (`resourceVersion=0`), not from etcd, where a burst of cold starts' writes would
+/// queue its reads; only what the cache cannot show — a revision it does not have — is read
+/// again from etcd before the client is told 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entrys_lookups_read_the_api_servers_cache_and_confirm_a_miss_from_etcd() {
+    let (c, ns) = cluster_with(options()).await;
+    let members = revision(&c, &ns, "fwd", |r| r.spec.activators = Some(1)).await;
+    let outsider = c.activators.iter().find(|a| a.node != members[0]).unwrap();
+    let metrics = outsider.activator.metrics().clone();
+    let (o, addr) = entry(&c, &outsider.node);
+    let driver = Driver::new();
+    let (s, made) = api_made(&metrics, driver.get_named((&o, addr), &ns, "fwd", "/")).await;
+    assert!(s.ok() && s.cold, "{s:?}");
+    let reads = |from: &str| -> Vec<_> {
+        made.keys()
+            .filter(|(v, _, f)| (v == "get" || v == "list") && f == from)
+            .cloned()
+            .collect()
+    };
+    assert!(
+        reads("etcd").is_empty(),
+        "quorum reads on the forward: {made:?}"
+    );
+    assert!(
+        reads("cache").contains(&("get".into(), "activationendpoints".into(), "cache".into())),
+        "the subset was looked up: {made:?}"
+    );
+    // A revision that does not exist: the cache's "not found" is confirmed once from etcd.
+    let (s, made) = api_made(&metrics, driver.get_named((&o, addr), &ns, "ghost", "/")).await;
+    assert_eq!(s.status, 404, "{s:?}");
+    let get = |from: &str| {
+        made.get(&("get".to_string(), "revisions".to_string(), from.to_string()))
+            .copied()
+    };
+    assert_eq!((get("cache"), get("etcd")), (Some(1), Some(1)), "{made:?}");
     c.shutdown().await;
 }
 

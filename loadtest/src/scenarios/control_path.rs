@@ -4,6 +4,10 @@
 //! controller, then kube-scheduler). One at a time (`cycles`) and in bursts (`clients` at
 //! once). (b) needs a real control plane (`--kubeconfig`): the embedded kubesim has no
 //! scheduler and no controller-manager, and the report says so.
+//!
+//! Also the reads an activator makes, alone and while the burst is written: a GET by name
+//! without a resourceVersion (a quorum read, from etcd) and with `resourceVersion=0` (from the
+//! API server's watch cache): the figures kubesim's storage model is calibrated against.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -12,7 +16,7 @@ use futures::StreamExt;
 use futures::future::join_all;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{GetParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
@@ -188,6 +192,62 @@ async fn deployment(
         .collect()
 }
 
+/// Quorum reads (no resourceVersion) and cached ones (`resourceVersion=0`) of one object by
+/// `readers` concurrent readers, each alternating the two one at a time: at least `min` of
+/// each per reader, then on until `until` resolves. Failures counted.
+async fn reads(
+    api: &Api<Pod>,
+    name: &str,
+    until: impl std::future::Future<Output = ()> + Send,
+    readers: usize,
+    min: usize,
+) -> Reads {
+    use futures::FutureExt;
+    let until = until.shared();
+    let per_reader = join_all((0..readers).map(|_| {
+        let until = until.clone();
+        async move {
+            let mut until = std::pin::pin!(until);
+            let mut done = false;
+            let mut got: [(Vec<Duration>, usize); 2] = Default::default();
+            for i in 0.. {
+                if i >= 2 * min && (done || futures::poll!(&mut until).is_ready()) {
+                    break;
+                }
+                let gp = [GetParams::default(), GetParams::any()][i % 2].clone();
+                let t = Instant::now();
+                let r = tokio::select! {
+                    r = api.get_with(name, &gp) => r,
+                    () = &mut until, if !done => { done = true; api.get_with(name, &gp).await }
+                };
+                match r {
+                    Ok(_) => got[i % 2].0.push(t.elapsed()),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "a timed read failed");
+                        got[i % 2].1 += 1;
+                    }
+                }
+            }
+            got
+        }
+    }))
+    .await;
+    let side = |s: usize| {
+        let ok: Vec<Duration> = per_reader.iter().flat_map(|g| g[s].0.clone()).collect();
+        Percentiles::with_failed(&ok, per_reader.iter().map(|g| g[s].1).sum())
+    };
+    Reads {
+        quorum_ms: side(0),
+        cache_ms: side(1),
+    }
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+struct Reads {
+    quorum_ms: Percentiles,
+    cache_ms: Percentiles,
+}
+
 pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
     let k = ctx.knobs.clone().or(defaults());
     let seq = k.cycles.unwrap_or(1).max(1);
@@ -205,8 +265,20 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
             ctx.step(format!("local: pod {} of {seq}", i + 1));
             local_seq.extend(direct(&client, ns, &node, &format!("local-{i}"), 1).await?);
         }
-        ctx.step(format!("local: a burst of {burst}"));
-        let local_burst = direct(&client, ns, &node, "local-burst", burst).await?;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+        ctx.step("reads, alone");
+        let reads_alone = reads(&pods, "local-0-0", std::future::ready(()), 1, 20).await;
+        ctx.step(format!("local: a burst of {burst}, read meanwhile"));
+        let (written, wrote) = tokio::sync::oneshot::channel::<()>();
+        let (local_burst, reads_in_burst) = tokio::join!(
+            async {
+                let r = direct(&client, ns, &node, "local-burst", burst).await;
+                drop(written);
+                r
+            },
+            reads(&pods, "local-0-0", async { let _ = wrote.await; }, 4, 1),
+        );
+        let local_burst = local_burst?;
         let (mut std_seq, mut std_burst) = (Vec::new(), Vec::new());
         if real {
             for i in 0..seq {
@@ -246,6 +318,12 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
             text += &format!("Deployment ÷ local, p50: one at a time {s:.1}×, burst {b:.1}×\n");
         }
         text += &format!("{note}\n");
+        text += "GET of a pod by name, ms (quorum: no resourceVersion, from etcd; cache: resourceVersion=0):\n";
+        for (when, r) in [("alone", &reads_alone), ("during the burst", &reads_in_burst)] {
+            for (side, p) in [("quorum", &r.quorum_ms), ("cache", &r.cache_ms)] {
+                text += &super::common::pct_line(&format!("  {side}, {when}"), p);
+            }
+        }
         let cdf = plot_series(&rows);
         Ok(Outcome {
             figures: json!({
@@ -256,6 +334,8 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                 "ratio_p50_sequential": r_seq,
                 "ratio_p50_burst": r_burst,
                 "standard_path": note,
+                "reads_alone": reads_alone,
+                "reads_during_burst": reads_in_burst,
             }),
             text,
             plots: vec![("cdf", crate::plot::cdf("control-path: request → bound pod seen by the kubelet", &cdf)?)],
