@@ -750,6 +750,15 @@ async fn an_entrys_lookups_read_the_api_servers_cache_and_confirm_a_miss_from_et
     let members = revision(&c, &ns, "fwd", |r| r.spec.activators = Some(1)).await;
     let outsider = c.activators.iter().find(|a| a.node != members[0]).unwrap();
     let metrics = outsider.activator.metrics().clone();
+    // Its watches listed from the cache too (a rollout of thousands of activators).
+    let lists: Vec<_> = api_requests_from(&metrics)
+        .into_keys()
+        .filter(|(v, _, _)| v == "list")
+        .collect();
+    assert!(
+        !lists.is_empty() && lists.iter().all(|(_, _, f)| f == "cache"),
+        "{lists:?}"
+    );
     let (o, addr) = entry(&c, &outsider.node);
     let driver = Driver::new();
     let (s, made) = api_made(&metrics, driver.get_named((&o, addr), &ns, "fwd", "/")).await;

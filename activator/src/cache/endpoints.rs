@@ -88,9 +88,14 @@ impl EndpointsCache {
     ) -> Self {
         let (mine, writer) = reflector::store();
         let api: Api<ActivationEndpoints> = Api::all(client.clone());
-        let cfg = watcher::Config::default()
-            .labels(&crds::contract::member_selector(node))
-            .any_semantic();
+        let cfg = watcher::Config {
+            // One page from the API server's watch cache, not pages from etcd (see the pod
+            // watch in pods.rs): bounded by this node's memberships.
+            page_size: None,
+            ..watcher::Config::default()
+                .labels(&crds::contract::member_selector(node))
+                .any_semantic()
+        };
         let events = watcher(api, cfg).default_backoff().reflect(writer);
         let me = node.to_string();
         let memo: Arc<DashMap<RevisionKey, (u64, Membership)>> = Arc::default();

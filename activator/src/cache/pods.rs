@@ -77,10 +77,16 @@ impl PodCache {
             Arc::new(DashMap::new());
         let (synced_tx, synced) = watch::channel(false);
         let api: Api<Pod> = Api::all(client);
-        let cfg = watcher::Config::default()
-            .fields(&format!("spec.nodeName={node}"))
-            .labels(REVISION_LABEL)
-            .any_semantic();
+        let cfg = watcher::Config {
+            // kube-core leaves `resourceVersion=0` out of a paged list, which then goes to
+            // etcd; this list is bounded by the node (its maxPods), so one page from the API
+            // server's watch cache: a DaemonSet rollout's thousands of lists cost etcd nothing.
+            page_size: None,
+            ..watcher::Config::default()
+                .fields(&format!("spec.nodeName={node}"))
+                .labels(REVISION_LABEL)
+                .any_semantic()
+        };
         let events = watcher(api, cfg).default_backoff();
         let table = by_revision.clone();
         // Pods listed by the current relist, so those gone meanwhile can be dropped.
