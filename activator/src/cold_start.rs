@@ -18,6 +18,20 @@ pub const POD_POST: &str = "pod-post";
 pub const POD_BOUND: &str = "pod-bound";
 pub const POD_READY: &str = "pod-ready";
 pub const WAIT: &str = "wait";
+/// Added by an entry that forwarded a cold request to a member, each from the request's
+/// arrival at the entry: `entry` until it sent the request on (its lookups of the Revision and
+/// the subset), `forwarded` until the member's response headers came back.
+pub const ENTRY: &str = "entry";
+pub const FORWARDED: &str = "forwarded";
+
+/// The entry's `Server-Timing` metrics (see [`ENTRY`]), appended to the member's.
+pub fn entry_timing(sent_on: Duration, answered: Duration) -> String {
+    format!(
+        "{ENTRY};dur={:.3}, {FORWARDED};dur={:.3}",
+        sent_on.as_secs_f64() * 1e3,
+        answered.as_secs_f64() * 1e3
+    )
+}
 
 /// A cold start in progress: its clock and the phases reached so far.
 #[derive(Debug, Clone, Copy)]
@@ -97,6 +111,14 @@ impl ColdTimings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_entrys_timing_names_its_two_marks_in_ms() {
+        assert_eq!(
+            entry_timing(Duration::from_micros(1500), Duration::from_millis(320)),
+            "entry;dur=1.500, forwarded;dur=320.000"
+        );
+    }
 
     #[test]
     fn phases_count_from_the_first_arrival_and_keep_the_first_mark() {

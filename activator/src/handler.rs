@@ -146,12 +146,21 @@ impl Handler {
         let (spec, peers) = match in_span(stage("route"), routed).await? {
             RouteTo::Here { spec, peers } => (spec, peers),
             RouteTo::Elsewhere(members) => {
+                let sent_on = arrived.elapsed();
                 let forward = in_span(
                     stage("forward"),
                     Box::pin(self.forward(&key, &rev, req, members)),
                 );
                 let sent = tokio::time::timeout_at(deadline, forward);
-                return Ok((Route::Forwarded, sent.await.map_err(|_| late())??));
+                let mut resp = sent.await.map_err(|_| late())??;
+                // A cold answer says where the entry's share of its time went too.
+                if resp.headers().contains_key(HEADER_COLD_START) {
+                    let t = crate::cold_start::entry_timing(sent_on, arrived.elapsed());
+                    if let Ok(v) = HeaderValue::try_from(t) {
+                        resp.headers_mut().append(SERVER_TIMING, v);
+                    }
+                }
+                return Ok((Route::Forwarded, resp));
             }
         };
         // 3. admit and 4. proxy, within the revision's timeout.

@@ -3,25 +3,31 @@
 
 use std::time::Duration;
 
-use activator::cold_start::{POD_BOUND, POD_POST, POD_READY, WAIT};
+use activator::cold_start::{ENTRY, FORWARDED, POD_BOUND, POD_POST, POD_READY, WAIT};
 use serde::Serialize;
 
 use crate::stats::Percentiles;
 
 /// One cold start as its response reported it, in ms from the arrival of the request that
 /// found no pod (`wait` from this request's own arrival).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct ColdPhases {
     pub pod_post: f64,
     pub pod_bound: f64,
     pub pod_ready: f64,
     pub wait: f64,
+    /// When an entry forwarded the request: its time from the request's arrival there until
+    /// it sent the request on, and until the member's answer came back (see
+    /// `activator::cold_start::ENTRY`).
+    pub entry: Option<f64>,
+    pub forwarded: Option<f64>,
 }
 
 impl ColdPhases {
     /// Parses the activator's `Server-Timing` value; None unless all four phases are there.
     pub fn parse(header: &str) -> Option<Self> {
         let (mut post, mut bound, mut ready, mut wait) = (None, None, None, None);
+        let (mut entry, mut forwarded) = (None, None);
         for metric in header.split(',') {
             let mut parts = metric.trim().split(';');
             let name = parts.next()?.trim();
@@ -34,6 +40,8 @@ impl ColdPhases {
                 POD_BOUND => &mut bound,
                 POD_READY => &mut ready,
                 WAIT => &mut wait,
+                ENTRY => &mut entry,
+                FORWARDED => &mut forwarded,
                 _ => continue,
             };
             *slot = dur;
@@ -43,7 +51,15 @@ impl ColdPhases {
             pod_bound: bound?,
             pod_ready: ready?,
             wait: wait?,
+            entry,
+            forwarded,
         })
+    }
+
+    /// The hop's own cost for a forwarded request: the entry's wait for the member's answer
+    /// less the member's own wait (the forward's connection and transfer, both ways).
+    pub fn hop(&self) -> Option<f64> {
+        Some((self.forwarded? - self.entry? - self.wait).max(0.0))
     }
 
     /// Consecutive segments: arrival → POST, POST → seen bound, bound → Ready seen,
@@ -77,6 +93,13 @@ pub struct Anatomy {
     pub ready_to_first_byte_ms: Percentiles,
     /// The whole wait of each request, arrival to first byte.
     pub total_ms: Percentiles,
+    /// Of `count`, the requests an entry forwarded to a member; for them, the entry's time
+    /// before the hop (its lookups), the hop's own cost ([`ColdPhases::hop`]), and the entry's
+    /// whole time, arrival there to the member's answer back.
+    pub forwarded: usize,
+    pub entry_ms: Percentiles,
+    pub hop_ms: Percentiles,
+    pub forwarded_total_ms: Percentiles,
 }
 
 impl Anatomy {
@@ -88,7 +111,16 @@ impl Anatomy {
                 .collect();
             Percentiles::of(&v)
         };
+        let ms = |v: Vec<f64>| {
+            let d: Vec<Duration> = v.iter().map(|m| Duration::from_secs_f64(m / 1e3)).collect();
+            Percentiles::of(&d)
+        };
+        let hopped: Vec<&ColdPhases> = phases.iter().filter(|p| p.hop().is_some()).collect();
         Self {
+            forwarded: hopped.len(),
+            entry_ms: ms(hopped.iter().filter_map(|p| p.entry).collect()),
+            hop_ms: ms(hopped.iter().filter_map(|p| p.hop()).collect()),
+            forwarded_total_ms: ms(hopped.iter().filter_map(|p| p.forwarded).collect()),
             count: phases.len(),
             arrival_to_post_ms: col(&|p| p.segments()[0]),
             post_to_bound_ms: col(&|p| p.segments()[1]),
@@ -127,10 +159,29 @@ mod tests {
                 pod_post: 1.5,
                 pod_bound: 8.0,
                 pod_ready: 305.0,
-                wait: 307.0
+                wait: 307.0,
+                entry: None,
+                forwarded: None,
             }
         );
         assert_eq!(p.segments(), [1.5, 6.5, 297.0, 2.0]);
+        assert_eq!(p.hop(), None, "not forwarded");
+        // An entry's two marks, appended to the member's (a second header value, joined).
+        let with_entry = format!(
+            "{}, {}",
+            t.server_timing(Duration::from_millis(307)),
+            activator::cold_start::entry_timing(
+                Duration::from_millis(4),
+                Duration::from_millis(315)
+            )
+        );
+        let p = ColdPhases::parse(&with_entry).unwrap();
+        assert_eq!((p.entry, p.forwarded), (Some(4.0), Some(315.0)));
+        assert_eq!(
+            p.hop(),
+            Some(4.0),
+            "315 - 4 before the hop - 307 at the member"
+        );
     }
 
     #[test]
@@ -156,6 +207,7 @@ mod tests {
                 pod_bound: 1.0 + i as f64,
                 pod_ready: 301.0 + i as f64,
                 wait: 302.0 + i as f64,
+                ..ColdPhases::default()
             })
             .collect();
         let a = Anatomy::of(&ps);

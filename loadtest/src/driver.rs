@@ -234,10 +234,13 @@ impl Driver {
                     .get("x-pod-name")
                     .and_then(|v| v.to_str().ok())
                     .map(str::to_string);
-                sample.phases = h
-                    .get(activator::cold_start::HEADER_SERVER_TIMING)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(ColdPhases::parse);
+                // The member's metrics and, after a forward, the entry's: one list.
+                let timing: Vec<&str> = h
+                    .get_all(activator::cold_start::HEADER_SERVER_TIMING)
+                    .iter()
+                    .filter_map(|v| v.to_str().ok())
+                    .collect();
+                sample.phases = ColdPhases::parse(&timing.join(", "));
                 let ok = resp.status().is_success();
                 match resp.into_body().collect().await {
                     Ok(body) if !ok => {

@@ -291,6 +291,7 @@ mod tests {
                 pod_bound: 7.0 + i as f64,
                 pod_ready: 320.0 + i as f64,
                 wait: 322.0 + i as f64,
+                ..ColdPhases::default()
             })
             .collect();
         let svg = anatomy("cold start", &Anatomy::of(&phases)).unwrap();

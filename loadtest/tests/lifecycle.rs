@@ -763,6 +763,13 @@ async fn an_entrys_lookups_read_the_api_servers_cache_and_confirm_a_miss_from_et
     let driver = Driver::new();
     let (s, made) = api_made(&metrics, driver.get_named((&o, addr), &ns, "fwd", "/")).await;
     assert!(s.ok() && s.cold, "{s:?}");
+    // The entry's share of the time is in the answer, beside the member's phases.
+    let p = s.phases.expect("a cold answer's Server-Timing");
+    let (sent_on, answered) = (p.entry.expect("entry"), p.forwarded.expect("forwarded"));
+    assert!(
+        sent_on <= answered && answered >= p.wait && p.hop().is_some(),
+        "{p:?}"
+    );
     let reads = |from: &str| -> Vec<_> {
         made.keys()
             .filter(|(v, _, f)| (v == "get" || v == "list") && f == from)

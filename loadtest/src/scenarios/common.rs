@@ -188,6 +188,15 @@ impl SampleSummary {
                 o += &pct_line(&format!("  {name}"), p);
             }
             o += &pct_line("  arrival→first byte", &self.anatomy.total_ms);
+            if self.anatomy.forwarded > 0 {
+                o += &format!(
+                    "forwarded by an entry ({} of them), ms from the arrival there:\n",
+                    self.anatomy.forwarded
+                );
+                o += &pct_line("  entry: arrival→sent on", &self.anatomy.entry_ms);
+                o += &pct_line("  the hop, less the member's wait", &self.anatomy.hop_ms);
+                o += &pct_line("  entry: arrival→answer", &self.anatomy.forwarded_total_ms);
+            }
         }
         for e in &self.error_samples {
             o += &format!("error: {e}\n");
