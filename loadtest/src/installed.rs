@@ -344,12 +344,7 @@ async fn watch_ready(
                 Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => p,
                 _ => continue,
             };
-            let ready = pod
-                .status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-            if ready && let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.clone()) {
+            if let Some(ip) = crate::observe::ready_ip(&pod) {
                 let node = pod.spec.and_then(|s| s.node_name).unwrap_or_default();
                 let _ = tx.send((node, ip));
                 return;

@@ -25,6 +25,13 @@ pub fn is_ready(p: &Pod) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
+/// The pod's IP once it is Ready (a kubelet reports both in one status update).
+pub fn ready_ip(p: &Pod) -> Option<String> {
+    is_ready(p)
+        .then(|| p.status.as_ref()?.pod_ip.clone())
+        .flatten()
+}
+
 /// Not terminating and not finished.
 pub fn is_live(p: &Pod) -> bool {
     p.metadata.deletion_timestamp.is_none()

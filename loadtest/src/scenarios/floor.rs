@@ -164,11 +164,7 @@ impl ReadyWatch {
                     Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => p,
                     _ => continue,
                 };
-                let status = pod.status.as_ref();
-                let ready = status
-                    .and_then(|s| s.conditions.as_ref())
-                    .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-                if let (true, Some(ip)) = (ready, status.and_then(|s| s.pod_ip.clone())) {
+                if let Some(ip) = crate::observe::ready_ip(&pod) {
                     let name = pod.name_any();
                     tx.send_if_modified(|m| {
                         if m.contains_key(&name) {
