@@ -34,6 +34,7 @@ use tokio::time::Instant;
 use crate::Error;
 use crate::anatomy::ColdPhases;
 use crate::driver::Driver;
+use crate::observe::FirstSeen;
 use crate::stats::Percentiles;
 
 /// What to measure.
@@ -317,56 +318,31 @@ async fn revision(
 }
 
 /// A watch of the pods labelled `app=<name>`, established (its first list answered) before
-/// this returns, as the activator's own pod watch is before a request comes: the receiver
-/// gets the first Ready pod's node and IP.
-async fn watch_ready(
-    client: &Client,
-    ns: &str,
-    name: &str,
-) -> tokio::sync::oneshot::Receiver<(String, String)> {
-    use futures::StreamExt;
-    use kube::runtime::watcher;
+/// this returns, as the activator's own pod watch is before a request comes: the first Ready
+/// pod's node and IP, under `name`.
+async fn watch_ready(client: &Client, ns: &str, name: &str) -> FirstSeen<(String, String)> {
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let cfg = watcher::Config::default().labels(&watcher_labels(name));
-    let (listed_tx, listed) = tokio::sync::oneshot::channel();
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    tokio::spawn(async move {
-        let mut listed_tx = Some(listed_tx);
-        let mut s = std::pin::pin!(watcher(api, cfg));
-        while let Some(ev) = s.next().await {
-            let pod = match ev {
-                Ok(watcher::Event::InitDone) => {
-                    if let Some(t) = listed_tx.take() {
-                        let _ = t.send(());
-                    }
-                    continue;
-                }
-                Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => p,
-                _ => continue,
-            };
-            if let Some(ip) = crate::observe::ready_ip(&pod) {
-                let node = pod.spec.and_then(|s| s.node_name).unwrap_or_default();
-                let _ = tx.send((node, ip));
-                return;
-            }
-        }
-    });
-    let _ = listed.await;
-    rx
+    let key = name.to_string();
+    FirstSeen::start(api, &watcher_labels(name), move |p| {
+        let ip = crate::observe::ready_ip(p)?;
+        let node = p.spec.as_ref()?.node_name.clone().unwrap_or_default();
+        Some((key.clone(), (node, ip)))
+    })
+    .await
 }
 
 /// Awaits the Ready pod, then requests it: the time from `t0` to its answer.
 async fn then_request(
-    ready: tokio::sync::oneshot::Receiver<(String, String)>,
+    ready: FirstSeen<(String, String)>,
     name: &str,
     opts: &Options,
     driver: &Driver,
     t0: Instant,
 ) -> Outcome {
-    let (node, ip) = tokio::time::timeout(opts.limit.saturating_sub(t0.elapsed()), ready)
+    let (_, (node, ip)) = ready
+        .wait_one(name, opts.limit.saturating_sub(t0.elapsed()))
         .await
-        .map_err(|_| format!("{name}: not Ready within {:?}", opts.limit))?
-        .map_err(|_| format!("{name}: the watch ended"))?;
+        .ok_or_else(|| format!("{name}: not Ready within {:?}", opts.limit))?;
     let addr = SocketAddr::new(ip.parse().map_err(|e| format!("{ip}: {e}"))?, 8080);
     let s = driver.get((&node, addr), name, "app", &opts.path).await;
     if s.ok() {

@@ -286,3 +286,79 @@ impl Drop for MemberWatch {
         self.task.abort();
     }
 }
+
+/// When each pod of a label selector was first seen in a state: `seen` names the pod's key
+/// and a value when it is in that state (bound, Ready with an IP…). One watch, started only
+/// once it has listed, so nothing that happens after [`FirstSeen::start`] returns is missed.
+pub struct FirstSeen<T> {
+    seen: signal::Receiver<BTreeMap<String, (std::time::Instant, T)>>,
+    task: JoinHandle<()>,
+}
+
+impl<T: Clone + Send + Sync + 'static> FirstSeen<T> {
+    pub async fn start(
+        api: Api<Pod>,
+        labels: &str,
+        seen: impl Fn(&Pod) -> Option<(String, T)> + Send + 'static,
+    ) -> Self {
+        let (tx, rx) = signal::channel(BTreeMap::new());
+        let (listed_tx, listed) = tokio::sync::oneshot::channel();
+        let cfg = watcher::Config::default().labels(labels);
+        let task = tokio::spawn(async move {
+            let mut listed_tx = Some(listed_tx);
+            let mut events = std::pin::pin!(watcher(api, cfg).default_backoff());
+            while let Some(ev) = events.next().await {
+                let pod = match ev {
+                    Ok(watcher::Event::InitDone) => {
+                        if let Some(t) = listed_tx.take() {
+                            let _ = t.send(());
+                        }
+                        continue;
+                    }
+                    Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => p,
+                    _ => continue,
+                };
+                if let Some((key, v)) = seen(&pod) {
+                    tx.send_if_modified(|m| {
+                        if m.contains_key(&key) {
+                            return false;
+                        }
+                        m.insert(key, (std::time::Instant::now(), v));
+                        true
+                    });
+                }
+            }
+        });
+        let _ = listed.await;
+        Self { seen: rx, task }
+    }
+
+    /// Waits, at most `limit`, until every one of `keys` has been seen; what was seen then.
+    pub async fn wait_all(
+        &self,
+        keys: &[String],
+        limit: Duration,
+    ) -> Option<BTreeMap<String, (std::time::Instant, T)>> {
+        let mut rx = self.seen.clone();
+        let all = rx.wait_for(|m| keys.iter().all(|k| m.contains_key(k)));
+        tokio::time::timeout(limit, all).await.ok()?.ok()?;
+        Some(self.seen.borrow().clone())
+    }
+
+    /// Waits, at most `limit`, until `key` has been seen.
+    pub async fn wait_one(&self, key: &str, limit: Duration) -> Option<(std::time::Instant, T)> {
+        let mut rx = self.seen.clone();
+        tokio::time::timeout(limit, rx.wait_for(|m| m.contains_key(key)))
+            .await
+            .ok()?
+            .ok()?
+            .get(key)
+            .cloned()
+    }
+}
+
+impl<T> Drop for FirstSeen<T> {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -12,16 +12,15 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use futures::future::join_all;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{GetParams, Patch, PatchParams, PostParams};
-use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
 use crate::Error;
+use crate::observe::FirstSeen;
 use crate::scenario::{Ctx, Knobs, Outcome, Report, Scenario, Target};
 use crate::stats::Percentiles;
 
@@ -47,76 +46,34 @@ fn pod(name: &str, node: Option<&str>) -> serde_json::Value {
     })
 }
 
-/// Watches pods of `namespace` as the kubelets would and tells when each label value was
-/// first seen with a node.
-struct BoundWatch {
-    seen: tokio::sync::watch::Receiver<BTreeMap<String, Instant>>,
-    task: tokio::task::JoinHandle<()>,
+/// Watches pods of `namespace` as the kubelets would: when each label value was first seen
+/// with a node.
+async fn bound_watch(client: &Client, namespace: &str) -> FirstSeen<()> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    FirstSeen::start(api, LABEL, |p| {
+        p.spec.as_ref()?.node_name.as_ref()?;
+        let key = p
+            .labels()
+            .get(LABEL)
+            .cloned()
+            .unwrap_or_else(|| p.name_any());
+        Some((key, ()))
+    })
+    .await
 }
 
-impl BoundWatch {
-    async fn start(client: &Client, namespace: &str) -> Self {
-        let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
-        let (tx, seen) = tokio::sync::watch::channel(BTreeMap::new());
-        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-        let task = tokio::spawn(async move {
-            let mut ready = Some(ready_tx);
-            let cfg = watcher::Config::default().labels(LABEL);
-            let mut events = std::pin::pin!(watcher(api, cfg).default_backoff());
-            while let Some(ev) = events.next().await {
-                let pods = match ev {
-                    Ok(watcher::Event::InitDone) => {
-                        if let Some(r) = ready.take() {
-                            let _ = r.send(());
-                        }
-                        continue;
-                    }
-                    Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => vec![p],
-                    _ => continue,
-                };
-                for p in pods {
-                    let bound = p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some();
-                    let key = p
-                        .labels()
-                        .get(LABEL)
-                        .cloned()
-                        .unwrap_or_else(|| p.name_any());
-                    if bound {
-                        tx.send_if_modified(|m| {
-                            if m.contains_key(&key) {
-                                return false;
-                            }
-                            m.insert(key, Instant::now());
-                            true
-                        });
-                    }
-                }
-            }
-        });
-        let _ = ready_rx.await;
-        Self { seen, task }
-    }
-
-    async fn wait(&self, keys: &[String]) -> Result<BTreeMap<String, Instant>, Error> {
-        let mut rx = self.seen.clone();
-        tokio::time::timeout(
-            LIMIT,
-            rx.wait_for(|m| keys.iter().all(|k| m.contains_key(k))),
-        )
+/// When each of `keys` was seen bound.
+async fn bound_at(
+    watch: &FirstSeen<()>,
+    keys: &[String],
+) -> Result<BTreeMap<String, (Instant, ())>, Error> {
+    watch
+        .wait_all(keys, LIMIT)
         .await
-        .map_err(|_| Error::Timeout {
+        .ok_or_else(|| Error::Timeout {
             what: format!("{} pods bound", keys.len()),
             secs: LIMIT.as_secs(),
-        })?
-        .map_err(|_| Error::Options("the pod watch ended".into()))?;
-        Ok(self.seen.borrow().clone())
-    }
-}
-
-impl Drop for BoundWatch {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+        })
 }
 
 /// Pods POSTed with `spec.nodeName`, `n` at once; each one's time from its POST to its bound
@@ -128,7 +85,7 @@ async fn direct(
     tag: &str,
     n: usize,
 ) -> Result<Vec<Duration>, Error> {
-    let watch = BoundWatch::start(client, ns).await;
+    let watch = bound_watch(client, ns).await;
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
     let keys: Vec<String> = (0..n).map(|i| format!("{tag}-{i}")).collect();
     let sent = join_all(keys.iter().map(|k| {
@@ -140,10 +97,10 @@ async fn direct(
         }
     }))
     .await;
-    let seen = watch.wait(&keys).await?;
+    let seen = bound_at(&watch, &keys).await?;
     keys.iter()
         .zip(sent)
-        .map(|(k, t)| Ok(seen[k].saturating_duration_since(t?)))
+        .map(|(k, t)| Ok(seen[k].0.saturating_duration_since(t?)))
         .collect()
 }
 
@@ -170,7 +127,7 @@ async fn deployment(
         .map_err(|e| Error::Options(e.to_string()))?;
         api.create(&PostParams::default(), &d).await?;
     }
-    let watch = BoundWatch::start(client, ns).await;
+    let watch = bound_watch(client, ns).await;
     let scaled = join_all(keys.iter().map(|k| {
         let api = api.clone();
         async move {
@@ -185,10 +142,10 @@ async fn deployment(
         }
     }))
     .await;
-    let seen = watch.wait(&keys).await?;
+    let seen = bound_at(&watch, &keys).await?;
     keys.iter()
         .zip(scaled)
-        .map(|(k, t)| Ok(seen[k].saturating_duration_since(t?)))
+        .map(|(k, t)| Ok(seen[k].0.saturating_duration_since(t?)))
         .collect()
 }
 

@@ -4,20 +4,18 @@
 //! IP: what the API server and the nodes alone take, against which the activator's arrival →
 //! first byte is compared (issue: within 1.5× of it).
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams, PostParams};
-use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::driver::Driver;
+use crate::observe::FirstSeen;
 use crate::stats::Percentiles;
 
 const LABEL: &str = "loadtest.local-activator.dev/floor";
@@ -78,10 +76,14 @@ pub async fn burst(
     limit: Duration,
 ) -> Floor {
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let ready = ReadyWatch::start(api.clone()).await;
+    // When each pod was first Ready, and its IP.
+    let ready = FirstSeen::start(api.clone(), LABEL, |p| {
+        Some((p.name_any(), crate::observe::ready_ip(p)?))
+    })
+    .await;
     let driver = Driver::new();
     let outcomes = join_all((0..n).map(|i| {
-        let (api, ready, driver) = (api.clone(), ready.seen.clone(), driver.clone());
+        let (api, ready, driver) = (api.clone(), &ready, driver.clone());
         let name = format!("floor-{i}");
         let node = nodes[i % nodes.len().max(1)].clone();
         let mut spec = spec.clone();
@@ -96,17 +98,10 @@ pub async fn burst(
             api.create(&PostParams::default(), &pod)
                 .await
                 .map_err(|e| format!("creating {name}: {e}"))?;
-            let mut rx = ready;
-            let waited = tokio::time::timeout(
-                limit.saturating_sub(t0.elapsed()),
-                rx.wait_for(|m| m.contains_key(&name)),
-            )
-            .await
-            .map_err(|_| format!("{name}: not Ready within {limit:?}"))?
-            .map_err(|_| format!("{name}: the pod watch ended"))?
-            .get(&name)
-            .cloned();
-            let (at, ip) = waited.ok_or_else(|| format!("{name}: not seen Ready"))?;
+            let (at, ip) = ready
+                .wait_one(&name, limit.saturating_sub(t0.elapsed()))
+                .await
+                .ok_or_else(|| format!("{name}: not Ready within {limit:?}"))?;
             let addr = SocketAddr::new(ip.parse().map_err(|e| format!("{ip}: {e}"))?, port);
             let s = driver.get((&node, addr), &name, "floor", "/").await;
             match s.ok() {
@@ -135,54 +130,5 @@ pub async fn burst(
         ready_ms: Percentiles::with_failed(&ready_ms, errors.len()),
         first_byte_ms: Percentiles::with_failed(&first_byte_ms, errors.len()),
         errors,
-    }
-}
-
-/// The floor's pods as a node's watcher sees them: when each was first Ready, and its IP.
-struct ReadyWatch {
-    seen: tokio::sync::watch::Receiver<BTreeMap<String, (Instant, String)>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl ReadyWatch {
-    /// Returns once the watch has listed, so no pod's Ready can be missed.
-    async fn start(api: Api<Pod>) -> Self {
-        let (tx, seen) = tokio::sync::watch::channel(BTreeMap::new());
-        let (listed_tx, listed) = tokio::sync::oneshot::channel();
-        let task = tokio::spawn(async move {
-            let mut listed_tx = Some(listed_tx);
-            let cfg = watcher::Config::default().labels(LABEL);
-            let mut events = std::pin::pin!(watcher(api, cfg).default_backoff());
-            while let Some(ev) = events.next().await {
-                let pod = match ev {
-                    Ok(watcher::Event::InitDone) => {
-                        if let Some(t) = listed_tx.take() {
-                            let _ = t.send(());
-                        }
-                        continue;
-                    }
-                    Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => p,
-                    _ => continue,
-                };
-                if let Some(ip) = crate::observe::ready_ip(&pod) {
-                    let name = pod.name_any();
-                    tx.send_if_modified(|m| {
-                        if m.contains_key(&name) {
-                            return false;
-                        }
-                        m.insert(name, (Instant::now(), ip));
-                        true
-                    });
-                }
-            }
-        });
-        let _ = listed.await;
-        Self { seen, task }
-    }
-}
-
-impl Drop for ReadyWatch {
-    fn drop(&mut self) {
-        self.task.abort();
     }
 }
