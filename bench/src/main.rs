@@ -125,6 +125,8 @@ async fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| "info,kube=warn,kubesim=warn".into()),
         )
         .with_writer(std::io::stderr)
+        // Colour only on a terminal: a log saved to a file stays plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     let bin = cli.activator_bin;
