@@ -1,8 +1,6 @@
 //! Cold-start anatomy: the phases each cold response carries in its `Server-Timing` header
 //! (the activator's own clock), split into consecutive segments and summarised. Pure logic.
 
-use std::time::Duration;
-
 use activator::cold_start::{ENTRY, FORWARDED, POD_BOUND, POD_POST, POD_READY, WAIT};
 use serde::Serialize;
 
@@ -104,17 +102,8 @@ pub struct Anatomy {
 
 impl Anatomy {
     pub fn of(phases: &[ColdPhases]) -> Self {
-        let col = |f: &dyn Fn(&ColdPhases) -> f64| {
-            let v: Vec<Duration> = phases
-                .iter()
-                .map(|p| Duration::from_secs_f64(f(p) / 1e3))
-                .collect();
-            Percentiles::of(&v)
-        };
-        let ms = |v: Vec<f64>| {
-            let d: Vec<Duration> = v.iter().map(|m| Duration::from_secs_f64(m / 1e3)).collect();
-            Percentiles::of(&d)
-        };
+        let col = |f: &dyn Fn(&ColdPhases) -> f64| Percentiles::of_ms(phases.iter().map(f));
+        let ms = |v: Vec<f64>| Percentiles::of_ms(v);
         let hopped: Vec<&ColdPhases> = phases.iter().filter(|p| p.hop().is_some()).collect();
         Self {
             forwarded: hopped.len(),
@@ -144,6 +133,7 @@ impl Anatomy {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn parses_what_the_activator_writes() {

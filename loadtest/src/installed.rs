@@ -229,13 +229,7 @@ async fn measure(
         fig("deployment", &dep),
         fig("pod POST", &pod),
     );
-    let ms = |f: &dyn Fn(&ColdPhases) -> f64| {
-        let v: Vec<Duration> = phases
-            .iter()
-            .map(|p| Duration::from_secs_f64(f(p) / 1e3))
-            .collect();
-        Percentiles::of(&v)
-    };
+    let ms = |f: &dyn Fn(&ColdPhases) -> f64| Percentiles::of_ms(phases.iter().map(f));
     let ratio = |x: &PathFigures, y: &PathFigures| {
         (x.first_byte_ms.failed == 0 && y.first_byte_ms.failed == 0 && y.first_byte_ms.p50 > 0.0)
             .then(|| x.first_byte_ms.p50 / y.first_byte_ms.p50)

@@ -26,6 +26,15 @@ impl Percentiles {
         Self::with_failed(samples, 0)
     }
 
+    /// As [`Percentiles::of`], of values already in milliseconds (e.g. `Server-Timing` marks).
+    pub fn of_ms(ms: impl IntoIterator<Item = f64>) -> Self {
+        let d: Vec<Duration> = ms
+            .into_iter()
+            .map(|m| Duration::from_secs_f64(m / 1e3))
+            .collect();
+        Self::of(&d)
+    }
+
     /// As [`Percentiles::of`], with `failed` more requests that got no answer, ranked last.
     pub fn with_failed(answered: &[Duration], failed: usize) -> Self {
         let n = answered.len() + failed;
