@@ -155,7 +155,7 @@ fn final_stages_are_distroless_non_root_and_hold_one_binary() {
     let names: BTreeSet<&str> = finals.iter().filter_map(|s| s.name.as_deref()).collect();
     assert_eq!(
         names,
-        BTreeSet::from(["activator", "loadtest", "subsetter"]),
+        BTreeSet::from(["activator", "loadtest", "node-agent", "subsetter"]),
         "one final stage per binary"
     );
     for s in finals {
@@ -313,6 +313,7 @@ fn every_image_the_manifests_name_is_a_dockerfile_target() {
     let mut images = BTreeMap::new();
     images_in(&root().join("deploy/base"), &mut images);
     images_in(&root().join("deploy/overlays"), &mut images);
+    images_in(&root().join("deploy/components"), &mut images);
     // Helm templates name the image through values; checked in deploy_render.rs.
     assert!(images.len() >= 2, "{images:?}");
     for (image, file) in &images {

@@ -3,9 +3,14 @@
 //! path).
 //!
 //! - kustomize: the subset the overlays use — `resources` (files, or directories with their
-//!   own kustomization.yaml) and `patches` that are JSON 6902 operation lists with a `target`
-//!   (applied with the json-patch crate, the semantics kustomize uses for them). Any other
-//!   field of a kustomization.yaml fails the render, so nothing is silently skipped.
+//!   own kustomization.yaml), `components` (directories whose kustomization.yaml is a
+//!   `Component`: its resources join, and its patches and images apply to, what the including
+//!   kustomization has gathered so far, before that one's own patches and images, as
+//!   kustomize orders them), `patches` with a `target` and a `path` or an inline `patch` that
+//!   is a JSON 6902 operation list (applied with the json-patch crate, the semantics kustomize
+//!   uses for them) or a `$patch: delete` (the targets are removed), and `images` (`name` →
+//!   `newName`/`newTag`). Any other field of a kustomization.yaml fails the render, so nothing
+//!   is silently skipped.
 //! - Helm: the templates are Go text/template, rendered with the `gtmpl` crate plus the
 //!   few Helm (sprig) functions the chart uses — `quote`, `toYaml`, `nindent`, `splitList`,
 //!   `last` — implemented here with Helm's semantics. A function not implemented here fails
@@ -57,17 +62,39 @@ pub fn id(o: &Value) -> (String, String, String, String) {
 
 /// `kustomize build <dir>` for the subset described at the top of this file.
 pub fn kustomize(dir: &Path) -> Vec<Value> {
+    let mut out = Vec::new();
+    build(dir, "Kustomization", &mut out);
+    out
+}
+
+/// `docs` with the kustomize Component in `dir` applied, as by a kustomization that lists it
+/// under `components` after the resources `docs` were built from.
+pub fn with_component(mut docs: Vec<Value>, dir: &Path) -> Vec<Value> {
+    build(dir, "Component", &mut docs);
+    docs
+}
+
+/// One kustomization.yaml of `kind` (a Kustomization, or a Component applied to `out`).
+fn build(dir: &Path, kind: &str, out: &mut Vec<Value>) {
     let k = yaml_docs(&dir.join("kustomization.yaml"));
     assert_eq!(k.len(), 1, "{}: one kustomization", dir.display());
     let k = &k[0];
+    assert_eq!(k["kind"], kind, "{}", dir.display());
     for key in k.as_object().unwrap().keys() {
         assert!(
-            ["apiVersion", "kind", "resources", "patches"].contains(&key.as_str()),
+            [
+                "apiVersion",
+                "kind",
+                "resources",
+                "components",
+                "patches",
+                "images"
+            ]
+            .contains(&key.as_str()),
             "{}: kustomization field {key} is not supported by this renderer",
             dir.display()
         );
     }
-    let mut out: Vec<Value> = Vec::new();
     for r in k["resources"].as_array().into_iter().flatten() {
         let p = dir.join(r.as_str().unwrap());
         let docs = if p.is_dir() {
@@ -85,8 +112,19 @@ pub fn kustomize(dir: &Path) -> Vec<Value> {
             out.push(d);
         }
     }
+    for c in k["components"].as_array().into_iter().flatten() {
+        build(&dir.join(c.as_str().unwrap()), "Component", out);
+    }
     for p in k["patches"].as_array().into_iter().flatten() {
-        let file = p["path"].as_str().expect("patches: a path");
+        let (what, ops) = match (p["path"].as_str(), p["patch"].as_str()) {
+            (Some(file), None) => (file.to_string(), yaml_docs(&dir.join(file))),
+            (None, Some(text)) => {
+                let what = format!("{}: an inline patch", dir.display());
+                let docs = parse_docs(text, &what);
+                (what, docs)
+            }
+            _ => panic!("{}: patches: a path or an inline patch", dir.display()),
+        };
         let target = p["target"].as_object().expect("patches: a target");
         for key in target.keys() {
             assert!(
@@ -94,16 +132,11 @@ pub fn kustomize(dir: &Path) -> Vec<Value> {
                 "target field {key} is not supported by this renderer"
             );
         }
-        let ops = yaml_docs(&dir.join(file));
-        assert_eq!(ops.len(), 1, "{file}: one document");
-        assert!(ops[0].is_array(), "{file}: a JSON 6902 operation list");
-        let patch: json_patch::Patch =
-            serde_json::from_value(ops[0].clone()).unwrap_or_else(|e| panic!("{file}: {e}"));
-        let mut matched = 0;
-        for o in out.iter_mut() {
+        assert_eq!(ops.len(), 1, "{what}: one document");
+        let fits = |o: &Value| {
             let api = o["apiVersion"].as_str().unwrap_or_default().to_string();
             let (group, version) = api.rsplit_once('/').unwrap_or(("", &api));
-            let fits = target.iter().all(|(k, v)| {
+            target.iter().all(|(k, v)| {
                 let v = v.as_str().unwrap();
                 match k.as_str() {
                     "group" => group == v,
@@ -113,16 +146,66 @@ pub fn kustomize(dir: &Path) -> Vec<Value> {
                     "namespace" => o["metadata"]["namespace"] == v,
                     _ => unreachable!(),
                 }
-            });
-            if fits {
-                json_patch::patch(o, &patch)
-                    .unwrap_or_else(|e| panic!("{}: {file}: {e}", dir.display()));
-                matched += 1;
+            })
+        };
+        let before = out.len();
+        if ops[0]["$patch"] == "delete" {
+            out.retain(|o| !fits(o));
+            assert!(out.len() < before, "{what} deletes nothing");
+            continue;
+        }
+        assert!(ops[0].is_array(), "{what}: a JSON 6902 operation list");
+        let patch: json_patch::Patch =
+            serde_json::from_value(ops[0].clone()).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let mut matched = 0;
+        for o in out.iter_mut().filter(|o| fits(o)) {
+            json_patch::patch(o, &patch).unwrap_or_else(|e| panic!("{what}: {e}"));
+            matched += 1;
+        }
+        assert!(matched > 0, "{what} patches nothing");
+    }
+    for i in k["images"].as_array().into_iter().flatten() {
+        for key in i.as_object().unwrap().keys() {
+            assert!(
+                ["name", "newName", "newTag"].contains(&key.as_str()),
+                "images field {key} is not supported by this renderer"
+            );
+        }
+        let name = i["name"].as_str().expect("images: a name");
+        let mut matched = 0;
+        for spec in out
+            .iter_mut()
+            .filter_map(|o| o.pointer_mut("/spec/template/spec"))
+        {
+            for list in ["initContainers", "containers"] {
+                let containers = spec.get_mut(list).and_then(Value::as_array_mut);
+                for c in containers.into_iter().flatten() {
+                    let image = c["image"].as_str().unwrap_or_default().to_string();
+                    // name[:tag]: the tag is after the last ':' unless that is a port's.
+                    let (repo, tag) = match image.rsplit_once(':') {
+                        Some((r, t)) if !t.contains('/') => (r, Some(t)),
+                        _ => (image.as_str(), None),
+                    };
+                    if repo != name {
+                        continue;
+                    }
+                    let repo = i["newName"].as_str().unwrap_or(repo);
+                    let tag = i["newTag"].as_str().or(tag);
+                    c["image"] = match tag {
+                        Some(t) => format!("{repo}:{t}"),
+                        None => repo.to_string(),
+                    }
+                    .into();
+                    matched += 1;
+                }
             }
         }
-        assert!(matched > 0, "{file} patches nothing");
+        assert!(
+            matched > 0,
+            "{}: image {name} is in no container",
+            dir.display()
+        );
     }
-    out
 }
 
 /// Helm's value merging (`-f a.yaml -f b.yaml`): maps merge key by key, the later file wins;
