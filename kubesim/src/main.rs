@@ -39,6 +39,14 @@ struct Args {
     /// Readiness delay after the container starts (same syntax).
     #[arg(long, default_value = "0ms")]
     readiness: Delay,
+    /// The kubelet's PLEG relist period (a real kubelet's is 1s): a started container's IP,
+    /// Running and Ready are reported at the node's next relist. `0ms`: at once.
+    #[arg(long, default_value = "0ms")]
+    relist: Delay,
+    /// Each node serves a simulated node agent (a pod's IP by UID from its sandbox, before
+    /// the kubelet reports it) on `<temp>/kubesim-agents-<pid>-<n>/<node>.sock`.
+    #[arg(long)]
+    node_agents: bool,
     /// Pod capacity of each node.
     #[arg(long, default_value_t = 110)]
     max_pods: u32,
@@ -117,6 +125,7 @@ async fn main() -> anyhow::Result<()> {
             .clone()
             .unwrap_or(Delay::fixed_ms(args.start_delay_ms)),
         readiness: args.readiness.clone(),
+        relist: args.relist.clone(),
     };
     let configs = (0..args.nodes)
         .map(|i| {
@@ -134,6 +143,7 @@ async fn main() -> anyhow::Result<()> {
         configs,
         FleetOptions {
             watch_mode,
+            node_agents: args.node_agents,
             ..Default::default()
         },
     )
@@ -144,6 +154,7 @@ async fn main() -> anyhow::Result<()> {
         url = %server.url(),
         kubeconfig = %args.kubeconfig.display(),
         nodes = fleet.len(),
+        agent_sockets = fleet.agent_dir().map(|d| d.display().to_string()),
         startup_ms = began.elapsed().as_millis() as u64,
         rss_mib = process::rss_bytes().map(|b| b / (1024 * 1024)),
         "kubesim ready; Ctrl-C to stop"

@@ -5,7 +5,7 @@
 #[path = "node_support/mod.rs"]
 mod support;
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -19,6 +19,8 @@ use kubesim::node::{
     Delay, Fleet, FleetOptions, NodeConfig, PodStage, StartDelays, WatchMode,
     objects::EXTERNAL_ANNOTATION,
 };
+use node_agent::client::AgentClient;
+use node_agent::protocol::PodUid;
 use support::*;
 
 const NS: &str = "node-tests";
@@ -158,6 +160,7 @@ async fn status_goes_through_container_creating_then_running_then_ready() {
             max: Duration::from_millis(50),
         },
         readiness: Delay::fixed_ms(150),
+        relist: Delay::ZERO,
     };
     let _fleet = Fleet::start(
         client.clone(),
@@ -402,4 +405,230 @@ async fn shared_watch_mode_starts_pods_on_every_node() {
         );
     }
     assert_eq!(fleet.requests(), 3);
+}
+
+/// With a relist period, the kubelet reports a started container only at its node's next
+/// relist: no status carries the pod's IP before the one that reports it Running, as on a
+/// real node (the IP exists at the sandbox, but reaches the API server with Running).
+#[tokio::test]
+async fn with_a_relist_period_the_pod_ip_is_reported_only_with_running() {
+    let server = server().await;
+    let client = server.client();
+    let start = Duration::from_millis(50);
+    let delays = StartDelays {
+        container_start: Delay::Fixed(start),
+        relist: Delay::fixed_ms(200),
+        ..StartDelays::default()
+    };
+    let _fleet = Fleet::start(
+        client.clone(),
+        vec![NodeConfig::numbered(10).with_delays(delays)],
+    )
+    .await
+    .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let events = watcher::watcher(
+        pods.clone(),
+        watcher::Config::default().fields("metadata.name=relisted"),
+    );
+    let mut events = std::pin::pin!(events);
+    // The kubelet admits the pod after this, so the delay from here is an upper bound on
+    // the delay from the admission.
+    let created = std::time::Instant::now();
+    pods.create(
+        &PostParams::default(),
+        &pod("relisted", "node-0010", None, &[]),
+    )
+    .await
+    .unwrap();
+    // (phase, podIP, Ready) of every status the watch delivered, in order.
+    let mut statuses: Vec<(Option<String>, Option<String>, Option<String>)> = Vec::new();
+    let first_ip = tokio::time::timeout(LIMIT, async {
+        while let Some(event) = events.next().await {
+            let (Event::Apply(p) | Event::InitApply(p)) = event.unwrap() else {
+                continue;
+            };
+            let Some(st) = p.status.as_ref() else {
+                continue;
+            };
+            statuses.push((
+                st.phase.clone(),
+                st.pod_ip.clone(),
+                pod_condition(&p, "Ready"),
+            ));
+            if st.pod_ip.is_some() {
+                return created.elapsed();
+            }
+        }
+        panic!("the watch ended");
+    })
+    .await
+    .expect("the pod's IP was reported");
+    let (phase, _, _) = statuses.last().unwrap();
+    assert_eq!(
+        phase.as_deref(),
+        Some("Running"),
+        "the first status with an IP reports Running: {statuses:?}"
+    );
+    assert!(
+        statuses
+            .iter()
+            .any(|(phase, ip, _)| phase.as_deref() == Some("Pending") && ip.is_none()),
+        "Pending was reported first, without an IP: {statuses:?}"
+    );
+    assert!(
+        first_ip >= start,
+        "the IP came {first_ip:?} after the create, before the container could start ({start:?})"
+    );
+    // No readiness delay: the relist's report is Ready as well.
+    assert_eq!(statuses.last().unwrap().2.as_deref(), Some("True"));
+}
+
+/// The simulated node agent answers a pod's IP from its admission (its sandbox), long before
+/// the kubelet reports it; `none` for a UID it does not run; nothing while its node is dead.
+#[tokio::test]
+async fn the_node_agent_answers_a_pods_ip_before_the_kubelet_reports_it() {
+    let server = server().await;
+    let client = server.client();
+    // Neither the container start nor the first relist after it can come within the test's
+    // few milliseconds: the status cannot have an IP yet when it is read.
+    let delays = StartDelays {
+        container_start: Delay::fixed_ms(5_000),
+        relist: Delay::fixed_ms(5_000),
+        ..StartDelays::default()
+    };
+    let fleet = Fleet::start_with(
+        client.clone(),
+        vec![NodeConfig::numbered(11).with_delays(delays)],
+        FleetOptions {
+            node_agents: true,
+            ..FleetOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let node = fleet.node("node-0011").unwrap();
+    let socket = node
+        .agent_socket()
+        .expect("the fleet gave the node an agent")
+        .to_owned();
+    assert!(socket.starts_with(fleet.agent_dir().unwrap()));
+    let agent = AgentClient::new(&socket);
+    agent
+        .ping()
+        .await
+        .expect("the agent listens once the fleet has started");
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let created = pods
+        .create(
+            &PostParams::default(),
+            &pod("sandboxed", "node-0011", None, &[]),
+        )
+        .await
+        .unwrap();
+    let uid = PodUid::new(created.metadata.uid.as_deref().unwrap()).unwrap();
+    // What the activator does: ask until the sandbox has an address.
+    let ip = tokio::time::timeout(LIMIT, async {
+        loop {
+            if let Some(ip) = agent.pod_addr(&uid).await.unwrap() {
+                return ip;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the agent answered the pod's address");
+    let status = pods.get("sandboxed").await.unwrap().status.unwrap();
+    assert_eq!(
+        (status.phase.as_deref(), status.pod_ip.as_deref()),
+        (Some("Pending"), None),
+        "the agent answered before the kubelet reported the IP"
+    );
+    let local = node.pod(NS, "sandboxed").unwrap();
+    assert_eq!(
+        (local.ip.map(IpAddr::V4), local.stage),
+        (Some(ip), PodStage::Starting)
+    );
+    assert!(local.app_addr.is_none(), "the app is not bound yet");
+
+    let unknown = PodUid::new("00000000-0000-4000-8000-000000000000").unwrap();
+    assert_eq!(agent.pod_addr(&unknown).await.unwrap(), None);
+
+    // A dead node's agent answers nothing; a revived one answers again.
+    fleet.kill("node-0011").await.unwrap();
+    assert!(agent.pod_addr(&uid).await.is_err());
+    fleet.revive("node-0011").await.unwrap();
+    // Synced: the relist has given the kubelet its pod back.
+    node.wait_synced().await;
+    assert_eq!(agent.pod_addr(&uid).await.unwrap(), Some(ip));
+
+    // A deleted pod is no longer running: none, as for a UID never seen.
+    pods.delete("sandboxed", &DeleteParams::default())
+        .await
+        .unwrap();
+    tokio::time::timeout(
+        LIMIT,
+        node.wait_pod(NS, "sandboxed", |p| {
+            p.is_none_or(|p| p.stage == PodStage::Terminating)
+        }),
+    )
+    .await
+    .unwrap();
+    assert_eq!(agent.pod_addr(&uid).await.unwrap(), None);
+
+    fleet.shutdown();
+    assert!(!socket.exists(), "the socket is removed with the fleet");
+    assert!(!socket.parent().unwrap().exists(), "and its directory");
+}
+
+/// Between the app listening and the node's next relist, the app answers but the API has
+/// neither its IP nor Running: what the node agent is for.
+#[tokio::test]
+async fn the_app_answers_before_the_relist_reports_it() {
+    let server = server().await;
+    let client = server.client();
+    let relist = Delay::fixed_ms(1_000);
+    let fleet = Fleet::start(
+        client.clone(),
+        vec![NodeConfig::numbered(12).with_delays(StartDelays {
+            relist,
+            ..StartDelays::default()
+        })],
+    )
+    .await
+    .unwrap();
+    let node = fleet.node("node-0012").unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    // Right after a relist, the next one is a whole period away: far longer than this pod
+    // takes to be admitted and bound (no start delays).
+    node.next_relist().await;
+    pods.create(
+        &PostParams::default(),
+        &pod("unseen", "node-0012", None, &[]),
+    )
+    .await
+    .unwrap();
+    tokio::time::timeout(
+        LIMIT,
+        node.wait_pod(NS, "unseen", |p| p.is_some_and(|p| p.app_addr.is_some())),
+    )
+    .await
+    .unwrap();
+    let app = node.pod(NS, "unseen").unwrap().app_addr.unwrap();
+    let answer = get(&http_client(), app, "/").await.unwrap();
+    assert_eq!(answer.status, 200);
+    let status = pods.get("unseen").await.unwrap().status.unwrap();
+    assert_eq!(
+        (status.phase.as_deref(), status.pod_ip.as_deref()),
+        (Some("Pending"), None),
+        "the app answers, unreported"
+    );
+
+    // The next relist reports it, Ready at once (no readiness delay).
+    let ready = wait_for(&pods, "unseen", is_pod_ready()).await.unwrap();
+    assert_eq!(
+        ready.status.unwrap().pod_ip.as_deref(),
+        Some(app.ip().to_string().as_str())
+    );
 }

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Taint;
@@ -17,6 +18,13 @@ pub struct StartDelays {
     pub container_start: Delay,
     /// From the container running to its readiness probe passing.
     pub readiness: Delay,
+    /// The period of the kubelet's PLEG relist (a real kubelet's is 1 s). A real kubelet
+    /// reports a started container — the pod's IP, Running, and Ready once its probe passed —
+    /// only when its next relist notices it, so the report lags the app by 0..period,
+    /// depending on where in the node's relist cycle the container started. ZERO: reported
+    /// as soon as the app is bound. A distribution is sampled once per node start (the
+    /// node's period then stays fixed, as a kubelet's does).
+    pub relist: Delay,
 }
 
 #[derive(Clone, Debug)]
@@ -37,6 +45,10 @@ pub struct NodeConfig {
     /// How often the Ready condition's heartbeat is re-posted when nothing changed (the real
     /// kubelet's nodeStatusReportFrequency, 5 minutes); leases carry the frequent heartbeat.
     pub status_report_interval: Duration,
+    /// Serve the node agent's protocol (crate `node-agent`) on this unix socket: a pod's IP
+    /// by UID from its admission (the sandbox), before the kubelet reports it. See
+    /// [`super::agent`].
+    pub agent_socket: Option<PathBuf>,
 }
 
 impl NodeConfig {
@@ -53,6 +65,7 @@ impl NodeConfig {
             lease_duration: Duration::from_secs(40),
             lease_renew_interval: Duration::from_secs(10),
             status_report_interval: Duration::from_secs(300),
+            agent_socket: None,
         }
     }
 
@@ -91,6 +104,11 @@ impl NodeConfig {
         self
     }
 
+    pub fn with_agent_socket(mut self, path: impl Into<PathBuf>) -> Self {
+        self.agent_socket = Some(path.into());
+        self
+    }
+
     pub fn validate(&self) -> Result<(), NodeError> {
         let invalid = |m: String| Err(NodeError::InvalidConfig(format!("node {}: {m}", self.name)));
         if self.name.is_empty() {
@@ -111,9 +129,22 @@ impl NodeConfig {
         if self.status_report_interval.is_zero() {
             return invalid("zero status report interval".into());
         }
+        if let Some(path) = &self.agent_socket
+            && path.as_os_str().len() >= MAX_SOCKET_PATH
+        {
+            // Caught here rather than as a bind error in the middle of the fleet's start.
+            return invalid(format!(
+                "agent socket path {} is {} bytes; a unix socket path has fewer than {MAX_SOCKET_PATH}",
+                path.display(),
+                path.as_os_str().len()
+            ));
+        }
         Ok(())
     }
 }
+
+/// `sun_path`'s size on Linux, its terminating NUL included.
+const MAX_SOCKET_PATH: usize = 108;
 
 pub fn node_name(index: usize) -> String {
     format!("node-{index:04}")
@@ -134,5 +165,18 @@ mod tests {
         );
         assert!(NodeConfig::numbered(MAX_NODES).validate().is_err());
         assert_eq!(NodeConfig::numbered(7).name, "node-0007");
+        let long = format!("/tmp/{}/node-0003.sock", "d".repeat(100));
+        assert!(
+            NodeConfig::numbered(3)
+                .with_agent_socket(long)
+                .validate()
+                .is_err()
+        );
+        assert!(
+            NodeConfig::numbered(3)
+                .with_agent_socket("/tmp/kubesim-agents-1-0/node-0003.sock")
+                .validate()
+                .is_ok()
+        );
     }
 }

@@ -13,6 +13,7 @@ use kube::runtime::WatchStreamExt as _;
 use kube::runtime::watcher::{self, Event};
 use tokio::task::JoinHandle;
 
+use super::agent::AgentDir;
 use super::app::AppStats;
 use super::config::NodeConfig;
 use super::error::NodeError;
@@ -23,6 +24,9 @@ pub struct FleetOptions {
     pub watch_mode: WatchMode,
     /// Nodes registering at the same time during start.
     pub start_concurrency: usize,
+    /// Every node without an `agent_socket` of its own serves a simulated node agent on a
+    /// socket in a directory of the fleet's ([`AgentDir`]), removed when the fleet stops.
+    pub node_agents: bool,
 }
 
 impl Default for FleetOptions {
@@ -30,6 +34,7 @@ impl Default for FleetOptions {
         FleetOptions {
             watch_mode: WatchMode::PerNode,
             start_concurrency: 64,
+            node_agents: false,
         }
     }
 }
@@ -39,6 +44,8 @@ impl Default for FleetOptions {
 pub struct Fleet {
     nodes: Arc<BTreeMap<String, SimNode>>,
     shared_watch: Option<JoinHandle<()>>,
+    /// The nodes' agent sockets, when the fleet made them ([`FleetOptions::node_agents`]).
+    agent_dir: Option<AgentDir>,
 }
 
 impl std::fmt::Debug for Fleet {
@@ -61,6 +68,19 @@ impl Fleet {
         configs: Vec<NodeConfig>,
         options: FleetOptions,
     ) -> Result<Fleet, NodeError> {
+        let agent_dir = options.node_agents.then(AgentDir::new).transpose()?;
+        let configs: Vec<NodeConfig> = match &agent_dir {
+            None => configs,
+            Some(dir) => configs
+                .into_iter()
+                .map(|mut c| {
+                    if c.agent_socket.is_none() {
+                        c.agent_socket = Some(dir.socket(&c.name));
+                    }
+                    c
+                })
+                .collect(),
+        };
         let mut names = HashSet::new();
         let mut indices = HashSet::new();
         for config in &configs {
@@ -91,6 +111,7 @@ impl Fleet {
         let mut fleet = Fleet {
             nodes: Arc::new(nodes),
             shared_watch: None,
+            agent_dir,
         };
 
         let started: Result<Vec<()>, NodeError> = stream::iter(fleet.nodes.values().cloned())
@@ -113,6 +134,11 @@ impl Fleet {
             "simulated nodes started"
         );
         Ok(fleet)
+    }
+
+    /// The directory of the nodes' agent sockets (`<node>.sock`), when the fleet made it.
+    pub fn agent_dir(&self) -> Option<&std::path::Path> {
+        self.agent_dir.as_ref().map(AgentDir::path)
     }
 
     pub fn node(&self, name: &str) -> Option<SimNode> {
@@ -180,6 +206,8 @@ impl Fleet {
         for node in self.nodes.values() {
             node.stop();
         }
+        // After the nodes: their servers are told to stop and their sockets are unlinked.
+        self.agent_dir = None;
     }
 }
 

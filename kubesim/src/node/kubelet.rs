@@ -13,6 +13,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::Api;
 use kube::runtime::WatchStreamExt as _;
 use kube::runtime::watcher::{self, Event};
+use rand::RngExt as _;
+use tokio::time::{Instant, MissedTickBehavior};
 
 use super::addresses::is_pod_ip_of;
 use super::app::{App, AppSpec};
@@ -39,7 +41,38 @@ pub(crate) async fn watch_pods(node: Arc<NodeInner>) {
     }
 }
 
+/// The kubelet's PLEG relist (`relist` delay non-zero): a tick on a fixed period, at a random
+/// phase per node start, as real kubelets started at different times relist out of step. Runs
+/// until aborted (node killed or stopped). A relist that finds a started container is what
+/// lets the kubelet report it: [`NodeInner::next_relist`].
+pub(crate) async fn relist(node: Arc<NodeInner>) {
+    let period = node.config.delays.relist.sample_now();
+    if period.is_zero() {
+        return;
+    }
+    let offset = period.mul_f64(rand::rng().random::<f64>());
+    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + offset, period);
+    // The kubelet waits a period after each relist ends (wait.Until): a late relist shifts
+    // the next ones rather than firing a burst to catch up.
+    ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        node.relists.send_modify(|n| *n += 1);
+    }
+}
+
 impl NodeInner {
+    /// Resolves at the node's next PLEG relist; at once when relists are not modelled.
+    pub(crate) async fn next_relist(&self) {
+        if self.config.delays.relist.is_zero() {
+            return;
+        }
+        // Subscribing marks the current tick seen: only a relist after this call counts.
+        let mut ticks = self.relists.subscribe();
+        // An error means the node is going away, and this pod's task with it.
+        let _ = ticks.changed().await;
+    }
+
     pub(crate) fn on_event(self: &Arc<Self>, event: Event<Pod>) {
         match event {
             Event::Init => self.begin_resync(),
@@ -317,6 +350,7 @@ impl NodeInner {
             }
         };
         let started_at = now();
+        let bound = Instant::now();
         {
             let mut st = self.lock();
             match st.pods.get_mut(uid) {
@@ -329,8 +363,12 @@ impl NodeInner {
         }
         self.changed();
 
-        let readiness = delays.readiness.sample_now();
-        if !readiness.is_zero() {
+        // The readiness probe's clock starts with the container; the kubelet reports nothing
+        // about the container (not even the pod's IP) until a relist has noticed it, so the
+        // first report after that is Ready at once if the probe has passed meanwhile.
+        let ready_at = bound + delays.readiness.sample_now();
+        self.next_relist().await;
+        if Instant::now() < ready_at {
             let patch = report(
                 ContainersPhase::Running {
                     started_at: started_at.clone(),
@@ -341,7 +379,7 @@ impl NodeInner {
             if !patch_pod_status(&api, &name, &patch).await? {
                 return Ok(());
             }
-            sleep(readiness).await;
+            tokio::time::sleep_until(ready_at).await;
         }
         let patch = report(
             ContainersPhase::Running {

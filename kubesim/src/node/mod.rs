@@ -6,6 +6,7 @@
 //! lease stops being renewed turns Unknown and gets the unreachable taint.
 
 pub mod addresses;
+pub mod agent;
 pub mod app;
 pub mod config;
 mod error;
@@ -20,6 +21,7 @@ mod retry;
 mod sim_node;
 
 pub use addresses::{PodIpPool, node_ip};
+pub use agent::AgentDir;
 pub use app::{App, AppSpec, AppStats};
 pub use config::{Delay, NodeConfig, StartDelays, node_name};
 pub use error::NodeError;

@@ -10,12 +10,13 @@ use kube::Client;
 use kube::api::{Api, ListParams};
 use tokio::sync::watch;
 use tokio::task::{AbortHandle, JoinHandle};
+use tokio_util::sync::DropGuard;
 
 use super::addresses::PodIpPool;
 use super::app::{App, AppStats};
 use super::config::NodeConfig;
 use super::error::NodeError;
-use super::{kubelet, lease};
+use super::{agent, kubelet, lease};
 
 /// How the kubelets learn about their pods.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -82,6 +83,8 @@ pub(crate) struct NodeState {
     /// Uids seen since the watch's (re)list began.
     pub resync: Option<HashSet<String>>,
     pub node_uid: Option<String>,
+    /// The node agent's server ([`agent`]) while the node is alive; dropping it stops it.
+    pub agent: Option<DropGuard>,
 }
 
 pub(crate) struct NodeInner {
@@ -94,6 +97,9 @@ pub(crate) struct NodeInner {
     pub synced: watch::Sender<bool>,
     /// Bumped whenever a pod's local state changes, for [`SimNode::wait_pod`].
     pub changes: watch::Sender<()>,
+    /// Bumped by each PLEG relist of the kubelet ([`kubelet::relist`]); a started pod waits
+    /// for the next one before anything about its containers is reported.
+    pub relists: watch::Sender<u64>,
 }
 
 impl NodeInner {
@@ -153,9 +159,11 @@ impl SimNode {
                     ips,
                     resync: None,
                     node_uid: None,
+                    agent: None,
                 }),
                 synced: watch::channel(false).0,
                 changes: watch::channel(()).0,
+                relists: watch::channel(0).0,
             }),
         }
     }
@@ -170,6 +178,11 @@ impl SimNode {
 
     pub fn config(&self) -> &NodeConfig {
         &self.inner.config
+    }
+
+    /// Where the node's agent listens (see [`NodeConfig::agent_socket`]), if it runs one.
+    pub fn agent_socket(&self) -> Option<&std::path::Path> {
+        self.inner.config.agent_socket.as_deref()
     }
 
     pub fn is_alive(&self) -> bool {
@@ -258,6 +271,13 @@ impl SimNode {
         }
     }
 
+    /// Resolves at the kubelet's next PLEG relist (at once when relists are not modelled):
+    /// a test that starts a pod right after one knows the pod's status cannot have its IP
+    /// for almost a whole period.
+    pub async fn next_relist(&self) {
+        self.inner.next_relist().await;
+    }
+
     /// Resolves once the kubelet has listed the pods bound to it (after start or revive).
     pub async fn wait_synced(&self) {
         let mut rx = self.inner.synced.subscribe();
@@ -271,10 +291,20 @@ impl SimNode {
         let registered = lease::register(inner).await?;
         {
             let mut st = inner.lock();
+            if let Some(path) = &inner.config.agent_socket {
+                let guard = agent::start(inner, path).map_err(|source| NodeError::NodeIo {
+                    node: inner.config.name.clone(),
+                    source,
+                })?;
+                st.agent = Some(guard);
+            }
             st.alive = true;
             st.node_uid = Some(registered.node_uid.clone());
             st.tasks
                 .push(tokio::spawn(lease::heartbeat(inner.clone(), registered)));
+            if !inner.config.delays.relist.is_zero() {
+                st.tasks.push(tokio::spawn(kubelet::relist(inner.clone())));
+            }
             if inner.watch_mode == WatchMode::PerNode {
                 st.tasks
                     .push(tokio::spawn(kubelet::watch_pods(inner.clone())));
@@ -304,6 +334,8 @@ impl SimNode {
             }
             st.alive = false;
             st.resync = None;
+            // A dead machine's agent does not answer either; revive starts it again.
+            st.agent = None;
             for task in st.tasks.drain(..) {
                 task.abort();
             }
@@ -359,6 +391,12 @@ impl SimNode {
     pub(crate) fn stop(&self) {
         let mut st = self.inner.lock();
         st.alive = false;
+        st.agent = None;
+        if let Some(path) = &self.inner.config.agent_socket
+            && let Err(e) = agent::remove_socket(path)
+        {
+            tracing::warn!(node = %self.name(), error = %e, "removing the agent socket");
+        }
         for task in st.tasks.drain(..) {
             task.abort();
         }
