@@ -68,6 +68,13 @@ pub struct ClusterOptions {
     /// Simulated time from the app answering to the kubelet reporting it Ready (its
     /// readiness probe passing, then a status write).
     pub ready_delay: Delay,
+    /// The simulated kubelets' PLEG relist period: a started app's IP, Running and Ready
+    /// reach the API server only at its node's next relist, 0..period after it listens (a
+    /// real kubelet relists every second; see docs/kubesim-nodes.md). ZERO: at once.
+    pub relist: Delay,
+    /// Each simulated node serves a node agent (a pod's IP from its sandbox, before the
+    /// kubelet reports it) and its activator asks it, as the DaemonSet's sidecar.
+    pub node_agent: bool,
     /// N for revisions without `spec.activators`.
     pub default_activators: usize,
     /// Use the API server of `KUBECONFIG` instead of an embedded kubesim one.
@@ -118,6 +125,8 @@ impl Default for ClusterOptions {
             nodes: 5,
             start_delay: Delay::fixed_ms(300),
             ready_delay: Delay::ZERO,
+            relist: Delay::ZERO,
+            node_agent: false,
             default_activators: 3,
             use_kubeconfig: std::env::var_os("KUBECONFIG").is_some(),
             shared_client: None,
@@ -159,6 +168,8 @@ pub struct SimCluster {
     cleanup_timeout: Duration,
     /// Which API server, under which latency model (for reports).
     api_description: String,
+    /// The simulated kubelets' model: relist period, node agent (for reports).
+    kubelet_description: String,
     stop_subsetter: CancellationToken,
     subsetter: tokio::task::JoinHandle<()>,
     /// The hop secret every activator of this cluster shares (as the DaemonSet mounts one).
@@ -213,6 +224,7 @@ impl SimCluster {
                     .with_delays(StartDelays {
                         container_start: opts.start_delay.clone(),
                         readiness: opts.ready_delay.clone(),
+                        relist: opts.relist.clone(),
                         ..StartDelays::default()
                     });
                 if opts.node_grace < DEFAULT_NODE_GRACE {
@@ -231,6 +243,7 @@ impl SimCluster {
                 } else {
                     WatchMode::PerNode
                 },
+                node_agents: opts.node_agent,
                 ..FleetOptions::default()
             },
         )
@@ -251,6 +264,7 @@ impl SimCluster {
             owned_namespaces: std::sync::Mutex::new(owned_namespaces),
             cleanup_timeout: opts.cleanup_timeout,
             api_description,
+            kubelet_description: kubelet_description(&opts.relist, opts.node_agent),
             stop_subsetter: CancellationToken::new(),
             subsetter: tokio::spawn(async {}),
             hop: activator::hop::HopAuth::new(&format!("{:032x}", rand::random::<u128>()))
@@ -343,6 +357,8 @@ impl SimCluster {
         let pod_name = cfg.pod_name.clone();
         cfg.pod_namespace = self.activator_namespace.clone();
         cfg.hop = self.hop.clone();
+        // The sidecar shares the activator's pod, so its node's socket.
+        cfg.node_agent = sim.agent_socket().map(std::path::Path::to_path_buf);
         if let Some(f) = configure {
             f(&mut cfg);
         }
@@ -423,6 +439,11 @@ impl SimCluster {
     /// Which API server the cluster runs against, and under which latency model.
     pub fn api_description(&self) -> &str {
         &self.api_description
+    }
+
+    /// The simulated kubelets' model: `relist 1000 ms, node agent on`.
+    pub fn kubelet_description(&self) -> &str {
+        &self.kubelet_description
     }
 
     /// Creates `name` unless it exists; one this call created is deleted again when the
@@ -554,6 +575,17 @@ impl SimCluster {
             }
         }
     }
+}
+
+/// `relist 1000 ms, node agent on`; `relist none (status at once)` for the zero period.
+pub fn kubelet_description(relist: &Delay, node_agent: bool) -> String {
+    let relist = match relist {
+        _ if relist.is_zero() => "none (status at once)".to_string(),
+        Delay::Fixed(d) => format!("{} ms", d.as_millis()),
+        other => other.to_string(),
+    };
+    let agent = if node_agent { "on" } else { "off" };
+    format!("relist {relist}, node agent {agent}")
 }
 
 /// The directory of the generated CRD YAML.

@@ -184,6 +184,37 @@ pub async fn run(cluster: &SimCluster, opts: &DemoOptions) -> Result<Summary, Er
     Ok(summary)
 }
 
+/// The summary's text with a `kubelet model` line after its API server line: how long the
+/// kubelet takes to report a started pod (its relist) and whether the node agent let the
+/// activator skip that wait change a cold start by most of a second, so a figure is quoted
+/// with the model it ran under, as with the API server's.
+pub fn text_with_kubelet(summary: &Summary, kubelet: &str) -> String {
+    let line = format!("kubelet model  {kubelet}\n");
+    let text = summary.to_text();
+    let mut out = String::with_capacity(text.len() + line.len());
+    let mut placed = false;
+    for l in text.split_inclusive('\n') {
+        out += l;
+        if !placed && l.starts_with("API server ") {
+            out += &line;
+            placed = true;
+        }
+    }
+    if !placed {
+        out += &line;
+    }
+    out
+}
+
+/// The summary's JSON with `kubelet_model` (see [`text_with_kubelet`]).
+pub fn json_with_kubelet(summary: &Summary, kubelet: &str) -> serde_json::Value {
+    let mut json = summary.to_json();
+    if let Some(o) = json.as_object_mut() {
+        o.insert("kubelet_model".into(), kubelet.into());
+    }
+    json
+}
+
 /// The nodes of a revision's members, from its ActivationEndpoints' status (none before the
 /// subsetter wrote it).
 pub async fn member_nodes(
@@ -247,4 +278,47 @@ async fn members(client: &Client, namespace: &str) -> Result<BTreeMap<String, Ve
             (a.metadata.name.unwrap_or_default(), nodes)
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::kubelet_description;
+
+    #[test]
+    fn the_summary_names_the_kubelet_model_next_to_the_api_server() {
+        let mut summary = Summary::build(&[], &BTreeMap::new(), 3, 0, 300, BTreeMap::new(), 1.0);
+        let kubelet = kubelet_description(&kubesim::node::Delay::fixed_ms(1000), true);
+        assert_eq!(kubelet, "relist 1000 ms, node agent on");
+        // Without an API server line it still says it, at the end.
+        let text = text_with_kubelet(&summary, &kubelet);
+        assert!(
+            text.ends_with("kubelet model  relist 1000 ms, node agent on\n"),
+            "{text}"
+        );
+
+        summary.api_server = "embedded kubesim".into();
+        let text = text_with_kubelet(&summary, &kubelet);
+        let lines: Vec<&str> = text.lines().collect();
+        let api = lines
+            .iter()
+            .position(|l| l.starts_with("API server"))
+            .unwrap();
+        assert_eq!(
+            lines[api + 1],
+            "kubelet model  relist 1000 ms, node agent on"
+        );
+        assert_eq!(text.matches("kubelet model").count(), 1);
+        assert_eq!(
+            text.len(),
+            summary.to_text().len() + lines[api + 1].len() + 1
+        );
+
+        let off = kubelet_description(&kubesim::node::Delay::ZERO, false);
+        assert_eq!(off, "relist none (status at once), node agent off");
+        assert_eq!(
+            json_with_kubelet(&summary, &off)["kubelet_model"],
+            off.as_str()
+        );
+    }
 }

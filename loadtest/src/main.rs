@@ -61,6 +61,15 @@ enum Cmd {
         /// Simulated pod start delay.
         #[arg(long, default_value_t = 300)]
         start_delay_ms: u64,
+        /// The simulated kubelets' relist period: a started app's IP, Running and Ready reach
+        /// the API server at the node's next relist, as on a real kubelet (1 s). 0: at once.
+        #[arg(long, default_value_t = 1000)]
+        relist_ms: u64,
+        /// Each node runs the activator's node agent sidecar, which tells it a starting pod's
+        /// IP from its sandbox, so the activator probes the app itself instead of waiting for
+        /// the kubelet's report.
+        #[arg(long, value_enum, default_value_t = OnOff::On)]
+        node_agent: OnOff,
         /// Activators per revision (N).
         #[arg(long, default_value_t = 3)]
         activators: usize,
@@ -112,6 +121,12 @@ enum Cmd {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum OnOff {
+    On,
+    Off,
 }
 
 #[tokio::main]
@@ -181,6 +196,8 @@ async fn main() -> anyhow::Result<()> {
             requests,
             burst,
             start_delay_ms,
+            relist_ms,
+            node_agent,
             activators,
             routing,
             ingress,
@@ -194,6 +211,8 @@ async fn main() -> anyhow::Result<()> {
             let cluster = SimCluster::start(ClusterOptions {
                 nodes,
                 start_delay: Delay::fixed_ms(start_delay_ms),
+                relist: Delay::fixed_ms(relist_ms),
+                node_agent: node_agent == OnOff::On,
                 default_activators: activators,
                 api_write_latency,
                 api_quorum_read_latency,
@@ -223,12 +242,14 @@ async fn main() -> anyhow::Result<()> {
             )
             .await?;
             eprintln!("demo ran in {:.1}s", t.elapsed().as_secs_f64());
+            let kubelet = cluster.kubelet_description().to_string();
             let t = std::time::Instant::now();
             cluster.shutdown().await;
             eprintln!("cluster shut down in {:.1}s", t.elapsed().as_secs_f64());
-            print!("{}", summary.to_text());
+            print!("{}", demo::text_with_kubelet(&summary, &kubelet));
             if let Some(path) = json {
-                std::fs::write(&path, serde_json::to_string_pretty(&summary.to_json())?)?;
+                let json = demo::json_with_kubelet(&summary, &kubelet);
+                std::fs::write(&path, serde_json::to_string_pretty(&json)?)?;
                 eprintln!("wrote {}", path.display());
             }
             if summary.errors > 0 {

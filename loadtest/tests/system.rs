@@ -14,6 +14,7 @@ use kube::api::{ListParams, PostParams};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, ResourceExt};
 use kubesim::node::Delay;
+use loadtest::activator_metrics::samples;
 use loadtest::demo::{echo_revision, host_of, wait_subsets};
 use loadtest::driver::Driver;
 use loadtest::{ClusterOptions, SimCluster};
@@ -455,4 +456,75 @@ async fn revisions_named_by_headers_are_served_from_every_entry() {
         .await;
     assert_eq!(s.status, 404, "{s:?}");
     c.shutdown().await;
+}
+
+/// A real kubelet reports a started pod's IP, Running and Ready together at its next relist,
+/// up to a second after the app listens. With the node agent the member learns the IP at the
+/// pod's sandbox and its own probe finds the app answering before that report; without it,
+/// the kubelet's report gives both. Counted by the activators, not timed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_node_agent_makes_a_cold_start_beat_the_kubelets_report() {
+    for node_agent in [true, false] {
+        let ns = format!("system-test-{:08x}", rand::random::<u32>());
+        let c = SimCluster::start(ClusterOptions {
+            nodes: 3,
+            start_delay: Delay::fixed_ms(50),
+            relist: Delay::fixed_ms(1_000),
+            node_agent,
+            default_activators: 2,
+            revision_namespace: Some(ns.clone()),
+            ..ClusterOptions::default()
+        })
+        .await
+        .expect("cluster starts");
+        c.ensure_own_namespace(&ns).await.unwrap();
+        let members = revision(&c, &ns, "relisted").await;
+        let (m, addr) = entry(&c, &members[0]);
+        let s = Driver::new()
+            .get((&m, addr), "relisted", &host_of("relisted", &ns), "/")
+            .await;
+        assert!(s.ok() && s.cold, "agent {node_agent}: {s:?}");
+
+        // Summed over the activators: whichever member served, its counters moved.
+        let count = |name: &str, label: &str, value: &str| -> u64 {
+            c.activators
+                .iter()
+                .flat_map(|a| samples(a.activator.metrics(), name))
+                .filter(|(l, _)| l.get(label).map(String::as_str) == Some(value))
+                .map(|(_, n)| n)
+                .sum()
+        };
+        const FIRST: &str = "activator_pod_usable_first_total";
+        // What found the pod usable first is counted when the kubelet's Ready arrives, at the
+        // node's relist: after the answer when the probe found it first.
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while count(FIRST, "by", "probe") + count(FIRST, "by", "watch") == 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the kubelet's Ready reached the activator");
+        const ADDRESS: &str = "activator_pod_address_total";
+        let (agent, watch) = (
+            count(ADDRESS, "source", "agent"),
+            count(ADDRESS, "source", "watch"),
+        );
+        let (probe, ready) = (count(FIRST, "by", "probe"), count(FIRST, "by", "watch"));
+        if node_agent {
+            assert!(
+                agent >= 1,
+                "the agent gave the address: agent {agent}, watch {watch}"
+            );
+            assert!(
+                probe >= 1,
+                "the probe came first: probe {probe}, watch {ready}"
+            );
+        } else {
+            assert_eq!(agent, 0, "no agent, no address from it");
+            assert!(watch >= 1, "the watch gave the address: {watch}");
+            assert_eq!(probe, 0, "nothing to probe before the kubelet's report");
+            assert!(ready >= 1, "the kubelet's Ready came first: {ready}");
+        }
+        c.shutdown().await;
+    }
 }
