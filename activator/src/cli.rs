@@ -124,6 +124,11 @@ pub struct Args {
     /// that a forwarded request came from an activator. Unset: no hop is honoured.
     #[arg(long, env = "HOP_SECRET_FILE")]
     pub hop_secret_file: Option<std::path::PathBuf>,
+    /// The node agent's unix socket (a sidecar with the node's container runtime): a
+    /// starting pod's address from its sandbox, before the kubelet reports it. Unset: the
+    /// pod watch alone says where a pod is (docs/node-agent.md).
+    #[arg(long, env = "NODE_AGENT_SOCKET")]
+    pub node_agent_socket: Option<std::path::PathBuf>,
 }
 
 impl Args {
@@ -154,6 +159,7 @@ impl Args {
         cfg.host_miss_ttl = self.host_miss_ttl;
         cfg.drain_timeout = self.drain_timeout;
         cfg.body_idle_timeout = self.body_idle_timeout;
+        cfg.node_agent = self.node_agent_socket.clone();
         cfg.pool = PoolConfig {
             queue_limit: self.queue_limit,
             queue_limit_total: self.queue_limit_total,
@@ -266,6 +272,7 @@ mod tests {
             "--drain-timeout=1.5s",
             "--body-idle-timeout=PT10S",
             "--fast-lane=false",
+            "--node-agent-socket=/run/local-activator/agent.sock",
         ])
         .unwrap();
         let c = args.config();
@@ -290,6 +297,7 @@ mod tests {
         want.drain_timeout = Duration::from_millis(1500);
         want.body_idle_timeout = Duration::from_secs(10);
         want.fast_lane = false;
+        want.node_agent = Some("/run/local-activator/agent.sock".into());
         want.pool = PoolConfig {
             queue_limit: 100,
             queue_limit_total: 1000,

@@ -16,6 +16,9 @@ pub const HEADER_SERVER_TIMING: &str = "server-timing";
 /// request's own time from its arrival to its pod's response headers.
 pub const POD_POST: &str = "pod-post";
 pub const POD_BOUND: &str = "pod-bound";
+/// When the cold start's pod had an address the activator knew (from the node agent, or the
+/// pod watch without one): its own readiness check can run from then on.
+pub const POD_ADDR: &str = "pod-addr";
 pub const POD_READY: &str = "pod-ready";
 pub const WAIT: &str = "wait";
 /// Added by an entry that forwarded a cold request to a member, each from the request's
@@ -39,6 +42,7 @@ pub struct ColdStart {
     pub since: Instant,
     post: Option<Duration>,
     bound: Option<Duration>,
+    addr: Option<Duration>,
 }
 
 impl ColdStart {
@@ -47,7 +51,14 @@ impl ColdStart {
             since,
             post: None,
             bound: None,
+            addr: None,
         }
+    }
+
+    /// A pod of this cold start has an address the activator knows (the first one counts).
+    pub fn addressed(&mut self, at: Instant) {
+        self.addr
+            .get_or_insert(at.saturating_duration_since(self.since));
     }
 
     /// The pod's create request is being sent (the first one counts).
@@ -73,9 +84,12 @@ impl ColdStart {
     pub fn ready(self, at: Instant) -> ColdTimings {
         let ready = at.saturating_duration_since(self.since);
         let post = self.post.unwrap_or_default().min(ready);
+        let bound = self.bound.unwrap_or(post).clamp(post, ready);
         ColdTimings {
             post,
-            bound: self.bound.unwrap_or(post).clamp(post, ready),
+            bound,
+            // A pod usable is a pod with an address: at the latest then.
+            addr: self.addr.unwrap_or(ready).clamp(bound, ready),
             ready,
         }
     }
@@ -86,6 +100,7 @@ impl ColdStart {
 pub struct ColdTimings {
     pub post: Duration,
     pub bound: Duration,
+    pub addr: Duration,
     pub ready: Duration,
 }
 
@@ -96,6 +111,7 @@ impl ColdTimings {
         for (name, d) in [
             (POD_POST, self.post),
             (POD_BOUND, self.bound),
+            (POD_ADDR, self.addr),
             (POD_READY, self.ready),
             (WAIT, wait),
         ] {
@@ -128,18 +144,22 @@ mod tests {
         c.posted(t0 + ms(2));
         c.posted(t0 + ms(50));
         c.bound(t0 + ms(9));
+        c.addressed(t0 + ms(150));
+        c.addressed(t0 + ms(300));
         let t = c.ready(t0 + ms(310));
         assert_eq!(
             t,
             ColdTimings {
                 post: ms(2),
                 bound: ms(9),
+                addr: ms(150),
                 ready: ms(310)
             }
         );
         assert_eq!(
             t.server_timing(ms(312)),
-            "pod-post;dur=2.000, pod-bound;dur=9.000, pod-ready;dur=310.000, wait;dur=312.000"
+            "pod-post;dur=2.000, pod-bound;dur=9.000, pod-addr;dur=150.000, \
+             pod-ready;dur=310.000, wait;dur=312.000"
         );
     }
 
@@ -153,6 +173,10 @@ mod tests {
         let t = c.ready(t0 + Duration::from_millis(5));
         assert_eq!((t.post, t.bound), (Duration::ZERO, Duration::ZERO));
         assert_eq!(t.ready, Duration::from_millis(5));
+        assert_eq!(
+            t.addr, t.ready,
+            "no address mark: at the latest when usable"
+        );
     }
 
     #[test]

@@ -69,6 +69,9 @@ pub struct ActivatorConfig {
     /// The cluster's hop secret ([`crate::hop`]): forwarded requests from peers that prove it
     /// are not forwarded again. None: no hop is honoured.
     pub hop: crate::hop::HopAuth,
+    /// The node agent's socket ([`crate::node_addr`]): a starting pod's address from the
+    /// container runtime as soon as its sandbox has one. None: from the pod watch only.
+    pub node_agent: Option<std::path::PathBuf>,
 }
 
 impl ActivatorConfig {
@@ -101,6 +104,7 @@ impl ActivatorConfig {
             body_idle_timeout: Duration::from_secs(30),
             fast_lane: true,
             hop: crate::hop::HopAuth::none(),
+            node_agent: None,
         }
     }
 }

@@ -80,9 +80,20 @@ enum RouteTo {
     Here {
         spec: Spec,
         peers: Arc<[ActivatorMember]>,
+        /// Members ranked ahead of this one that are tried first (this node is not the
+        /// revision's primary and has no pod of its own: one pod per wake-up).
+        ahead: Vec<ActivatorMember>,
     },
     /// Other members serve it.
     Elsewhere(Vec<ActivatorMember>),
+}
+
+/// Who sent a request this node serves: a client, or a peer activator (a proven hop) that
+/// may have another member to try (`spill`).
+#[derive(Clone, Copy)]
+struct Sender {
+    hopped: bool,
+    spill: bool,
 }
 
 impl Handler {
@@ -136,6 +147,8 @@ impl Handler {
         if !hopped {
             crate::hop::strip(req.headers_mut());
         }
+        // The forwarding peer has another member to try if this one cannot serve at once.
+        let spill = hopped && crate::hop::may_spill(req.headers());
         // 1. resolve
         let (key, rev) = in_span(stage("resolve"), self.resolve(&req)).await?;
         let timeout = request_timeout(&rev);
@@ -143,31 +156,69 @@ impl Handler {
         let late = || too_late(&key, timeout);
         // 2. route
         let routed = self.route(&key, &rev, hopped, deadline);
-        let (spec, peers) = match in_span(stage("route"), routed).await? {
-            RouteTo::Here { spec, peers } => (spec, peers),
-            RouteTo::Elsewhere(members) => {
-                let sent_on = arrived.elapsed();
-                let forward = in_span(
-                    stage("forward"),
-                    Box::pin(self.forward(&key, &rev, req, members)),
-                );
-                let sent = tokio::time::timeout_at(deadline, forward);
-                let mut resp = sent.await.map_err(|_| late())??;
-                // A cold answer says where the entry's share of its time went too.
-                if resp.headers().contains_key(HEADER_COLD_START) {
-                    let t = crate::cold_start::entry_timing(sent_on, arrived.elapsed());
-                    if let Ok(v) = HeaderValue::try_from(t) {
-                        resp.headers_mut().append(SERVER_TIMING, v);
+        let (spec, peers, req) = match in_span(stage("route"), routed).await? {
+            RouteTo::Here { spec, peers, ahead } if ahead.is_empty() => (spec, peers, req),
+            // Not the primary, no pod here: the members ahead first; this node serves what
+            // they all refuse before it was sent.
+            RouteTo::Here { spec, peers, ahead } => {
+                let rest: Arc<[ActivatorMember]> = peers
+                    .iter()
+                    .filter(|p| !ahead.iter().any(|a| a.node == p.node))
+                    .cloned()
+                    .collect();
+                match self
+                    .forward_timed(&key, &rev, req, ahead, true, arrived)
+                    .await
+                {
+                    Ok(resp) => return Ok((Route::Forwarded, resp)),
+                    Err((_, Some(req))) => {
+                        self.metrics.primary_refused.inc();
+                        (spec, rest, req)
                     }
+                    Err((refusal, None)) => return Err(refusal),
                 }
-                return Ok((Route::Forwarded, resp));
+            }
+            RouteTo::Elsewhere(members) => {
+                let resp = self.forward_timed(&key, &rev, req, members, false, arrived);
+                return Ok((Route::Forwarded, resp.await.map_err(|(r, _)| r)?));
             }
         };
         // 3. admit and 4. proxy, within the revision's timeout.
-        let here = self.serve_here(&key, req, &spec, &peers, arrived, hopped);
+        let from = Sender { hopped, spill };
+        let here = self.serve_here(&key, req, &spec, &peers, arrived, from);
         tokio::time::timeout_at(deadline, here)
             .await
             .map_err(|_| late())?
+    }
+
+    /// Stage 2b within the request's deadline, with the entry's `Server-Timing` marks on a
+    /// cold answer. The request comes back when no member was sent it.
+    async fn forward_timed(
+        &self,
+        key: &RevisionKey,
+        rev: &Revision,
+        req: Request<Body>,
+        members: Vec<ActivatorMember>,
+        fall_back: bool,
+        arrived: Instant,
+    ) -> Result<Response<Body>, (Refusal, Option<Request<Body>>)> {
+        let timeout = request_timeout(rev);
+        let deadline = arrived + timeout;
+        let sent_on = arrived.elapsed();
+        let forward = in_span(
+            stage("forward"),
+            Box::pin(self.forward(key, rev, req, members, fall_back)),
+        );
+        let sent = tokio::time::timeout_at(deadline, forward);
+        let mut resp = sent.await.map_err(|_| (too_late(key, timeout), None))??;
+        // A cold answer says where the entry's share of its time went too.
+        if resp.headers().contains_key(HEADER_COLD_START) {
+            let t = crate::cold_start::entry_timing(sent_on, arrived.elapsed());
+            if let Ok(v) = HeaderValue::try_from(t) {
+                resp.headers_mut().append(SERVER_TIMING, v);
+            }
+        }
+        Ok(resp)
     }
 
     /// Stage 1: the revision a request names, and the Revision itself.
@@ -257,13 +308,24 @@ impl Handler {
             ))
         };
         match membership {
-            Membership::Member { me, peers } if can_start(&me) => Ok(RouteTo::Here {
-                spec: Spec {
-                    rev: rev.clone(),
-                    me,
-                },
-                peers,
-            }),
+            Membership::Member { me, peers } if can_start(&me) => {
+                // A forwarded request, or a revision with a pod here, is served here; else
+                // the members ranked ahead of this one (the primary first) are asked first.
+                let ahead = if hopped || self.pools.has_usable_pod(key) {
+                    Vec::new()
+                } else {
+                    let starters = peers.iter().filter(|m| can_start(m)).cloned();
+                    crate::primary::ahead_of(key, &self.node, starters)
+                };
+                Ok(RouteTo::Here {
+                    spec: Spec {
+                        rev: rev.clone(),
+                        me,
+                    },
+                    peers,
+                    ahead,
+                })
+            }
             // A member without a share of maxScale may not create pods: the members with
             // one serve (DESIGN §3: shares sum to at most maxScale). A forwarded request
             // that lands here anyway is served if a pod is running (none can be).
@@ -278,6 +340,7 @@ impl Handler {
                                 me,
                             },
                             peers: Arc::from(Vec::new()),
+                            ahead: Vec::new(),
                         });
                     }
                     return Err(no_share());
@@ -346,10 +409,13 @@ impl Handler {
         spec: &Spec,
         peers: &[ActivatorMember],
         arrived: Instant,
-        hopped: bool,
+        Sender { hopped, spill }: Sender,
     ) -> Result<(Route, Response<Body>), Refusal> {
         // The peers that may take the request (with a share of maxScale), when it must go.
         let can_forward = !hopped && peers.iter().any(|m| can_start(&spec.rev, m));
+        // What this node cannot serve at once goes elsewhere: forwarded by this node, or
+        // refused (503) back to the peer that forwarded it and has another member to try.
+        let may_go_elsewhere = can_forward || spill;
         let starters = || -> Vec<ActivatorMember> {
             peers
                 .iter()
@@ -362,12 +428,18 @@ impl Handler {
         loop {
             // 3. admit
             let admitted = tokio::select! {
-                l = in_span(stage("admit"), self.admit(key, spec, arrived, can_forward)) => l,
+                l = in_span(stage("admit"), self.admit(key, spec, arrived, may_go_elsewhere)) => l,
+                // Draining, and the peer that forwarded it can try another member.
+                _ = self.draining.cancelled(), if spill => {
+                    return Err(Refusal::unavailable(format!(
+                        "revision {key}: node {} is draining", self.node
+                    )));
+                }
                 // Draining (SIGTERM) while the request waits: a peer member serves it.
                 _ = self.draining.cancelled(), if can_forward => {
                     self.metrics.drained_to_peers.inc();
-                    let forward = Box::pin(self.forward(key, &spec.rev, req, starters()));
-                    return Ok((Route::Forwarded, forward.await?));
+                    let forward = Box::pin(self.forward(key, &spec.rev, req, starters(), false));
+                    return Ok((Route::Forwarded, forward.await.map_err(|(r, _)| r)?));
                 }
             };
             let lease = match admitted {
@@ -376,8 +448,14 @@ impl Handler {
                     tracing::debug!(revision = %key, reason = %why, "forwarding: cannot serve here");
                     return Ok((
                         Route::Forwarded,
-                        Box::pin(self.forward(key, &spec.rev, req, starters())).await?,
+                        Box::pin(self.forward(key, &spec.rev, req, starters(), false))
+                            .await
+                            .map_err(|(r, _)| r)?,
                     ));
+                }
+                Err(NoSlot::Elsewhere(why)) if spill => {
+                    tracing::debug!(revision = %key, reason = %why, "refused to the forwarding peer: cannot serve here at once");
+                    return Err(Refusal::unavailable(why));
                 }
                 Err(no) => return Err(self.no_slot(key, no)),
             };
@@ -482,34 +560,34 @@ impl Handler {
         }
     }
 
-    /// Stage 2b: forward to a member, trying the next one when a member is unreachable or,
-    /// for a request that can be replayed, answers 503 (e.g. it is no longer a member, or
-    /// its node is full).
+    /// Stage 2b: forward to the members in their ranked order (the revision's primary
+    /// first, [`crate::primary`]), trying the next one when a member is unreachable or, for a
+    /// request that can be replayed, answers 503 (e.g. it is no longer a member, its node is
+    /// full, or its share of the revision's pods is busy). When no member was sent the
+    /// request, or all refused one that can be replayed, it comes back with the refusal.
     async fn forward(
         &self,
         key: &RevisionKey,
         rev: &Revision,
         req: Request<Body>,
         members: Vec<ActivatorMember>,
-    ) -> Result<Response<Body>, Refusal> {
+        fall_back: bool,
+    ) -> Result<Response<Body>, (Refusal, Option<Request<Body>>)> {
         if members.is_empty() {
-            return Err(Refusal::unavailable(format!(
-                "revision {key} has no other member to take the request"
-            )));
+            return Err((
+                Refusal::unavailable(format!(
+                    "revision {key} has no other member to take the request"
+                )),
+                Some(req),
+            ));
         }
         self.metrics.forwards.inc();
-        // Requests for one revision entering at one node stick to one member (its pod stays
-        // warm); different revisions and entry nodes spread over the members.
-        let start = crds::contract::node_hash(&format!("{}/{key}", self.node))
-            .bytes()
-            .fold(0usize, |a, b| a.wrapping_mul(31).wrapping_add(b as usize))
-            % members.len();
-        let hop = self.hop.forward_headers(&self.node);
+        // Every entry tries the members in the same order, so a trickle wakes one pod.
+        let members = crate::primary::ranked(key, members);
         let mut req = Some(req);
         let mut last = Refusal::unavailable(format!("revision {key} has no reachable activator"));
         let protocol = upstream_protocol(rev);
-        for i in 0..members.len() {
-            let m = &members[(start + i) % members.len()];
+        for (i, m) in members.iter().enumerate() {
             let Ok(addr) = m.address.parse() else {
                 tracing::warn!(revision = %key, address = %m.address, "member has a bad address");
                 continue;
@@ -532,8 +610,11 @@ impl Handler {
                 }
             };
             // Only a body-less request can be sent again after the member answered 503 or
-            // failed once it had the request.
-            let replay = (more && r.body().is_end_stream()).then(|| replay_of(&r));
+            // failed once it had the request: to the next member, or back to a caller that
+            // serves what every member refused (`fall_back`).
+            let replay = ((more || fall_back) && r.body().is_end_stream()).then(|| replay_of(&r));
+            // Someone else can take it: the member may refuse what it cannot serve at once.
+            let hop = self.hop.forward_headers(&self.node, replay.is_some());
             telemetry::inject_traceparent(r.headers_mut());
             // No retries against one peer: the next member is the retry.
             match self.upstream.send(to, r, &hop, &what).await {
@@ -557,7 +638,7 @@ impl Handler {
                 }
             }
         }
-        Err(last)
+        Err((last, req))
     }
 }
 

@@ -16,13 +16,16 @@
 //! learns about the client: the forwarding headers always get the real peer address
 //! appended ([`crate::proxy`]).
 
-use crds::contract::{HEADER_ACTIVATOR_HOP, HEADER_ACTIVATOR_HOP_PROOF};
+use crds::contract::{
+    HEADER_ACTIVATOR_HOP, HEADER_ACTIVATOR_HOP_PROOF, HEADER_ACTIVATOR_HOP_SPILL,
+};
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::error::Error;
 
 pub const HOP: HeaderName = HeaderName::from_static(HEADER_ACTIVATOR_HOP);
 pub const PROOF: HeaderName = HeaderName::from_static(HEADER_ACTIVATOR_HOP_PROOF);
+pub const SPILL: HeaderName = HeaderName::from_static(HEADER_ACTIVATOR_HOP_SPILL);
 
 /// The cluster's hop secret, if this activator has one.
 #[derive(Clone, Default)]
@@ -83,16 +86,27 @@ impl HopAuth {
         }
     }
 
-    /// The headers a forward to a peer carries: the hop naming this node, and the proof.
-    pub fn forward_headers(&self, node: &str) -> Vec<(HeaderName, String)> {
+    /// The headers a forward to a peer carries: the hop naming this node, and the proof;
+    /// with `spill`, the mark that another member can take the request if this one cannot
+    /// serve it at once.
+    pub fn forward_headers(&self, node: &str, spill: bool) -> Vec<(HeaderName, String)> {
         let mut h = vec![(HOP, node.to_string())];
         if let Some(s) = &self.secret
             && let Ok(s) = s.to_str()
         {
             h.push((PROOF, s.to_string()));
         }
+        if spill {
+            h.push((SPILL, "1".to_string()));
+        }
         h
     }
+}
+
+/// Whether a proven hop says the request may spill to another member (see
+/// [`HEADER_ACTIVATOR_HOP_SPILL`]); only asked once [`HopAuth::verified`] held.
+pub fn may_spill(headers: &HeaderMap) -> bool {
+    headers.get(&SPILL).is_some_and(|v| v.as_bytes() == b"1")
 }
 
 /// Removes the hop headers (before a request goes to an app or on to a peer, which gets
@@ -100,6 +114,7 @@ impl HopAuth {
 pub fn strip(headers: &mut HeaderMap) {
     headers.remove(&HOP);
     headers.remove(&PROOF);
+    headers.remove(&SPILL);
 }
 
 /// Equality whose time does not depend on where the first difference is (the length of the
@@ -149,14 +164,21 @@ mod tests {
     fn a_forward_carries_the_node_and_the_proof_and_strip_removes_both() {
         let auth = HopAuth::new("abc").unwrap();
         let mut h = HeaderMap::new();
-        for (n, v) in auth.forward_headers("node-1") {
+        for (n, v) in auth.forward_headers("node-1", true) {
             h.insert(n, v.parse().unwrap());
         }
         assert!(auth.verified(&h));
+        assert!(may_spill(&h));
         assert_eq!(h[&HOP], "node-1");
         strip(&mut h);
         assert!(h.is_empty());
-        assert_eq!(HopAuth::none().forward_headers("n").len(), 1);
+        assert_eq!(HopAuth::none().forward_headers("n", false).len(), 1);
+        assert!(
+            !auth
+                .forward_headers("n", false)
+                .iter()
+                .any(|(n, _)| n == SPILL)
+        );
     }
 
     #[test]

@@ -24,10 +24,12 @@ pub mod handler;
 pub mod hop;
 pub mod idle;
 pub mod metrics;
+pub mod node_addr;
 pub mod parse_errors;
 pub mod placement;
 pub mod pod_spec;
 pub mod pool;
+pub mod primary;
 pub mod proxy;
 pub mod readiness;
 pub mod routing;
@@ -137,6 +139,10 @@ impl Activator {
             stop: stop_caches.child_token(),
             epoch: tokio::time::Instant::now(),
             full: Default::default(),
+            node_addresses: cfg
+                .node_agent
+                .as_ref()
+                .map(|path| node_addr::NodeAddresses::new(path, metrics.clone())),
         });
         // The revisions of this node's subsets are read ahead of their first request (a
         // member's cold start then makes one API request, the pod create). Those with a share

@@ -55,6 +55,25 @@ label_value!(FirstBy {
     Watch => "watch",
 });
 
+/// Where the activator learnt a new pod's address first.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum AddressSource {
+    /// The node agent (the pod's sandbox, from the container runtime).
+    Agent,
+    /// The pod watch (the kubelet's status update).
+    Watch,
+}
+
+label_value!(AddressSource {
+    Agent => "agent",
+    Watch => "watch",
+});
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AddressFrom {
+    pub source: AddressSource,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct UsableFirst {
     pub by: FirstBy,
@@ -140,8 +159,17 @@ pub struct Metrics {
     pub pods_deleted: Family<ReasonLabel, Counter>,
     /// Requests sent again to another pod or member after a connect failure.
     pub retries: Counter,
-    /// Requests sent to another member (not a member, no share, node full, draining).
+    /// Requests sent to another member (not a member, no share, node full, draining, not
+    /// the primary).
     pub forwards: Counter,
+    /// Requests a member that is not the revision's primary served itself because every
+    /// member ranked ahead of it refused them.
+    pub primary_refused: Counter,
+    /// New pods, by where their address came from first (the node agent or the pod watch).
+    pub pod_address: Family<AddressFrom, Counter>,
+    /// Questions to the node agent that failed (unreachable, an error answer, a protocol
+    /// fault); the pod watch still gives the address.
+    pub agent_errors: Counter,
     /// Requests waiting for a pod that were sent to a peer because this activator was draining.
     pub drained_to_peers: Counter,
     /// Times this node found itself unable to start a revision's pod.
@@ -183,6 +211,9 @@ impl Default for Metrics {
             pods_deleted: Family::default(),
             retries: Counter::default(),
             forwards: Counter::default(),
+            primary_refused: Counter::default(),
+            pod_address: Family::default(),
+            agent_errors: Counter::default(),
             drained_to_peers: Counter::default(),
             node_full: Counter::default(),
             idle_kept_min_scale: Counter::default(),
@@ -291,6 +322,24 @@ impl Metrics {
             "forwards",
             "Requests sent to another member of the revision's subset",
             self.forwards.clone(),
+        );
+        r.register(
+            "primary_refused",
+            "Requests a member that is not the revision's primary served itself because every \
+             member ranked ahead of it refused them",
+            self.primary_refused.clone(),
+        );
+        r.register(
+            "pod_address",
+            "New pods, by where their address came from first: the node agent (the sandbox, \
+             from the container runtime) or the pod watch (the kubelet's status)",
+            self.pod_address.clone(),
+        );
+        r.register(
+            "node_agent_errors",
+            "Questions to the node agent that failed (unreachable, an error answer, a \
+             protocol fault); the pod watch still gives the address",
+            self.agent_errors.clone(),
         );
         r.register(
             "drained_to_peers",

@@ -82,6 +82,8 @@ pub struct Shared {
     /// Revisions this node could not start a pod for, until when and why. Outlives the
     /// pools (an empty pool retires; the mark must not).
     pub full: DashMap<RevisionKey, (Instant, String)>,
+    /// The node agent, when there is one: a starting pod's address from its sandbox.
+    pub node_addresses: Option<crate::node_addr::NodeAddresses>,
 }
 
 /// Full marks kept before expired ones are swept.
@@ -149,6 +151,14 @@ impl Pools {
             }
             dashmap::Entry::Vacant(v) => v.insert(fresh()).clone(),
         }
+    }
+
+    /// Whether the revision has a pod here that takes requests now (a member that is not
+    /// the revision's primary serves only then; [`crate::primary`]).
+    pub fn has_usable_pod(&self, key: &RevisionKey) -> bool {
+        self.map
+            .get(key)
+            .is_some_and(|p| !p.is_retired() && p.lock().throttle.pods() > 0)
     }
 
     /// Pools alive now (revisions with pods or requests on this node).
@@ -299,13 +309,21 @@ impl Pool {
                 return Err(NoSlot::Retired);
             }
             changed = self.update_spec(&mut s, spec);
-            // A node that cannot start the revision sends what it cannot serve at once to
-            // another member rather than queueing it.
-            if may_go_elsewhere
-                && s.throttle.would_wait()
-                && let Some(why) = self.shared.full_reason(&self.key)
-            {
-                return Err(NoSlot::Elsewhere(why));
+            // A node that cannot start the revision, or whose every slot it may ever run is
+            // taken, sends what it cannot serve at once to another member rather than
+            // queueing it (a burst past the primary spills to the others).
+            if may_go_elsewhere && s.throttle.would_wait() {
+                if let Some(why) = self.shared.full_reason(&self.key) {
+                    return Err(NoSlot::Elsewhere(why));
+                }
+                if let Some(slots) = self.slots_at_most(&s.spec)
+                    && u64::from(s.throttle.in_flight()) + s.throttle.queued() as u64 >= slots
+                {
+                    return Err(NoSlot::Elsewhere(format!(
+                        "revision {}: node {} has all the slots it may run ({slots}) taken",
+                        self.key, self.shared.node
+                    )));
+                }
             }
             let ticket = s.next_ticket;
             s.next_ticket += 1;
@@ -372,6 +390,24 @@ impl Pool {
                 Err(NoSlot::Retired)
             }
         }
+    }
+
+    /// The most requests this member can ever have in flight and waiting for a slot it may
+    /// run: `containerConcurrency` × the pods it may run (its share of maxScale, or the
+    /// node's cap per revision). None with unlimited concurrency (one pod takes everything).
+    fn slots_at_most(&self, spec: &Spec) -> Option<u64> {
+        let cc = u64::from(container_concurrency(&spec.rev));
+        if cc == 0 {
+            return None;
+        }
+        let node_cap = u64::from(self.shared.cfg.max_pods_per_revision);
+        let share = u64::try_from(spec.me.max_pods).unwrap_or(0);
+        let pods = if spec.rev.spec.max_scale > 0 {
+            share.min(node_cap)
+        } else {
+            node_cap
+        };
+        Some(pods * cc)
     }
 
     /// Takes a new Revision or share outside a request (the member watch changed it).

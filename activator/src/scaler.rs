@@ -6,7 +6,7 @@
 //! zero pods retires.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use crate::cache::pods::{LocalPod, RevisionPods};
 use crate::cold_start::ColdStart;
-use crate::metrics::PodReason;
+use crate::metrics::{AddressFrom, AddressSource, PodReason};
 use crate::pool::{Pool, deliver};
 use crate::readiness::Check;
 use crate::routing::RevisionKey;
@@ -34,6 +34,11 @@ const CREATE_BACKOFF: Duration = Duration::from_millis(200);
 const CREATE_BACKOFF_MAX: Duration = Duration::from_secs(10);
 /// The scaler looks again at least this often (idle and stable-window clocks).
 const TICK: Duration = Duration::from_secs(1);
+/// A starting pod's readiness is checked this often at first (a refused connect costs a
+/// round trip on the node's bridge)...
+const PROBE_FAST: Duration = Duration::from_millis(5);
+/// ...for this long; then the interval doubles up to `--probe-interval-max`.
+const PROBE_FAST_FOR: Duration = Duration::from_secs(2);
 
 pub(crate) fn spawn(pool: Arc<Pool>, map: Arc<DashMap<RevisionKey, Arc<Pool>>>) {
     tokio::spawn(async move {
@@ -50,6 +55,13 @@ struct Tracked {
     first_seen: Instant,
     slot: Option<PodRef>,
     probe: Option<JoinHandle<()>>,
+    /// The address the node agent gave, before the watch had one.
+    agent_ip: Option<IpAddr>,
+    /// The question to the node agent in progress.
+    lookup: Option<JoinHandle<()>>,
+    /// First seen without an address: where its address came from is counted once.
+    saw_without_ip: bool,
+    address_counted: bool,
     /// A probe got an answer before the watch said Ready.
     probed: bool,
     /// When the first probe answered (to measure its lead over the kubelet's Ready).
@@ -72,6 +84,9 @@ struct Scaler {
     next_create: Option<Instant>,
     probe_tx: mpsc::UnboundedSender<String>,
     probe_rx: mpsc::UnboundedReceiver<String>,
+    /// Addresses the node agent found, by pod name.
+    addr_tx: mpsc::UnboundedSender<(String, IpAddr)>,
+    addr_rx: mpsc::UnboundedReceiver<(String, IpAddr)>,
     /// The Revision (as read) whose pods the API server refused, and why: its requests fail
     /// at once until the Revision changes.
     invalid: Option<(Arc<crds::Revision>, String)>,
@@ -82,6 +97,7 @@ impl Scaler {
         let sh = &pool.shared;
         let scheduler = LocalScheduler::new(sh.client.clone(), &sh.node, sh.pods.clone());
         let (probe_tx, probe_rx) = mpsc::unbounded_channel();
+        let (addr_tx, addr_rx) = mpsc::unbounded_channel();
         Self {
             pool,
             scheduler,
@@ -91,6 +107,8 @@ impl Scaler {
             next_create: None,
             probe_tx,
             probe_rx,
+            addr_tx,
+            addr_rx,
             invalid: None,
         }
     }
@@ -126,6 +144,12 @@ impl Scaler {
                         t.probe = None;
                     }
                 }
+                Some((name, ip)) = self.addr_rx.recv() => {
+                    if let Some(t) = self.tracked.get_mut(&name) {
+                        t.agent_ip = Some(ip);
+                        t.lookup = None;
+                    }
+                }
                 Some(name) = unreachable.recv() => {
                     if let Some(t) = self.tracked.get_mut(&name) {
                         // The request path took it out of the throttle already.
@@ -143,6 +167,9 @@ impl Scaler {
         for t in self.tracked.values_mut() {
             if let Some(p) = t.probe.take() {
                 p.abort();
+            }
+            if let Some(l) = t.lookup.take() {
+                l.abort();
             }
         }
     }
@@ -174,6 +201,9 @@ impl Scaler {
                 if let Some(p) = t.probe.take() {
                     p.abort();
                 }
+                if let Some(l) = t.lookup.take() {
+                    l.abort();
+                }
                 false
             });
             for (name, p) in pods {
@@ -181,6 +211,10 @@ impl Scaler {
                     first_seen: now,
                     slot: None,
                     probe: None,
+                    agent_ip: None,
+                    lookup: None,
+                    saw_without_ip: p.ip.is_none(),
+                    address_counted: false,
                     probed: false,
                     probed_at: None,
                     was_ready: false,
@@ -195,7 +229,44 @@ impl Scaler {
                     sh.metrics.observe_ready_lead(lead);
                 }
                 t.was_ready |= p.ready;
-                let addr = p.ip.map(|ip| SocketAddr::new(ip, port));
+                // The watch's address when it has one (the kubelet's word); until then the
+                // node agent's, from the pod's sandbox.
+                let ip = p.ip.or(t.agent_ip);
+                if ip.is_some() && !t.address_counted {
+                    t.address_counted = true;
+                    if let Some(c) = s.cold.as_mut() {
+                        c.addressed(now);
+                    }
+                    if t.saw_without_ip {
+                        let source = if t.agent_ip.is_some() {
+                            AddressSource::Agent
+                        } else {
+                            AddressSource::Watch
+                        };
+                        sh.metrics
+                            .pod_address
+                            .get_or_create(&AddressFrom { source })
+                            .inc();
+                    }
+                }
+                let asking = p.ip.is_none() && t.agent_ip.is_none() && p.live() && !t.removing;
+                match (&sh.node_addresses, asking) {
+                    (Some(agent), true) if t.lookup.is_none() && !p.uid.is_empty() => {
+                        t.lookup = Some(tokio::spawn(agent.clone().find(
+                            p.uid.clone(),
+                            name.clone(),
+                            sh.cfg.pod_start_timeout,
+                            self.addr_tx.clone(),
+                        )));
+                    }
+                    (_, false) => {
+                        if let Some(l) = t.lookup.take() {
+                            l.abort();
+                        }
+                    }
+                    _ => {}
+                }
+                let addr = ip.map(|ip| SocketAddr::new(ip, port));
                 if let Some(reason) = &p.failed
                     && !t.removing
                     && !p.terminating
@@ -546,14 +617,19 @@ async fn probe(
     name: String,
     tx: mpsc::UnboundedSender<String>,
 ) {
-    let mut wait = Duration::from_millis(2);
+    let started = Instant::now();
+    let mut wait = PROBE_FAST;
     loop {
         if check.run(addr.ip()).await {
             let _ = tx.send(name);
             return;
         }
         tokio::time::sleep(wait).await;
-        wait = (wait * 2).min(max_interval);
+        // Every few milliseconds while an app would usually be starting (a request is
+        // waiting for it), then backing off for one that starts slowly.
+        if started.elapsed() >= PROBE_FAST_FOR {
+            wait = (wait * 2).min(max_interval);
+        }
     }
 }
 

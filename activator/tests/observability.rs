@@ -33,6 +33,11 @@ fn exposition() -> String {
         })
         .inc();
     m.observe_ready_lead(None);
+    m.pod_address
+        .get_or_create(&activator::metrics::AddressFrom {
+            source: activator::metrics::AddressSource::Agent,
+        })
+        .inc();
     let mut out = String::new();
     prometheus_client::encoding::text::encode(&mut out, &m.registry()).unwrap();
     out

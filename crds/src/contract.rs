@@ -36,6 +36,11 @@ pub const HEADER_ACTIVATOR_HOP: &str = "x-activator-hop";
 /// The proof that a hop came from a peer activator: the cluster's hop secret (a mounted
 /// Secret shared by the activators). Never passed on to an app.
 pub const HEADER_ACTIVATOR_HOP_PROOF: &str = "x-activator-hop-proof";
+/// Beside a proven hop: the forwarding activator has another member to try, so a member that
+/// cannot serve the request at once (its share of pods all busy, its node full, draining)
+/// answers 503 instead of queueing it, and the request spills to the next member. Between
+/// activators only: removed from clients' requests, never passed on to an app.
+pub const HEADER_ACTIVATOR_HOP_SPILL: &str = "x-activator-hop-spill";
 
 /// Activator ports.
 pub const DATA_PORT: u16 = 8080;

@@ -19,6 +19,8 @@ use crate::routing::RevisionKey;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LocalPod {
     pub name: String,
+    /// The pod's UID (the node agent is asked by it: names come back, UIDs do not).
+    pub uid: String,
     pub ip: Option<IpAddr>,
     pub ready: bool,
     /// Being deleted (deletionTimestamp set): take no new requests.
@@ -36,6 +38,7 @@ impl LocalPod {
             .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
         Self {
             name: pod.name_any(),
+            uid: pod.metadata.uid.clone().unwrap_or_default(),
             ip: status
                 .and_then(|s| s.pod_ip.as_deref())
                 .and_then(|ip| ip.parse().ok()),

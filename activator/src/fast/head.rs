@@ -20,8 +20,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::ops::Range;
 
 use crds::contract::{
-    HEADER_ACTIVATOR_HOP, HEADER_ACTIVATOR_HOP_PROOF, HEADER_KNATIVE_NAMESPACE,
-    HEADER_KNATIVE_REVISION, HEADER_REVISION_NAME, HEADER_REVISION_NAMESPACE,
+    HEADER_ACTIVATOR_HOP, HEADER_ACTIVATOR_HOP_PROOF, HEADER_ACTIVATOR_HOP_SPILL,
+    HEADER_KNATIVE_NAMESPACE, HEADER_KNATIVE_REVISION, HEADER_REVISION_NAME,
+    HEADER_REVISION_NAMESPACE,
 };
 
 use crate::forwarded;
@@ -222,7 +223,10 @@ impl<'a> Parsed<'a> {
                     return Err("connection");
                 }
             }
-        } else if is(HEADER_ACTIVATOR_HOP) || is(HEADER_ACTIVATOR_HOP_PROOF) {
+        } else if is(HEADER_ACTIVATOR_HOP)
+            || is(HEADER_ACTIVATOR_HOP_PROOF)
+            || is(HEADER_ACTIVATOR_HOP_SPILL)
+        {
             // Whether a peer activator sent it is for hyper's path to check (a forwarded
             // request is the rare one); the fast lane serves clients.
             return Err("hop");
@@ -850,6 +854,10 @@ mod tests {
             ),
             (
                 format!("GET / HTTP/1.1\r\nx-activator-hop-proof: s\r\n{REV}\r\n"),
+                "hop",
+            ),
+            (
+                format!("GET / HTTP/1.1\r\nx-activator-hop-spill: 1\r\n{REV}\r\n"),
                 "hop",
             ),
             (

@@ -264,6 +264,11 @@ impl FastLane {
         if !can_start(&rev, &me) {
             return Next::Hyper("no share");
         }
+        // Not the revision's primary and no pod here: hyper's path asks the primary first.
+        let starters = peers.iter().filter(|m| can_start(&rev, m));
+        if !crate::primary::is_primary(&key, &h.node, starters) && !h.pools.has_usable_pod(&key) {
+            return Next::Hyper("not the primary");
+        }
         let deadline = arrived + request_timeout(&rev);
         // No request here carries a hop (those go to hyper's path, which checks them).
         let can_forward = peers.iter().any(|m| can_start(&rev, m));
