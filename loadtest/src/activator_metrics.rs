@@ -17,7 +17,9 @@ pub fn samples(m: &Arc<Metrics>, name: &str) -> Vec<(BTreeMap<String, String>, u
     parse(&text, name)
 }
 
-fn parse(text: &str, name: &str) -> Vec<(BTreeMap<String, String>, u64)> {
+/// The samples of `name` in an exposition read from an activator's `/metrics` (a real
+/// cluster's activator pod).
+pub fn parse(text: &str, name: &str) -> Vec<(BTreeMap<String, String>, u64)> {
     text.lines()
         .filter_map(|l| {
             let rest = l.strip_prefix(name)?;

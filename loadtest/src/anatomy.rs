@@ -1,7 +1,7 @@
 //! Cold-start anatomy: the phases each cold response carries in its `Server-Timing` header
 //! (the activator's own clock), split into consecutive segments and summarised. Pure logic.
 
-use activator::cold_start::{ENTRY, FORWARDED, POD_BOUND, POD_POST, POD_READY, WAIT};
+use activator::cold_start::{ENTRY, FORWARDED, POD_ADDR, POD_BOUND, POD_POST, POD_READY, WAIT};
 use serde::Serialize;
 
 use crate::stats::Percentiles;
@@ -12,6 +12,8 @@ use crate::stats::Percentiles;
 pub struct ColdPhases {
     pub pod_post: f64,
     pub pod_bound: f64,
+    /// When the pod's address was known (absent from activators older than the mark).
+    pub pod_addr: Option<f64>,
     pub pod_ready: f64,
     pub wait: f64,
     /// When an entry forwarded the request: its time from the request's arrival there until
@@ -25,6 +27,7 @@ impl ColdPhases {
     /// Parses the activator's `Server-Timing` value; None unless all four phases are there.
     pub fn parse(header: &str) -> Option<Self> {
         let (mut post, mut bound, mut ready, mut wait) = (None, None, None, None);
+        let mut addr = None;
         let (mut entry, mut forwarded) = (None, None);
         for metric in header.split(',') {
             let mut parts = metric.trim().split(';');
@@ -36,6 +39,7 @@ impl ColdPhases {
             let slot = match name {
                 POD_POST => &mut post,
                 POD_BOUND => &mut bound,
+                POD_ADDR => &mut addr,
                 POD_READY => &mut ready,
                 WAIT => &mut wait,
                 ENTRY => &mut entry,
@@ -47,6 +51,7 @@ impl ColdPhases {
         Some(Self {
             pod_post: post?,
             pod_bound: bound?,
+            pod_addr: addr,
             pod_ready: ready?,
             wait: wait?,
             entry,
@@ -140,6 +145,7 @@ mod tests {
         let t = activator::cold_start::ColdTimings {
             post: Duration::from_micros(1_500),
             bound: Duration::from_millis(8),
+            addr: Duration::from_millis(140),
             ready: Duration::from_millis(305),
         };
         let p = ColdPhases::parse(&t.server_timing(Duration::from_millis(307))).unwrap();
@@ -148,6 +154,7 @@ mod tests {
             ColdPhases {
                 pod_post: 1.5,
                 pod_bound: 8.0,
+                pod_addr: Some(140.0),
                 pod_ready: 305.0,
                 wait: 307.0,
                 entry: None,

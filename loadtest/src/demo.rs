@@ -216,7 +216,8 @@ pub fn json_with_kubelet(summary: &Summary, kubelet: &str) -> serde_json::Value 
 }
 
 /// The nodes of a revision's members, from its ActivationEndpoints' status (none before the
-/// subsetter wrote it).
+/// subsetter wrote it), in the order entries try them: the revision's primary first
+/// (`activator::primary`), so `[0]` is the member that serves a trickle.
 pub async fn member_nodes(
     client: &Client,
     namespace: &str,
@@ -224,10 +225,12 @@ pub async fn member_nodes(
 ) -> Result<Vec<String>, Error> {
     let api: Api<ActivationEndpoints> = Api::namespaced(client.clone(), namespace);
     let aep = api.get(name).await?;
-    Ok(aep
-        .status
-        .map(|s| s.activators.into_iter().map(|m| m.node).collect())
-        .unwrap_or_default())
+    let members = aep.status.map(|s| s.activators).unwrap_or_default();
+    let key = activator::routing::RevisionKey::new(namespace, name);
+    Ok(activator::primary::ranked(&key, members)
+        .into_iter()
+        .map(|m| m.node)
+        .collect())
 }
 
 /// Waits until every named revision has an ActivationEndpoints with members.

@@ -49,6 +49,9 @@ pub struct Options {
     pub path: String,
     /// A bound on each cold start (a hang detector, not a figure).
     pub limit: Duration,
+    /// An HTTP readinessProbe (GET of `path`) with this periodSeconds on the app: the
+    /// kubelet then reports Ready only at its probe's period.
+    pub readiness_period: Option<u32>,
 }
 
 impl Default for Options {
@@ -59,6 +62,7 @@ impl Default for Options {
             image: "localhost/local-activator/testapp:dev".into(),
             path: "/cgi-bin/app".into(),
             limit: Duration::from_secs(120),
+            readiness_period: None,
         }
     }
 }
@@ -78,6 +82,9 @@ pub struct PathFigures {
 pub struct Anatomy {
     pub pod_post_ms: Percentiles,
     pub pod_bound_ms: Percentiles,
+    /// The pod's address known to the activator (from its node agent, or the pod watch).
+    pub pod_addr_ms: Percentiles,
+    /// The pod usable: the activator's own check passed, or the kubelet's Ready came.
     pub pod_ready_ms: Percentiles,
     pub first_byte_ms: Percentiles,
 }
@@ -89,8 +96,16 @@ pub struct InstalledReport {
     pub burst: usize,
     pub paths: Vec<PathFigures>,
     pub activator_anatomy: Anatomy,
+    /// Whether the installed activators run with a node agent (an activator pod with a
+    /// `node-agent` container), read from the cluster.
+    pub node_agent: bool,
+    /// The app's readinessProbe periodSeconds, if it had one.
+    pub readiness_period: Option<u32>,
     /// activator p50 ÷ pod POST p50 (None when either has failures: a ratio is refused then).
     pub activator_over_floor_p50: Option<f64>,
+    /// The same at p90 and p99.
+    pub activator_over_floor_p90: Option<f64>,
+    pub activator_over_floor_p99: Option<f64>,
     /// deployment p50 ÷ activator p50 (None as above).
     pub deployment_over_activator_p50: Option<f64>,
 }
@@ -104,6 +119,12 @@ impl InstalledReport {
             self.runs,
             self.burst
         );
+        s += &format!(
+            "activators with a node agent: {}; app readinessProbe: {}\n",
+            if self.node_agent { "yes" } else { "no" },
+            self.readiness_period
+                .map_or("none".into(), |p| format!("httpGet, periodSeconds {p}"))
+        );
         s += "path          count failed    p50 ms    p90 ms    p99 ms    max ms\n";
         for p in &self.paths {
             let f = &p.first_byte_ms;
@@ -115,13 +136,19 @@ impl InstalledReport {
         let a = &self.activator_anatomy;
         s += &format!(
             "activator anatomy, p50 ms from the request's arrival: pod POST sent {:.1}, create \
-             answered {:.1}, pod usable {:.1}, first byte {:.1}\n",
-            a.pod_post_ms.p50, a.pod_bound_ms.p50, a.pod_ready_ms.p50, a.first_byte_ms.p50
+             answered {:.1}, address known {:.1}, pod usable {:.1}, first byte {:.1}\n",
+            a.pod_post_ms.p50,
+            a.pod_bound_ms.p50,
+            a.pod_addr_ms.p50,
+            a.pod_ready_ms.p50,
+            a.first_byte_ms.p50
         );
         let ratio = |r: Option<f64>| r.map_or("invalid (failures)".into(), |r| format!("{r:.2}"));
         s += &format!(
-            "activator ÷ pod POST floor (p50): {}; deployment ÷ activator (p50): {}\n",
+            "activator ÷ pod POST floor: p50 {}, p90 {}, p99 {}; deployment ÷ activator (p50): {}\n",
             ratio(self.activator_over_floor_p50),
+            ratio(self.activator_over_floor_p90),
+            ratio(self.activator_over_floor_p99),
             ratio(self.deployment_over_activator_p50)
         );
         for p in &self.paths {
@@ -230,10 +257,11 @@ async fn measure(
         fig("pod POST", &pod),
     );
     let ms = |f: &dyn Fn(&ColdPhases) -> f64| Percentiles::of_ms(phases.iter().map(f));
-    let ratio = |x: &PathFigures, y: &PathFigures| {
-        (x.first_byte_ms.failed == 0 && y.first_byte_ms.failed == 0 && y.first_byte_ms.p50 > 0.0)
-            .then(|| x.first_byte_ms.p50 / y.first_byte_ms.p50)
+    let ratio_at = |x: &PathFigures, y: &PathFigures, at: fn(&Percentiles) -> f64| {
+        let (fx, fy) = (&x.first_byte_ms, &y.first_byte_ms);
+        (fx.failed == 0 && fy.failed == 0 && at(fy) > 0.0).then(|| at(fx) / at(fy))
     };
+    let ratio = |x: &PathFigures, y: &PathFigures| ratio_at(x, y, |p| p.p50);
     Ok(InstalledReport {
         nodes: nodes.to_vec(),
         runs: opts.runs,
@@ -241,10 +269,15 @@ async fn measure(
         activator_anatomy: Anatomy {
             pod_post_ms: ms(&|p| p.pod_post),
             pod_bound_ms: ms(&|p| p.pod_bound),
+            pod_addr_ms: ms(&|p| p.pod_addr.unwrap_or(p.pod_ready)),
             pod_ready_ms: ms(&|p| p.pod_ready),
             first_byte_ms: ms(&|p| p.wait),
         },
+        node_agent: node_agent_installed(client).await,
+        readiness_period: opts.readiness_period,
         activator_over_floor_p50: ratio(&a, &p),
+        activator_over_floor_p90: ratio_at(&a, &p, |p| p.p90),
+        activator_over_floor_p99: ratio_at(&a, &p, |p| p.p99),
         deployment_over_activator_p50: ratio(&d, &a),
         paths: vec![a, d, p],
     })
@@ -263,7 +296,7 @@ async fn jitter() {
 
 /// The pod spec all three paths run (the activator adds nodeName and its labels).
 fn pod_spec(opts: &Options) -> Value {
-    json!({
+    let mut spec = json!({
         "automountServiceAccountToken": false,
         "enableServiceLinks": false,
         "containers": [{
@@ -272,6 +305,41 @@ fn pod_spec(opts: &Options) -> Value {
             "imagePullPolicy": "Never",
             "ports": [{"containerPort": 8080}],
         }],
+    });
+    if let Some(period) = opts.readiness_period {
+        spec["containers"][0]["readinessProbe"] = json!({
+            "httpGet": {"path": opts.path, "port": 8080},
+            "periodSeconds": period,
+        });
+    }
+    spec
+}
+
+/// Whether the installed activator pods carry a `node-agent` container and their activator
+/// container is told its socket (`NODE_AGENT_SOCKET` or `--node-agent-socket`).
+async fn node_agent_installed(client: &Client) -> bool {
+    let pods: Api<Pod> = Api::all(client.clone());
+    let lp = ListParams::default().labels(crds::contract::ACTIVATOR_SELECTOR);
+    pods.list(&lp).await.is_ok_and(|l| {
+        l.items.iter().any(|p| {
+            let Some(spec) = p.spec.as_ref() else {
+                return false;
+            };
+            let agent = spec.containers.iter().any(|c| c.name == "node-agent");
+            let told = spec.containers.iter().any(|c| {
+                c.name == "activator"
+                    && (c
+                        .env
+                        .iter()
+                        .flatten()
+                        .any(|e| e.name == "NODE_AGENT_SOCKET")
+                        || c.args
+                            .iter()
+                            .flatten()
+                            .any(|a| a.starts_with("--node-agent-socket")))
+            });
+            agent && told
+        })
     })
 }
 

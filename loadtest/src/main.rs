@@ -117,6 +117,10 @@ enum Cmd {
         image: String,
         #[arg(long, default_value = "/cgi-bin/app")]
         path: String,
+        /// Give the app an HTTP readinessProbe (GET of the path) with this periodSeconds: the
+        /// kubelet reports Ready only at its probe's period, the activator's own check at once.
+        #[arg(long)]
+        readiness_period: Option<u32>,
         /// Write the report as JSON here.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -262,6 +266,7 @@ async fn main() -> anyhow::Result<()> {
             burst,
             image,
             path,
+            readiness_period,
             json,
         } => {
             let client = match kubeconfig {
@@ -277,6 +282,7 @@ async fn main() -> anyhow::Result<()> {
                 burst,
                 image,
                 path,
+                readiness_period,
                 ..Default::default()
             };
             let report = loadtest::installed::run(&client, &opts).await?;

@@ -43,6 +43,14 @@ pub struct Summary {
     pub cold_starts: usize,
     /// App pods of the demo's revisions at the end of the run.
     pub pods_created: u64,
+    /// Revisions that had to be woken (a request waited for a cold start).
+    pub revisions_woken: usize,
+    /// `pods_created / revisions_woken`: 1 when a wake-up starts one pod; up to the subset's
+    /// size when every member an entry reaches starts its own.
+    pub pods_per_woken_revision: f64,
+    /// Requests that waited for a cold start though they were sent after their revision's
+    /// first pod had answered (a second pod started where the first could have served).
+    pub cold_after_first_ready: usize,
     /// Every request; a failed one ranks after every answer (see [`Percentiles`]).
     pub all_ms: Percentiles,
     /// Answered requests that waited for a pod start, and the other answered ones.
@@ -98,6 +106,22 @@ impl Summary {
         let (cold, warm) = latencies(samples.iter());
         let answered: Vec<_> = cold.iter().chain(&warm).copied().collect();
         let errors = samples.iter().filter(|s| !s.ok()).count();
+        let revisions_woken = by_rev
+            .values()
+            .filter(|ss| ss.iter().any(|s| s.cold))
+            .count();
+        // When each revision's first cold start was answered: its first pod was ready then.
+        let cold_after_first_ready = by_rev
+            .values()
+            .map(|ss| {
+                let first_ready = ss
+                    .iter()
+                    .filter(|s| s.cold && s.ok())
+                    .map(|s| s.sent + s.latency)
+                    .min();
+                first_ready.map_or(0, |t| ss.iter().filter(|s| s.cold && s.sent >= t).count())
+            })
+            .sum();
         Self {
             nodes,
             revisions: by_rev.len(),
@@ -109,6 +133,13 @@ impl Summary {
             attempts: samples.iter().map(Sample::attempts).sum(),
             cold_starts: samples.iter().filter(|s| s.cold).count(),
             pods_created,
+            revisions_woken,
+            pods_per_woken_revision: if revisions_woken == 0 {
+                0.0
+            } else {
+                pods_created as f64 / revisions_woken as f64
+            },
+            cold_after_first_ready,
             all_ms: Percentiles::with_failed(&answered, errors),
             cold_start_ms: Percentiles::of(&cold),
             warm_ms: Percentiles::of(&warm),
@@ -160,6 +191,14 @@ impl Summary {
             self.cold_starts,
             self.pods_created,
             self.wall_ms
+        );
+        let _ = writeln!(
+            o,
+            "pods per woken revision {:.2} ({} pods, {} revisions woken); requests that waited for a cold start after their revision's first pod answered: {}",
+            self.pods_per_woken_revision,
+            self.pods_created,
+            self.revisions_woken,
+            self.cold_after_first_ready
         );
         if self.ingress == Ingress::Retry {
             let _ = writeln!(
@@ -245,6 +284,32 @@ mod tests {
     }
 
     #[test]
+    fn a_cold_start_after_the_first_pod_answered_is_counted_and_pods_per_wake_up_reported() {
+        let t0 = std::time::Instant::now();
+        let at = |ms: u64, latency: u64, cold: bool, pod: &str| {
+            let mut s = sample("a", 200, latency, cold, pod);
+            s.sent = t0 + Duration::from_millis(ms);
+            s
+        };
+        let samples = vec![
+            // The first pod answers at 400 ms; a request sent at 300 ms may still wait for
+            // it, one sent at 500 ms waited for a second pod.
+            at(0, 400, true, "a-1"),
+            at(300, 100, true, "a-1"),
+            at(500, 350, true, "a-2"),
+            at(900, 2, false, "a-1"),
+        ];
+        let s = Summary::build(&samples, &BTreeMap::new(), 3, 2, 300, BTreeMap::new(), 10.0);
+        assert_eq!(s.cold_after_first_ready, 1);
+        assert_eq!((s.revisions_woken, s.pods_per_woken_revision), (1, 2.0));
+        assert!(
+            s.to_text().contains("pods per woken revision 2.00"),
+            "{}",
+            s.to_text()
+        );
+    }
+
+    #[test]
     fn summary_counts_and_splits_cold_from_warm() {
         let samples = vec![
             sample("a", 200, 400, true, "a-1"),
@@ -259,6 +324,8 @@ mod tests {
         );
         assert_eq!(s.cold_start_ms.max, 500.0);
         assert_eq!(s.warm_ms.count, 1, "answered warm requests");
+        assert_eq!((s.revisions_woken, s.pods_per_woken_revision), (2, 1.0));
+        assert_eq!(s.cold_after_first_ready, 0);
         // The failed one (1 ms) ranks after every answer: the max is not 500 ms.
         assert_eq!((s.all_ms.count, s.all_ms.failed), (4, 1));
         assert_eq!(s.all_ms.max, f64::INFINITY);

@@ -785,12 +785,11 @@ async fn rig() -> Rig {
     .expect("cluster starts");
     c.ensure_own_namespace(&ns).await.unwrap();
     let api: Api<crds::Revision> = Api::namespaced(c.client.clone(), &ns);
-    api.create(
-        &PostParams::default(),
-        &echo_revision(&name, &ns, vec![host_of(&name, &ns)]),
-    )
-    .await
-    .unwrap();
+    // A pod on each member (minScale 2: a share of 1 each), so that each serves what enters
+    // it rather than sending it to the revision's primary: both lanes carry the exchange.
+    let mut rev = echo_revision(&name, &ns, vec![host_of(&name, &ns)]);
+    rev.spec.min_scale = 2;
+    api.create(&PostParams::default(), &rev).await.unwrap();
     wait_subsets(&c.client, &ns, std::slice::from_ref(&name), LIMIT)
         .await
         .unwrap();
@@ -806,7 +805,22 @@ async fn rig() -> Rig {
     let (fast_node, fast_addr) = entry(true);
     let (hyper_node, hyper_addr) = entry(false);
     let table: Shared = Arc::default();
-    // A pod on each node, made by a cold start through its activator.
+    // A pod on each node (its minScale share), Ready before any request.
+    let pods_api: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(c.client.clone(), &ns);
+    for node in &members {
+        let pod = crds::contract::pod_name(&name, node, 0);
+        let ready = kube::runtime::wait::await_condition(
+            pods_api.clone(),
+            &pod,
+            |p: Option<&k8s_openapi::api::core::v1::Pod>| {
+                p.is_some_and(loadtest::observe::is_ready)
+            },
+        );
+        tokio::time::timeout(LIMIT, ready)
+            .await
+            .unwrap_or_else(|_| panic!("{pod} Ready"))
+            .unwrap();
+    }
     let mut pods = Vec::new();
     for (node, addr) in [(&fast_node, fast_addr), (&hyper_node, hyper_addr)] {
         let mut s = TcpStream::connect(addr).await.unwrap();

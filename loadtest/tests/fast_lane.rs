@@ -70,7 +70,7 @@ async fn setup_with(
     let entries = c.entries();
     let member = entries
         .iter()
-        .find(|(n, _)| members.contains(n))
+        .find(|(n, _)| *n == members[0])
         .unwrap()
         .clone();
     let outsider = entries

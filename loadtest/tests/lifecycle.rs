@@ -453,16 +453,24 @@ async fn a_full_nodes_requests_are_served_by_another_member() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn draining_under_load_loses_nothing() {
-    let (mut c, ns) = cluster_with(options()).await;
+    // Pods that start slowly, so that the requests wait on the member while its scaler adds
+    // them. No maxScale: a member that runs its whole share with every slot taken sends
+    // what it cannot serve at once to the other member instead of queueing it (spilling),
+    // and here the queue itself must be drained.
+    let (mut c, ns) = cluster_with(ClusterOptions {
+        start_delay: Delay::fixed_ms(1000),
+        ..options()
+    })
+    .await;
     let members = revision(&c, &ns, "busy", |r| {
         r.spec.container_concurrency = 2;
-        r.spec.max_scale = 2;
     })
     .await;
     let driver = Driver::new();
     let (m, addr) = entry(&c, &members[0]);
     assert!(driver.get_named((&m, addr), &ns, "busy", "/").await.ok());
-    // 30 slow requests on a member with 2 slots: some in flight, the rest waiting.
+    // 30 slow requests on a member with 2 slots on its one pod: some in flight, the rest
+    // waiting while more pods start.
     let load = tokio::spawn({
         let (driver, ns, m) = (driver.clone(), ns.clone(), m.clone());
         async move {

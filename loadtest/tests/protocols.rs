@@ -91,7 +91,7 @@ async fn revision(c: &SimCluster, ns: &str, name: &str, port_name: &str) -> Entr
     let entries = c.entries();
     let member = entries
         .iter()
-        .find(|(n, _)| members.contains(n))
+        .find(|(n, _)| *n == members[0])
         .unwrap()
         .clone();
     let outsider = entries

@@ -510,6 +510,85 @@ async fn cold_start_by_headers_and_by_host_through_a_real_activator() {
     assert_eq!(fwd.pod.as_ref(), Some(&pod));
 }
 
+/// An activator pod's counter `name` with the label `label` = `value`, read from its admin
+/// port (the member's pod IP, port 9090).
+async fn counter(m: &ActivatorMember, name: &str, label: (&str, &str)) -> u64 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ip = addr(m).ip();
+    let mut s = tokio::net::TcpStream::connect((ip, crds::contract::ADMIN_PORT))
+        .await
+        .expect("the activator's admin port");
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await.unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).await.unwrap();
+    loadtest::activator_metrics::parse(&text, name)
+        .into_iter()
+        .filter(|(l, _)| l.get(label.0).map(String::as_str) == Some(label.1))
+        .map(|(_, v)| v)
+        .sum()
+}
+
+/// The node agent (deploy/components/node-agent, on in overlays/local) gives the activator a
+/// starting pod's address from its sandbox, and the activator's own check serves the pod
+/// before the kubelet reports it Ready: here the app's readinessProbe waits 5 s before its
+/// first run, so the kubelet cannot say Ready for 5 s, while the app listens well before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_node_agent_gives_the_address_and_the_pod_serves_before_the_kubelets_ready() {
+    let Some(env) = env("the_node_agent_gives_the_address").await else {
+        return;
+    };
+    let ds: Api<DaemonSet> = Api::namespaced(env.client.clone(), SYSTEM_NS);
+    let ds = ds.get("activator").await.unwrap();
+    let containers = &ds.spec.template.spec.unwrap().containers;
+    assert!(
+        containers.iter().any(|c| c.name == "node-agent"),
+        "deploy/overlays/local installs the node agent: {:?}",
+        containers.iter().map(|c| &c.name).collect::<Vec<_>>()
+    );
+    let members = env
+        .revision("agent", 1, |s| {
+            s["activators"] = 1.into();
+            s["template"]["spec"]["containers"][0]["readinessProbe"] = json!({
+                "httpGet": {"path": APP, "port": 8080},
+                "initialDelaySeconds": 5,
+                "periodSeconds": 10,
+            });
+        })
+        .await;
+    let m = &members[0];
+    let by_agent = || counter(m, "activator_pod_address_total", ("source", "agent"));
+    let by_probe = || counter(m, "activator_pod_usable_first_total", ("by", "probe"));
+    let (agent0, probe0) = (by_agent().await, by_probe().await);
+    let cold = env.get(m, "agent", APP).await;
+    assert!(cold.ok() && cold.cold, "{cold:?}");
+    // The kubelet has not reported the pod Ready (its probe has not run yet), yet it served.
+    let pod = cold.pod.clone().expect("the app names its pod");
+    let api: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
+    let p = api.get(&pod).await.unwrap();
+    assert!(
+        !is_ready(&p),
+        "answered in {} ms, and the kubelet had not said Ready: {:?}",
+        cold.latency.as_millis(),
+        p.status.and_then(|s| s.conditions)
+    );
+    assert_eq!(
+        by_agent().await,
+        agent0 + 1,
+        "the address came from the node agent"
+    );
+    assert_eq!(
+        by_probe().await,
+        probe0 + 1,
+        "the activator's own check made it usable"
+    );
+    eprintln!(
+        "cold start on {} with the node agent: request -> answer {} ms, phases {:?}",
+        m.node,
+        cold.latency.as_millis(),
+        cold.phases
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn container_concurrency_throttles_and_scales_out_on_a_node() {
     let Some(env) = env("container_concurrency_throttles_and_scales_out_on_a_node").await else {
