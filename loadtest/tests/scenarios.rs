@@ -74,11 +74,14 @@ async fn cold_burst_wakes_every_revision_and_reports_each_phase() {
     // The phases follow each other: the whole wait is at least the start delay.
     assert!(num(&a["total_ms"], "p50") >= 50.0, "{a}");
     assert!(num(&f["warm_again"]["warm_ms"], "count") >= 1.0, "{f}");
-    // The floor: as many pods as were cold-started, each waiting for its node's start delay
+    // The floor: as many pods as the burst woke, each waiting for its node's start delay
     // too (a floor that stopped at "bound" would be faster than the start delay), and a ratio
     // that exists because neither side failed.
     let floor = &f["floor"];
-    assert_eq!(num(floor, "pods"), num(&f, "cold_starts"), "{floor}");
+    assert_eq!(num(floor, "pods"), num(&f, "pods"), "{floor}");
+    // One pod per woken revision: 12 clients over the revisions, one primary each.
+    assert_eq!(num(&f, "pods"), num(&f, "revisions_woken"), "{f}");
+    assert_eq!(num(&f, "pods_per_woken_revision"), 1.0, "{f}");
     assert_eq!(floor["errors"].as_array().map(Vec::len), Some(0), "{floor}");
     assert!(num(&floor["ready_ms"], "p50") >= 50.0, "{floor}");
     assert!(

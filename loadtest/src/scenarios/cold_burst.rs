@@ -70,6 +70,23 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
             ctx.step("the same requests again, warm");
             wave().await
         };
+        // Pods the burst woke, and for how many revisions: one pod per woken revision is
+        // the aim (the primary member serves a trickle; the others only what it refuses).
+        let pods = kube::Api::<k8s_openapi::api::core::v1::Pod>::namespaced(
+            cluster.client.clone(),
+            ns,
+        )
+        .list(&kube::api::ListParams::default().labels(crds::contract::REVISION_LABEL))
+        .await?
+        .items
+        .len();
+        let woken = burst
+            .iter()
+            .filter(|s| s.cold)
+            .map(|s| s.revision.as_str())
+            .collect::<std::collections::BTreeSet<_>>()
+            .len();
+        let pods_per_woken = pods as f64 / woken.max(1) as f64;
         let all: Vec<_> = burst.iter().chain(&warm).cloned().collect();
         let (cold, again, total) = (
             SampleSummary::of(&burst),
@@ -77,12 +94,11 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
             SampleSummary::of(&all),
         );
         // The floor of this burst: as many pods as it started, with the revisions' template.
-        let floor = if ctx.cancel.is_cancelled() || cold.cold_starts == 0 {
+        let floor = if ctx.cancel.is_cancelled() || cold.cold_starts == 0 || pods == 0 {
             None
         } else {
             ctx.step(format!(
-                "the floor: {} pods POSTed at once with spec.nodeName",
-                cold.cold_starts
+                "the floor: {pods} pods POSTed at once with spec.nodeName"
             ));
             let rev = kube::Api::<crds::Revision>::namespaced(cluster.client.clone(), ns)
                 .get(&names[0])
@@ -91,7 +107,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
             let spec = rev.spec.template.0.get("spec").cloned().unwrap_or_default();
             let port = u16::try_from(rev.spec.port).unwrap_or(8080);
             let limit = std::time::Duration::from_secs(120);
-            Some(floor::burst(&cluster.client, ns, &spec, port, &nodes, cold.cold_starts, limit).await)
+            Some(floor::burst(&cluster.client, ns, &spec, port, &nodes, pods, limit).await)
         };
         // Every request that waited for a pod, failures ranked last: the burst's side.
         let waited = crate::stats::Percentiles {
@@ -106,10 +122,12 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
             activator_api.iter().map(|(k, n)| (k, per_cold(*n))).collect();
         let text = format!(
             "cold-burst: {clients} clients → {revisions} revisions on {} nodes (burst took {burst_ms:.0} ms)\n\
-             -- the burst --\n{}-- the same requests again --\n{}API requests during the burst: {api:?}\n\
+             -- the burst --\n{}pods per woken revision {pods_per_woken:.2} ({pods} pods, {woken} revisions woken; {} requests waited for a cold start)\n\
+             -- the same requests again --\n{}API requests during the burst: {api:?}\n\
              activators' API requests per cold start ({} cold starts): {activator_api_per_cold:?}\n{}",
             cluster.activators.len(),
             cold.lines(),
+            cold.cold_starts,
             again.lines(),
             cold.cold_starts,
             floor_lines(floor.as_ref(), over_floor.as_ref(), client_over_floor.as_ref()),
@@ -120,6 +138,9 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                 "requests": total.requests,
                 "errors": total.errors,
                 "cold_starts": cold.cold_starts,
+                "pods": pods,
+                "revisions_woken": woken,
+                "pods_per_woken_revision": pods_per_woken,
                 "burst_wall_ms": burst_ms,
                 "burst": cold,
                 "warm_again": again,
