@@ -4,10 +4,26 @@
 # Sourced, never run. Every setting can be overridden by the environment.
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+STATE_DIR="${LA_STATE_DIR:-$REPO_ROOT/hack/cluster/.state}"
+# What up was given (KUBE_BIN_DIR, LA_PAUSE_SRC), one KEY=value a line, so that every later
+# script (node start, the fault commands, smoke, install, hack/images/build) finds them in an
+# environment that lacks them, e.g. an end-to-end test's.
+REMEMBERED="$STATE_DIR/remembered.env"
+# remembered KEY: the value up recorded for KEY (empty if none).
+remembered() {
+  [[ -f $REMEMBERED ]] || return 0
+  sed -n "s/^$1=//p" "$REMEMBERED" | tail -n 1
+}
 # Kubernetes server binaries: kube-apiserver kube-controller-manager kube-scheduler kubelet
 # kube-proxy (docs/real-cluster.md says where to get them). /work/k8s/bin is only an example.
+KUBE_BIN_DIR="${KUBE_BIN_DIR:-$(remembered KUBE_BIN_DIR)}"
 KUBE_BIN_DIR="${KUBE_BIN_DIR:-/work/k8s/bin}"
-STATE_DIR="${LA_STATE_DIR:-$REPO_ROOT/hack/cluster/.state}"
+# The pause image's source (hack/images/build pause reads LA_PAUSE_SRC).
+if [[ -z ${LA_PAUSE_SRC:-} && -n "$(remembered LA_PAUSE_SRC)" ]]; then
+  LA_PAUSE_SRC="$(remembered LA_PAUSE_SRC)"
+  export LA_PAUSE_SRC
+fi
+export KUBE_BIN_DIR
 # Image archives (hack/images/build); kept by down.
 CACHE_DIR="${LA_CACHE_DIR:-$REPO_ROOT/hack/cluster/.cache}"
 KUBECONFIG_PATH="$STATE_DIR/kubeconfig"
@@ -139,4 +155,60 @@ stop() {
 need() {
   local c
   for c in "$@"; do command -v "$c" >/dev/null 2>&1 || die "missing command: $c"; done
+}
+
+# --- the control plane's etcd and kube-apiserver (up, and hack/cluster/{etcd,api} start) -----
+PKI="$STATE_DIR/pki"
+
+start_etcd() {
+  start etcd "$(command -v etcd)" --name la-etcd --data-dir "$STATE_DIR/etcd" \
+    --listen-client-urls "http://127.0.0.1:$ETCD_CLIENT_PORT" \
+    --advertise-client-urls "http://127.0.0.1:$ETCD_CLIENT_PORT" \
+    --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
+    --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
+    --initial-cluster "la-etcd=http://127.0.0.1:$ETCD_PEER_PORT" \
+    --listen-metrics-urls "" --log-level warn
+}
+
+# wait_etcd TIMEOUT
+wait_etcd() {
+  wait_for "etcd /health on 127.0.0.1:$ETCD_CLIENT_PORT" "$1" \
+    curl -fsS -m 2 "http://127.0.0.1:$ETCD_CLIENT_PORT/health"
+}
+
+start_apiserver() {
+  [[ -x $KUBE_BIN_DIR/kube-apiserver ]] ||
+    die "$KUBE_BIN_DIR/kube-apiserver missing: set KUBE_BIN_DIR (docs/real-cluster.md)"
+  start kube-apiserver "$KUBE_BIN_DIR/kube-apiserver" \
+    --etcd-servers "http://127.0.0.1:$ETCD_CLIENT_PORT" \
+    --bind-address "$API_ADDR" --advertise-address "$API_ADDR" --secure-port "$API_PORT" \
+    --tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
+    --client-ca-file "$PKI/ca.crt" \
+    --kubelet-client-certificate "$PKI/apiserver-kubelet-client.crt" \
+    --kubelet-client-key "$PKI/apiserver-kubelet-client.key" \
+    --kubelet-certificate-authority "$PKI/ca.crt" \
+    --kubelet-preferred-address-types Hostname \
+    --authorization-mode Node,RBAC \
+    --enable-admission-plugins NodeRestriction,ServiceAccount,ValidatingAdmissionPolicy \
+    --feature-gates ValidatingAdmissionPolicy=true \
+    --runtime-config admissionregistration.k8s.io/v1beta1=true \
+    --service-cluster-ip-range "$SERVICE_CIDR" \
+    --service-account-issuer https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file "$PKI/sa.pub" \
+    --service-account-signing-key-file "$PKI/sa.key" \
+    --allow-privileged=true --profiling=false --v=1
+}
+
+# wait_apiserver TIMEOUT: /readyz answers ok (etcd included).
+wait_apiserver() {
+  wait_for "kube-apiserver /readyz on https://$API_ADDR:$API_PORT" "$1" \
+    curl -fsS -m 2 --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" \
+    "https://$API_ADDR:$API_PORT/readyz"
+}
+
+# node_arg I: checks that I names a node of this cluster.
+node_arg() {
+  if ! [[ $1 =~ ^[0-9]+$ ]] || (($1 < 1 || $1 > NODE_COUNT)); then
+    die "no node $1 (1..$NODE_COUNT)"
+  fi
 }
