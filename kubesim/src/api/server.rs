@@ -95,6 +95,8 @@ pub(crate) struct Inner {
     next_watch: AtomicU64,
     gc: Notify,
     shutdown: tokio_watch::Sender<bool>,
+    /// Stopped ([`ApiServer::stop`]): not listening, every connection cut, state kept.
+    down: tokio_watch::Sender<bool>,
 }
 
 impl Inner {
@@ -111,6 +113,8 @@ impl Inner {
 pub struct ApiServer {
     inner: Arc<Inner>,
     tasks: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    /// The accept loop while serving (None while stopped).
+    accept: Arc<Mutex<Option<JoinHandle<()>>>>,
 }
 
 impl std::fmt::Debug for ApiServer {
@@ -132,6 +136,7 @@ impl ApiServer {
         let listener = TcpListener::bind(cfg.bind).await?;
         let addr = listener.local_addr()?;
         let (shutdown, _) = tokio_watch::channel(false);
+        let (down, _) = tokio_watch::channel(false);
         let inner = Arc::new(Inner {
             state: Mutex::new(State::new(cfg.watch_history)),
             stats: Mutex::new(StatsInner::default()),
@@ -148,6 +153,7 @@ impl ApiServer {
             next_watch: AtomicU64::new(1),
             gc: Notify::new(),
             shutdown,
+            down,
         });
         {
             let mut st = inner.state();
@@ -171,14 +177,15 @@ impl ApiServer {
                 .map_err(|e| Error::KubeConfig(e.message))?;
             }
         }
+        let accept = tokio::spawn(accept_loop(inner.clone(), listener));
         let tasks = vec![
-            tokio::spawn(accept_loop(inner.clone(), listener)),
             tokio::spawn(gc_loop(inner.clone())),
             tokio::spawn(bookmark_loop(inner.clone())),
         ];
         Ok(ApiServer {
             inner,
             tasks: Arc::new(Mutex::new(tasks)),
+            accept: Arc::new(Mutex::new(Some(accept))),
         })
     }
 
@@ -280,14 +287,59 @@ impl ApiServer {
         }
     }
 
+    /// Stops answering as a stopped or crashed kube-apiserver does, until
+    /// [`ApiServer::resume`]: the port is closed (connections are refused), every open
+    /// connection is cut where it is (watches end mid-stream, requests get no answer), and
+    /// the objects, their resourceVersions and the watch history are kept, as etcd keeps
+    /// them. Returns once the port is closed and every connection is gone.
+    pub async fn stop(&self) {
+        self.inner.down.send_replace(true);
+        let accept = self.accept.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(a) = accept {
+            let _ = a.await;
+        }
+    }
+
+    /// Serves again on the same address after [`ApiServer::stop`], from the state it kept
+    /// (a watch resuming from a resourceVersion the history still holds gets what it missed;
+    /// call [`ApiServer::compact`] while stopped to make every resumed watch get 410 Gone, as
+    /// a restarted kube-apiserver's fresh watch cache does). Does nothing while serving.
+    pub async fn resume(&self) -> Result<(), Error> {
+        if !*self.inner.down.borrow() {
+            return Ok(());
+        }
+        let listener = bind_again(self.inner.addr).await?;
+        self.inner.down.send_replace(false);
+        let accept = tokio::spawn(accept_loop(self.inner.clone(), listener));
+        *self.accept.lock().unwrap_or_else(|e| e.into_inner()) = Some(accept);
+        Ok(())
+    }
+
     /// Stops serving: ends watches and open connections.
     pub async fn shutdown(self) {
         let _ = self.inner.shutdown.send(true);
         self.close_watches();
-        let tasks: Vec<JoinHandle<()>> =
+        let mut tasks: Vec<JoinHandle<()>> =
             std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|e| e.into_inner()));
+        tasks.extend(self.accept.lock().unwrap_or_else(|e| e.into_inner()).take());
         for t in tasks {
             let _ = t.await;
+        }
+    }
+}
+
+/// Binds `addr` again after a stop. The port was just closed; should the system not have let
+/// go of it yet, binding is retried for a while.
+async fn bind_again(addr: SocketAddr) -> Result<TcpListener, Error> {
+    let mut tries = 0;
+    loop {
+        match TcpListener::bind(addr).await {
+            Ok(l) => return Ok(l),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && tries < 100 => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => return Err(e.into()),
         }
     }
 }
@@ -295,6 +347,10 @@ impl ApiServer {
 async fn accept_loop(inner: Arc<Inner>, listener: TcpListener) {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut sd = inner.shutdown.subscribe();
+    let mut down = inner.down.subscribe();
+    // The open connections, so that a stop can cut them all.
+    let mut conns = tokio::task::JoinSet::new();
+    let mut stopped = false;
     loop {
         tokio::select! {
             r = listener.accept() => {
@@ -309,17 +365,30 @@ async fn accept_loop(inner: Arc<Inner>, listener: TcpListener) {
                     .keep_alive(true)
                     .serve_connection(TokioIo::new(stream), svc);
                 let conn = graceful.watch(conn);
-                tokio::spawn(async move {
+                conns.spawn(async move {
                     if let Err(e) = conn.await {
                         tracing::debug!(error = %e, "connection ended");
                     }
                 });
             }
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
             _ = sd.changed() => break,
+            _ = down.wait_for(|d| *d) => {
+                stopped = true;
+                break;
+            }
         }
     }
     drop(listener);
+    if stopped {
+        // Stopped: closed to new connections (above), and the open ones dropped where they
+        // are (not drained), as a killed process's are.
+        conns.shutdown().await;
+        return;
+    }
     let _ = tokio::time::timeout(Duration::from_secs(2), graceful.shutdown()).await;
+    // As before there was a stop: what the drain did not end is left to finish on its own.
+    conns.detach_all();
 }
 
 async fn gc_loop(inner: Arc<Inner>) {
