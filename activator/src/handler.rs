@@ -544,8 +544,9 @@ impl Handler {
     }
 
     /// The answer to a request no slot can be found for here (and that is not forwarded):
-    /// 503 for a full buffer (counted) or a node that cannot serve it, 502 for a revision
-    /// whose pods cannot be made. Both request paths answer with it.
+    /// 503 for a full buffer (counted), a node that cannot serve it, or a pod that cannot be
+    /// made now (the API server does not answer); 502 for a revision whose pods cannot be
+    /// made at all. Both request paths answer with it.
     pub(crate) fn no_slot(&self, key: &RevisionKey, no: NoSlot) -> Refusal {
         match no {
             NoSlot::Full(why) => {
@@ -557,6 +558,7 @@ impl Handler {
                 "revision {key}: no pool on this node took the request"
             )),
             NoSlot::Failed(why) => Refusal::bad_gateway(why),
+            NoSlot::Unavailable(why) => Refusal::unavailable(why),
         }
     }
 

@@ -196,6 +196,8 @@ pub(crate) enum Grant {
     Elsewhere(String),
     /// No pod can be made for the revision (its template is refused).
     Fail(String),
+    /// No pod can be made now: the API server does not answer (503, try again later).
+    Unavailable(String),
 }
 
 /// Why no slot was given.
@@ -207,6 +209,9 @@ pub enum NoSlot {
     Elsewhere(String),
     /// No pod can be made for the revision (its template is refused): 502.
     Failed(String),
+    /// No pod can be made now, on any member (the API server does not answer): 503 with
+    /// `Retry-After`, not forwarded, since every member is in the same position.
+    Unavailable(String),
     /// The pool retired between lookup and use: take a fresh one.
     Retired,
 }
@@ -384,6 +389,10 @@ impl Pool {
                 waiting.rx = None;
                 Err(NoSlot::Failed(why))
             }
+            Ok(Grant::Unavailable(why)) => {
+                waiting.rx = None;
+                Err(NoSlot::Unavailable(why))
+            }
             // The pool let go of its waiters without an answer: it retired.
             Err(_) => {
                 waiting.rx = None;
@@ -512,6 +521,19 @@ impl Pool {
         why: &str,
     ) -> Vec<(oneshot::Sender<Grant>, Grant)> {
         self.answer_waiters(s, || Grant::Fail(why.to_string()))
+    }
+
+    /// Answers every waiting request with a 503 (no pod can be made now: the API server
+    /// does not answer). Called with no usable pod, so every waiter is a cold one: the cold
+    /// start they began ends with them, and the next request begins a new one (its phases
+    /// are not measured from a request answered long ago).
+    pub(crate) fn refuse_cold_waiters(
+        &self,
+        s: &mut State,
+        why: &str,
+    ) -> Vec<(oneshot::Sender<Grant>, Grant)> {
+        s.cold = None;
+        self.answer_waiters(s, || Grant::Unavailable(why.to_string()))
     }
 
     /// Empties the queue, pairing each waiter with `answer`, to deliver after unlocking.

@@ -10,6 +10,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crds::backoff::WatchBackoff;
 use dashmap::DashMap;
 use futures::future::join_all;
 use tokio::sync::mpsc;
@@ -32,6 +33,12 @@ const RETIRE_AFTER: Duration = Duration::from_secs(1);
 /// Back-off after the API server refused a create, doubling up to `CREATE_BACKOFF_MAX`.
 const CREATE_BACKOFF: Duration = Duration::from_millis(200);
 const CREATE_BACKOFF_MAX: Duration = Duration::from_secs(10);
+/// The back-off's bound while the API server does not answer at all. Lower than for an
+/// answer (an API server that says it is overloaded is given room): while it is gone, the
+/// requests for a cold revision here are refused at once whatever the back-off, so what
+/// the back-off sets is how soon after its return this revision starts pods again, and how
+/// many connects a pool with demand makes meanwhile (one per 1-2 s).
+const UNREACHABLE_BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// The scaler looks again at least this often (idle and stable-window clocks).
 const TICK: Duration = Duration::from_secs(1);
 /// A starting pod's readiness is checked this often at first (a refused connect costs a
@@ -90,6 +97,12 @@ struct Scaler {
     /// The Revision (as read) whose pods the API server refused, and why: its requests fail
     /// at once until the Revision changes.
     invalid: Option<(Arc<crds::Revision>, String)>,
+    /// The last create got no answer from the API server, with what requests are told:
+    /// until a create is answered, requests that would wait for a pod are refused (503) at
+    /// once instead of waiting for one that cannot be made.
+    unreachable: Option<String>,
+    /// The back-off between creates while the API server does not answer.
+    unreachable_backoff: WatchBackoff,
 }
 
 impl Scaler {
@@ -110,6 +123,8 @@ impl Scaler {
             addr_tx,
             addr_rx,
             invalid: None,
+            unreachable: None,
+            unreachable_backoff: WatchBackoff::new(CREATE_BACKOFF, UNREACHABLE_BACKOFF_MAX),
         }
     }
 
@@ -473,6 +488,19 @@ impl Scaler {
             self.next_create = None;
         }
         if self.next_create.is_some_and(|t| t > Instant::now()) {
+            // Backing off from an API server that does not answer: the requests that found
+            // no pod cannot get one before the next attempt, which may fail too.
+            if let Some(why) = &self.unreachable {
+                let grants = {
+                    let mut s = pool.lock();
+                    if s.throttle.pods() == 0 {
+                        pool.refuse_cold_waiters(&mut s, why)
+                    } else {
+                        Vec::new()
+                    }
+                };
+                deliver(grants);
+            }
             return;
         }
         let mut ordinals = Vec::new();
@@ -507,6 +535,12 @@ impl Scaler {
                 Err(e) => failed = Some(e),
             }
         }
+        if !matches!(failed, Some(CreateError::Unreachable(_))) {
+            if self.unreachable.take().is_some() {
+                tracing::info!(revision = %pool.key, "the API server answers pod creates again");
+            }
+            self.unreachable_backoff.reset_wait();
+        }
         match failed {
             None => {
                 self.create_backoff = CREATE_BACKOFF;
@@ -536,6 +570,33 @@ impl Scaler {
                 };
                 deliver(grants);
                 self.invalid = Some((rev.clone(), told));
+            }
+            Some(CreateError::Unreachable(why)) => {
+                // No Event: there is no API server to write it to. Logged at warn once per
+                // pool (it retries every second or two meanwhile, while requests come).
+                if self.unreachable.is_none() {
+                    tracing::warn!(revision = %pool.key, error = %why, "creating pod: the API server does not answer; cold starts refused until it does");
+                } else {
+                    tracing::debug!(revision = %pool.key, error = %why, "creating pod");
+                }
+                let told = format!(
+                    "revision {}: cannot start a pod now: the Kubernetes API server does not \
+                     answer",
+                    pool.key
+                );
+                let grants = {
+                    let mut s = pool.lock();
+                    if s.throttle.pods() == 0 {
+                        pool.refuse_cold_waiters(&mut s, &told)
+                    } else {
+                        Vec::new()
+                    }
+                };
+                deliver(grants);
+                self.unreachable = Some(told);
+                // Jittered: the pools of thousands of activators that lost the API server
+                // together do not retry together.
+                self.next_create = Some(Instant::now() + self.unreachable_backoff.next_wait());
             }
             Some(CreateError::Api(why)) => {
                 sh.events

@@ -8,6 +8,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client};
 
+use std::time::Duration;
+
 use crate::cache::pods::{PodCache, RevisionPods};
 use crate::pod_spec::build_pod;
 use crate::routing::RevisionKey;
@@ -21,17 +23,29 @@ pub enum CreateError {
     /// policy): retrying will not help. The API server's message names policies and fields
     /// of the cluster, so it goes to the Revision's events and the log, never to a client.
     Refused(String),
-    /// The API server refused or did not answer.
+    /// The API server answered with an error (a 5xx, a 429, a 403...): this node backs off.
     Api(String),
+    /// The API server did not answer at all (connection refused or cut, no answer within
+    /// [`CREATE_LIMIT`]): the control plane is out of reach, for every member alike.
+    Unreachable(String),
 }
 
 impl std::fmt::Display for CreateError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Invalid(s) | Self::Refused(s) | Self::Api(s) => f.write_str(s),
+            Self::Invalid(s) | Self::Refused(s) | Self::Api(s) | Self::Unreachable(s) => {
+                f.write_str(s)
+            }
         }
     }
 }
+
+/// How long a create (with the read that may follow it) may take before it counts as
+/// unanswered. A healthy API server answers in milliseconds and a busy one in well under a
+/// second; past this the requests waiting for the pod are better told to come back (503)
+/// than held until their timeout (minutes) by a connection to an API server that is gone
+/// without a word (packets dropped, not refused), or by the client's own retries.
+pub const CREATE_LIMIT: Duration = Duration::from_secs(10);
 
 /// Creates and deletes app pods on this node.
 #[derive(Clone)]
@@ -60,33 +74,50 @@ impl LocalScheduler {
 
     /// Creates the `ordinal`-th pod of `rev` here and returns its name. 409 AlreadyExists
     /// means a retried create already happened: the existing pod is recorded and counts as
-    /// created.
+    /// created. Bounded by [`CREATE_LIMIT`]; a create given up on may still have happened,
+    /// and the next one finds it (409, deterministic names).
     pub async fn create(
         &self,
         key: &RevisionKey,
         rev: &Revision,
         ordinal: u32,
     ) -> Result<String, CreateError> {
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), &key.namespace);
         let pod = build_pod(rev, &self.node, ordinal).map_err(CreateError::Invalid)?;
         let name = pod.metadata.name.clone().unwrap_or_default();
-        match api.create(&PostParams::default(), &pod).await {
+        match tokio::time::timeout(CREATE_LIMIT, self.post(key, &pod, &name)).await {
+            Ok(r) => r,
+            Err(_) => Err(CreateError::Unreachable(format!(
+                "creating pod {name}: the API server did not answer within {}s",
+                CREATE_LIMIT.as_secs()
+            ))),
+        }
+    }
+
+    async fn post(&self, key: &RevisionKey, pod: &Pod, name: &str) -> Result<String, CreateError> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &key.namespace);
+        match api.create(&PostParams::default(), pod).await {
             Ok(created) => {
                 // Recorded before the watch reports it, so the scaler does not create it again.
                 self.pods.observe_created(key, &created);
                 tracing::info!(revision = %key, pod = %name, "created pod");
-                Ok(name)
+                Ok(name.to_string())
             }
-            Err(kube::Error::Api(s)) if s.code == 409 => self.adopt(&api, key, &name).await,
+            Err(kube::Error::Api(s)) if s.code == 409 => self.adopt(&api, key, name).await,
             // Invalid (422) or forbidden (403: e.g. the namespace is terminating): the
             // template or the namespace is at fault, not this node.
             Err(kube::Error::Api(s)) if s.code == 422 || s.code == 400 => Err(
                 CreateError::Refused(format!("creating pod {name}: {}", s.message)),
             ),
             // The create may have happened with its answer lost (a timeout, a cut
-            // connection): if the pod exists, it is ours.
-            Err(e) => match self.adopt(&api, key, &name).await {
+            // connection): if the pod exists, it is ours. When the read gets no answer
+            // either, the API server is out of reach.
+            Err(e) => match self.adopt(&api, key, name).await {
                 Ok(n) => Ok(n),
+                Err(CreateError::Unreachable(_)) if crds::backoff::unanswered(&e) => {
+                    Err(CreateError::Unreachable(format!(
+                        "creating pod {name}: the API server is unreachable: {e}"
+                    )))
+                }
                 Err(_) => Err(CreateError::Api(format!("creating pod {name}: {e}"))),
             },
         }
@@ -106,6 +137,9 @@ impl LocalScheduler {
             Ok(None) => Err(CreateError::Api(format!(
                 "pod {name} was reported to exist but is gone"
             ))),
+            Err(e) if crds::backoff::unanswered(&e) => {
+                Err(CreateError::Unreachable(format!("reading pod {name}: {e}")))
+            }
             Err(e) => Err(CreateError::Api(format!("reading pod {name}: {e}"))),
         }
     }

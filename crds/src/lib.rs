@@ -5,8 +5,11 @@
 //!   subsetter (or a replacement) and read by activators.
 //! - [`contract`]: the labels, headers, names and hashes shared between the parts
 //!   (DESIGN.md §3), so every component derives them the same way.
+//! - [`backoff`]: the retry policy every watch of the activator and the subsetter shares, so
+//!   all of them resume within a second or so of the API server answering again.
 
 pub mod activation_endpoints;
+pub mod backoff;
 pub mod contract;
 pub mod crdgen;
 pub mod revision;

@@ -22,6 +22,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex, RwLock};
 
+use crds::backoff::resilient;
 use crds::contract::ACTIVATOR_SELECTOR;
 use crds::{ActivationEndpoints, Revision};
 use futures::channel::mpsc::{UnboundedSender, unbounded};
@@ -359,8 +360,9 @@ async fn watch_revisions(
 ) {
     let mut generations: HashMap<ObjectRef<Revision>, Option<i64>> = HashMap::new();
     let mut events = std::pin::pin!(
-        watcher::watcher(api, watcher::Config::default())
-            .default_backoff()
+        // Every watch here: bounded back-off, and a 410 re-lists at once (crds::backoff), so
+        // the subsetter is back within a second or so of the API server's return.
+        resilient(watcher::watcher(api, watcher::Config::default()))
             // Nothing reads these, and at 100,000 revisions they would be most of the store:
             // managedFields, and kubectl's copy of the whole object it applied.
             .modify(|r: &mut Revision| {
@@ -446,7 +448,7 @@ async fn rebalance_loop(
 /// is refused whole, with its reasons logged, and the settings in force stay.
 async fn watch_settings(api: Api<ConfigMap>, name: String, base: Settings, ctx: Arc<Context>) {
     let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    let mut events = std::pin::pin!(watcher::watcher(api, cfg).default_backoff());
+    let mut events = std::pin::pin!(resilient(watcher::watcher(api, cfg)));
     let mut listed = false;
     while let Some(ev) = events.next().await {
         let cm = match ev {
@@ -607,8 +609,7 @@ async fn watch_endpoints(
     owners: Triggers,
     metrics: Arc<Metrics>,
 ) {
-    let mut events =
-        std::pin::pin!(watcher::watcher(api, watcher::Config::default()).default_backoff());
+    let mut events = std::pin::pin!(resilient(watcher::watcher(api, watcher::Config::default())));
     while let Some(event) = events.next().await {
         let event = match event {
             Ok(e) => e,
@@ -690,11 +691,12 @@ async fn watch_activators(
     metrics: Arc<Metrics>,
 ) {
     // No stores of the objects: the set keeps what it derives from them.
-    let pod_events = watcher::watcher(pods, watcher::Config::default().labels(ACTIVATOR_SELECTOR))
-        .default_backoff()
-        .map(|e| e.map(|e| Watched::Pod(Box::new(e))));
-    let node_events = watcher::watcher(nodes, watcher::Config::default())
-        .default_backoff()
+    let pod_events = resilient(watcher::watcher(
+        pods,
+        watcher::Config::default().labels(ACTIVATOR_SELECTOR),
+    ))
+    .map(|e| e.map(|e| Watched::Pod(Box::new(e))));
+    let node_events = resilient(watcher::watcher(nodes, watcher::Config::default()))
         .map(|e| e.map(|e| Watched::Node(Box::new(e))));
     let mut events = std::pin::pin!(stream::select(pod_events, node_events));
     let mut listed = (false, false);

@@ -6,6 +6,7 @@ use std::future::Future;
 use std::pin::pin;
 use std::time::Duration;
 
+use crds::backoff::{WatchBackoff, resilient};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::runtime::{WatchStreamExt, watcher};
@@ -13,7 +14,7 @@ use kube::{Api, Client};
 use kube_lease_manager::{LeaseManager, LeaseManagerBuilder};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::error::Result;
 
@@ -129,15 +130,61 @@ async fn start_manager(client: &Client, config: &LeaseConfig) -> Result<Manager>
         .with_grace(config.grace_seconds)
         .build()
         .await?;
-    Ok(manager.watch().await)
+    let (tx, rx) = watch::channel(false);
+    Ok((rx, tokio::spawn(hold(manager, tx))))
+}
+
+/// kube-lease-manager's `LeaseManager::watch` loop, with the watches' bounded back-off
+/// (crds::backoff) after an API error instead of its own, which grows to 30 s: a leader
+/// whose renewals failed through an API server outage renews within a second or so of its
+/// return, not up to 30 s later (by when a standby may have taken the expired Lease). Sends
+/// each change of leadership on `tx`; releases the Lease and returns once every receiver
+/// is gone.
+async fn hold(
+    manager: LeaseManager,
+    tx: watch::Sender<bool>,
+) -> kube_lease_manager::Result<LeaseManager> {
+    let mut backoff = WatchBackoff::default();
+    let mut failing = false;
+    loop {
+        let changed = tokio::select! {
+            biased;
+            () = tx.closed() => break,
+            r = manager.changed() => r,
+        };
+        match changed {
+            Ok(leading) => {
+                backoff.reset_wait();
+                failing = false;
+                if tx.send(leading).is_err() {
+                    break;
+                }
+            }
+            Err(e) => {
+                // Once per outage at warn: it retries every second or so meanwhile.
+                if failing {
+                    debug!(error = %e, "the Lease: retrying");
+                } else {
+                    warn!(error = %e, "the Lease: the API server did not take a renewal or read; retrying");
+                    failing = true;
+                }
+                tokio::select! {
+                    biased;
+                    () = tx.closed() => break,
+                    () = tokio::time::sleep(backoff.next_wait()) => {}
+                }
+            }
+        }
+    }
+    manager.release().await?;
+    Ok(manager)
 }
 
 /// Yields each time the Lease is seen with no holder (released by a holder that stopped).
 fn released(client: &Client, config: &LeaseConfig) -> impl Stream<Item = ()> + use<> {
     let api: Api<Lease> = Api::namespaced(client.clone(), &config.namespace);
     let cfg = watcher::Config::default().fields(&format!("metadata.name={}", config.name));
-    watcher(api, cfg)
-        .default_backoff()
+    resilient(watcher(api, cfg))
         .applied_objects()
         .filter_map(|l| async move {
             let l = l.ok()?;

@@ -542,10 +542,20 @@ pub fn error_policy(rev: Arc<Revision>, error: &Error, ctx: Arc<Context>) -> Act
         *n = n.saturating_add(1);
         *n
     };
-    let delay = backoff(attempt);
+    let delay = match error {
+        // The API server did not answer (it is down or restarting): retried as often as the
+        // watches retry, so what failed during an outage is done within a second or two of
+        // its return, not after a wait doubled through the whole outage (up to a minute).
+        Error::Kube(e) if crds::backoff::unanswered(e) => backoff(attempt).min(UNANSWERED_RETRY),
+        _ => backoff(attempt),
+    };
     warn!(revision = %key, %error, attempt, ?delay, "reconcile failed; retrying");
     Action::requeue(delay)
 }
+
+/// The longest wait before a reconcile that got no answer from the API server is retried
+/// (the watches' bound, [`crds::backoff::CAP`]).
+const UNANSWERED_RETRY: Duration = crds::backoff::CAP;
 
 pub(crate) fn backoff(attempt: u32) -> Duration {
     let ms = 500u64.saturating_mul(1u64 << attempt.saturating_sub(1).min(16));

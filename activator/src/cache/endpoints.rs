@@ -96,7 +96,8 @@ impl EndpointsCache {
                 .labels(&crds::contract::member_selector(node))
                 .any_semantic()
         };
-        let events = watcher(api, cfg).default_backoff().reflect(writer);
+        // As the pod watch (pods.rs): bounded back-off, a 410 re-lists at once.
+        let events = crds::backoff::resilient(watcher(api, cfg)).reflect(writer);
         let me = node.to_string();
         let memo: Arc<DashMap<RevisionKey, (u64, Membership)>> = Arc::default();
         let epoch: Arc<AtomicU64> = Arc::default();

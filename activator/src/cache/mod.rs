@@ -35,7 +35,7 @@ use kube::runtime::watcher;
 use tokio_util::sync::CancellationToken;
 
 /// Drives a watch stream until `stop`, handing each event to `on_event`. Errors are logged
-/// and left to the watcher, which retries them with backoff.
+/// and left to the stream, which retries them ([`crds::backoff::resilient`]).
 pub(crate) fn spawn_watch<K, S>(
     what: &'static str,
     events: S,
@@ -47,6 +47,9 @@ pub(crate) fn spawn_watch<K, S>(
 {
     tokio::spawn(async move {
         let mut events = std::pin::pin!(events);
+        // Errors since the last event: during an API server outage the stream retries every
+        // second or so, and one warning says so, not one per attempt.
+        let mut failed = 0u64;
         loop {
             let ev = tokio::select! {
                 _ = stop.cancelled() => return,
@@ -54,8 +57,21 @@ pub(crate) fn spawn_watch<K, S>(
             };
             match ev {
                 None => return,
-                Some(Err(e)) => tracing::warn!(error = %e, "{what} watch error; retrying"),
-                Some(Ok(ev)) => on_event(ev),
+                Some(Err(e)) => {
+                    if failed == 0 {
+                        tracing::warn!(error = %e, "{what} watch error; retrying");
+                    } else {
+                        tracing::debug!(error = %e, failed, "{what} watch error; retrying");
+                    }
+                    failed += 1;
+                }
+                Some(Ok(ev)) => {
+                    if failed > 0 {
+                        tracing::info!(errors = failed, "{what} watch receiving events again");
+                        failed = 0;
+                    }
+                    on_event(ev)
+                }
             }
         }
     });

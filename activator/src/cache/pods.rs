@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crds::contract::REVISION_LABEL;
 use dashmap::DashMap;
 use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -90,7 +90,9 @@ impl PodCache {
                 .labels(REVISION_LABEL)
                 .any_semantic()
         };
-        let events = watcher(api, cfg).default_backoff();
+        // Bounded back-off, and a re-list at once after a 410: back within a second or so
+        // of the API server's return, however long it was gone (crds::backoff).
+        let events = crds::backoff::resilient(watcher(api, cfg));
         let table = by_revision.clone();
         // Pods listed by the current relist, so those gone meanwhile can be dropped.
         let mut relisted: Option<HashSet<(RevisionKey, String)>> = None;
