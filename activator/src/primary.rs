@@ -46,10 +46,21 @@ fn weight(key: &RevisionKey, node: &str) -> u64 {
     fnv1a(&[&key.namespace, &key.name, node])
 }
 
+/// A member's place in the ranking for `key`: lower sorts first (the highest weight, then
+/// the node's name to break a tie).
+/// Borrows the name: the fast lane asks [`is_primary`] on every request that is not the
+/// primary's, and allocates nothing for it.
+fn rank<'a>(key: &RevisionKey, node: &'a str) -> (std::cmp::Reverse<u64>, &'a str) {
+    (std::cmp::Reverse(weight(key, node)), node)
+}
+
 /// `members` in the order requests for `key` try them: the primary first. The same for every
 /// entry, whatever order the members come in.
 pub fn ranked(key: &RevisionKey, mut members: Vec<ActivatorMember>) -> Vec<ActivatorMember> {
-    members.sort_by_cached_key(|m| (std::cmp::Reverse(weight(key, &m.node)), m.node.clone()));
+    members.sort_by_cached_key(|m| {
+        let (w, node) = rank(key, &m.node);
+        (w, node.to_string())
+    });
     members
 }
 
@@ -59,11 +70,11 @@ pub fn is_primary<'a>(
     node: &str,
     others: impl IntoIterator<Item = &'a ActivatorMember>,
 ) -> bool {
-    let mine = (std::cmp::Reverse(weight(key, node)), node);
+    let mine = rank(key, node);
     others
         .into_iter()
         .filter(|m| m.node != node)
-        .all(|m| mine < (std::cmp::Reverse(weight(key, &m.node)), m.node.as_str()))
+        .all(|m| mine < rank(key, &m.node))
 }
 
 /// The members ranked ahead of `node` for `key`: those a request entering at `node` tries
@@ -73,12 +84,10 @@ pub fn ahead_of(
     node: &str,
     others: impl IntoIterator<Item = ActivatorMember>,
 ) -> Vec<ActivatorMember> {
-    let mine = (std::cmp::Reverse(weight(key, node)), node.to_string());
+    let mine = rank(key, node);
     let ahead: Vec<ActivatorMember> = others
         .into_iter()
-        .filter(|m| {
-            m.node != node && (std::cmp::Reverse(weight(key, &m.node)), m.node.clone()) < mine
-        })
+        .filter(|m| m.node != node && rank(key, &m.node) < mine)
         .collect();
     ranked(key, ahead)
 }
