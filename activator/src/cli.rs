@@ -10,6 +10,7 @@ use std::time::Duration;
 use clap::Parser;
 use clap::builder::BoolishValueParser;
 
+use crate::cache::directory::DirectorySource;
 use crate::config::{ActivatorConfig, PoolConfig};
 
 /// Environment variables the binary reads outside these flags.
@@ -129,6 +130,18 @@ pub struct Args {
     /// pod watch alone says where a pod is (docs/node-agent.md).
     #[arg(long, env = "NODE_AGENT_SOCKET")]
     pub node_agent_socket: Option<std::path::PathBuf>,
+    /// The directory's replicas (the subsetter's pods, in this activator's namespace), by
+    /// label: a Host or revision the API server does not answer is looked up there, so warm
+    /// traffic survives an API server outage. Empty: no directory.
+    #[arg(
+        long,
+        env = "DIRECTORY_SELECTOR",
+        default_value = "app.kubernetes.io/name=local-activator,app.kubernetes.io/component=subsetter"
+    )]
+    pub directory_selector: String,
+    /// The replicas' directory port.
+    #[arg(long, env = "DIRECTORY_PORT", default_value_t = crds::directory::DIRECTORY_PORT)]
+    pub directory_port: u16,
 }
 
 impl Args {
@@ -160,6 +173,15 @@ impl Args {
         cfg.drain_timeout = self.drain_timeout;
         cfg.body_idle_timeout = self.body_idle_timeout;
         cfg.node_agent = self.node_agent_socket.clone();
+        cfg.directory = if self.directory_selector.is_empty() {
+            DirectorySource::Off
+        } else {
+            DirectorySource::Pods {
+                namespace: self.pod_namespace.clone(),
+                selector: self.directory_selector.clone(),
+                port: self.directory_port,
+            }
+        };
         cfg.pool = PoolConfig {
             queue_limit: self.queue_limit,
             queue_limit_total: self.queue_limit_total,
@@ -238,7 +260,17 @@ mod tests {
         );
         want.pod_name = "local-activator".into();
         want.io_threads = 4;
+        // The binary finds the subsetter's replicas; the library asks no directory.
+        want.directory = DirectorySource::Pods {
+            namespace: "local-activator".into(),
+            selector:
+                "app.kubernetes.io/name=local-activator,app.kubernetes.io/component=subsetter"
+                    .into(),
+            port: crds::directory::DIRECTORY_PORT,
+        };
         assert_eq!(format!("{:?}", args.config()), format!("{want:?}"));
+        let off = parse(&["--node-name=n1", "--directory-selector="]).unwrap();
+        assert_eq!(off.config().directory, DirectorySource::Off);
     }
 
     #[test]
@@ -273,6 +305,8 @@ mod tests {
             "--body-idle-timeout=PT10S",
             "--fast-lane=false",
             "--node-agent-socket=/run/local-activator/agent.sock",
+            "--directory-selector=app=dir",
+            "--directory-port=7000",
         ])
         .unwrap();
         let c = args.config();
@@ -298,6 +332,11 @@ mod tests {
         want.body_idle_timeout = Duration::from_secs(10);
         want.fast_lane = false;
         want.node_agent = Some("/run/local-activator/agent.sock".into());
+        want.directory = DirectorySource::Pods {
+            namespace: "ops".into(),
+            selector: "app=dir".into(),
+            port: 7000,
+        };
         want.pool = PoolConfig {
             queue_limit: 100,
             queue_limit_total: 1000,

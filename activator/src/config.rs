@@ -72,6 +72,9 @@ pub struct ActivatorConfig {
     /// The node agent's socket ([`crate::node_addr`]): a starting pod's address from the
     /// container runtime as soon as its sandbox has one. None: from the pod watch only.
     pub node_agent: Option<std::path::PathBuf>,
+    /// Where a Host or revision the API server does not answer is looked up
+    /// ([`crate::cache::directory`]): the subsetter's replicas.
+    pub directory: crate::cache::directory::DirectorySource,
 }
 
 impl ActivatorConfig {
@@ -105,6 +108,7 @@ impl ActivatorConfig {
             fast_lane: true,
             hop: crate::hop::HopAuth::none(),
             node_agent: None,
+            directory: crate::cache::directory::DirectorySource::Off,
         }
     }
 }

@@ -19,6 +19,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use crds::contract::normalize_host;
+use crds::directory::DirectoryQuery;
 use crds::{ActivatorMember, Revision};
 use futures::future::Either;
 use http::{HeaderName, HeaderValue, Request, Response};
@@ -72,6 +73,10 @@ pub struct Handler {
     pub draining: CancellationToken,
     /// Which forwarded requests are a peer's ([`crate::hop`]).
     pub hop: crate::hop::HopAuth,
+    /// Whether the API server answers: a read it does not is given up at once.
+    pub api: crate::api_health::ApiHealth,
+    /// Where lookups the API server does not answer are asked (None: nowhere).
+    pub directory: Option<crate::cache::directory::Directory>,
 }
 
 /// Where stage 2 sends the request.
@@ -86,6 +91,13 @@ enum RouteTo {
     },
     /// Other members serve it.
     Elsewhere(Vec<ActivatorMember>),
+}
+
+/// What the directory answered, kept in the caches.
+struct Found {
+    key: RevisionKey,
+    rev: Arc<Revision>,
+    membership: Membership,
 }
 
 /// Who sent a request this node serves: a client, or a peer activator (a proven hop) that
@@ -221,7 +233,8 @@ impl Handler {
         Ok(resp)
     }
 
-    /// Stage 1: the revision a request names, and the Revision itself.
+    /// Stage 1: the revision a request names, and the Revision itself. What the API server
+    /// does not answer is asked of the directory (`cache::directory`).
     async fn resolve(&self, req: &Request<Body>) -> Result<(RevisionKey, Arc<Revision>), Refusal> {
         let authority = req.uri().authority().map(|a| a.as_str());
         let (key, host) = match named(req.headers(), authority) {
@@ -233,20 +246,31 @@ impl Handler {
                          x-revision-namespace and x-revision-name headers (host {host})"
                     )));
                 };
-                match bounded(hosts.resolve(&host)).await {
+                match self.api.within(API_READ_LIMIT, hosts.resolve(&host)).await {
                     Ok(Ok(Some(key))) => (key, Some((host, hosts))),
                     Ok(Ok(None)) => {
                         return Err(Refusal::unknown_revision(format!(
                             "no revision serves host {host}"
                         )));
                     }
-                    Ok(Err(e)) => {
-                        return Err(Refusal::unavailable(format!("looking up host {host}: {e}")));
-                    }
-                    Err(()) => {
-                        return Err(Refusal::unavailable(format!(
-                            "looking up host {host}: the API server did not answer"
-                        )));
+                    failed => {
+                        let why = match failed {
+                            Ok(Err(e)) => e.to_string(),
+                            _ => "the API server did not answer".to_string(),
+                        };
+                        let q = DirectoryQuery::Host(normalize_host(&host));
+                        return match self.ask_directory(&q).await {
+                            Some(Some(found)) => {
+                                hosts.seed(&host, found.key.clone());
+                                Ok((found.key, found.rev))
+                            }
+                            Some(None) => Err(Refusal::unknown_revision(format!(
+                                "no revision serves host {host}"
+                            ))),
+                            None => Err(Refusal::unavailable(format!(
+                                "looking up host {host}: {why}"
+                            ))),
+                        };
                     }
                 }
             }
@@ -257,7 +281,11 @@ impl Handler {
                 ));
             }
         };
-        let rev = match bounded(self.revisions.get_or_fetch(&key)).await {
+        let rev = match self
+            .api
+            .within(API_READ_LIMIT, self.revisions.get_or_fetch(&key))
+            .await
+        {
             Ok(Ok(Some(rev))) => rev,
             Ok(Ok(None)) => {
                 if let Some((h, hosts)) = &host {
@@ -265,13 +293,24 @@ impl Handler {
                 }
                 return Err(Refusal::unknown_revision(&key));
             }
-            Ok(Err(e)) => {
-                return Err(Refusal::unavailable(format!("reading revision {key}: {e}")));
-            }
-            Err(()) => {
-                return Err(Refusal::unavailable(format!(
-                    "reading revision {key}: the API server did not answer"
-                )));
+            failed => {
+                let why = match failed {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => "the API server did not answer".to_string(),
+                };
+                let q = DirectoryQuery::Revision {
+                    namespace: key.namespace.clone(),
+                    name: key.name.clone(),
+                };
+                match self.ask_directory(&q).await {
+                    Some(Some(found)) => found.rev,
+                    Some(None) => return Err(Refusal::unknown_revision(&key)),
+                    None => {
+                        return Err(Refusal::unavailable(format!(
+                            "reading revision {key}: {why}"
+                        )));
+                    }
+                }
             }
         };
         // A cached host whose revision no longer claims it (hosts moved): look again next time.
@@ -285,6 +324,39 @@ impl Handler {
             }
         }
         Ok((key, rev))
+    }
+
+    /// Asks the directory what the API server did not answer, and keeps the answer in the
+    /// caches a lookup fills (the revision, its subset). None: no directory, or no replica
+    /// answered; `Some(None)`: it knows no such host or revision.
+    async fn ask_directory(&self, q: &DirectoryQuery) -> Option<Option<Found>> {
+        let directory = self.directory.as_ref()?;
+        match directory.lookup(q).await {
+            Ok(Some(found)) => {
+                self.metrics.directory_answered.inc();
+                let rev = Arc::new(found.revision);
+                let key = RevisionKey::new(
+                    rev.metadata.namespace.clone().unwrap_or_default(),
+                    rev.metadata.name.clone().unwrap_or_default(),
+                );
+                self.revisions.seed(&key, rev.clone());
+                let membership = self.endpoints.seed(&key, found.endpoints.map(Arc::new));
+                Some(Some(Found {
+                    key,
+                    rev,
+                    membership,
+                }))
+            }
+            Ok(None) => {
+                self.metrics.directory_answered.inc();
+                Some(None)
+            }
+            Err(e) => {
+                self.metrics.directory_failed.inc();
+                tracing::warn!(error = %e, "the directory did not answer a lookup either");
+                None
+            }
+        }
     }
 
     /// Stage 2: serve here, or which members to forward to.
@@ -373,8 +445,27 @@ impl Handler {
         hopped: bool,
         deadline: Instant,
     ) -> Result<Membership, Refusal> {
-        let read_by = deadline.min(Instant::now() + API_READ_LIMIT);
-        match tokio::time::timeout_at(read_by, self.endpoints.membership(key, hopped)).await {
+        let limit = deadline
+            .saturating_duration_since(Instant::now())
+            .min(API_READ_LIMIT);
+        let read = self
+            .api
+            .within(limit, self.endpoints.membership(key, hopped));
+        let read = match read.await {
+            Ok(Ok(m)) => Ok(Ok(m)),
+            // What the API server does not answer, the directory may.
+            failed => {
+                let q = DirectoryQuery::Revision {
+                    namespace: key.namespace.clone(),
+                    name: key.name.clone(),
+                };
+                match self.ask_directory(&q).await {
+                    Some(Some(found)) => Ok(Ok(found.membership)),
+                    _ => failed,
+                }
+            }
+        };
+        match read {
             // The subsetter gives an invalid revision no subset: say why instead of waiting.
             Ok(Ok(Membership::Unassigned)) if !rev.problems().is_empty() => {
                 Err(Refusal::bad_gateway(format!(
@@ -735,13 +826,6 @@ pub(crate) fn too_late(key: &RevisionKey, timeout: Duration) -> Refusal {
         "revision {key}: no answer within its timeout of {}s",
         timeout.as_secs()
     ))
-}
-
-/// An API read on the request path, bounded (the client has no read timeout of its own).
-async fn bounded<T>(f: impl Future<Output = T>) -> Result<T, ()> {
-    tokio::time::timeout(API_READ_LIMIT, f)
-        .await
-        .map_err(|_| ())
 }
 
 /// Names the revision in a refusal about its pod.

@@ -8,6 +8,7 @@ pub mod admin;
 pub mod adopt;
 pub mod answer;
 pub mod api_count;
+pub mod api_health;
 pub mod body_timeout;
 pub mod cache;
 pub mod cli;
@@ -103,6 +104,8 @@ impl Activator {
         let stop_caches = CancellationToken::new();
         let metrics = Arc::new(Metrics::default());
         let client = api_count::counted(client, metrics.api_requests.clone());
+        // Calls on the request path give up as soon as the API server is found not to answer.
+        let api = api_health::ApiHealth::new(client.clone());
         let revisions = RevisionCache::new(client.clone());
         // Off, no Host lookup is ever made (requests must name their revision by headers).
         let hosts = cfg
@@ -117,6 +120,11 @@ impl Activator {
             member_of_tx,
         );
         let pods = PodCache::start(client.clone(), &cfg.node_name, stop_caches.child_token());
+        let directory = cache::directory::Directory::start(
+            &cfg.directory,
+            client.clone(),
+            stop_caches.child_token(),
+        );
         let caches = (
             revisions.clone(),
             hosts.clone(),
@@ -130,6 +138,7 @@ impl Activator {
         );
         let pools = Pools::new(Shared {
             client,
+            api: api.clone(),
             events,
             node: cfg.node_name.clone(),
             pods: pods.clone(),
@@ -209,6 +218,8 @@ impl Activator {
                 metrics: metrics.clone(),
                 draining: stop.child_token(),
                 hop: cfg.hop.clone(),
+                api: api.clone(),
+                directory: directory.clone(),
             })
         };
         // The fast lane of each serving thread (off: hyper serves every request).

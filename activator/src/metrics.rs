@@ -165,6 +165,10 @@ pub struct Metrics {
     /// Requests a member that is not the revision's primary served itself because every
     /// member ranked ahead of it refused them.
     pub primary_refused: Counter,
+    /// Lookups the API server did not answer that the directory (the subsetter's replicas)
+    /// did, and those it could not answer either.
+    pub directory_answered: Counter,
+    pub directory_failed: Counter,
     /// New pods, by where their address came from first (the node agent or the pod watch).
     pub pod_address: Family<AddressFrom, Counter>,
     /// Questions to the node agent that failed (unreachable, an error answer, a protocol
@@ -212,6 +216,8 @@ impl Default for Metrics {
             retries: Counter::default(),
             forwards: Counter::default(),
             primary_refused: Counter::default(),
+            directory_answered: Counter::default(),
+            directory_failed: Counter::default(),
             pod_address: Family::default(),
             agent_errors: Counter::default(),
             drained_to_peers: Counter::default(),
@@ -328,6 +334,17 @@ impl Metrics {
             "Requests a member that is not the revision's primary served itself because every \
              member ranked ahead of it refused them",
             self.primary_refused.clone(),
+        );
+        r.register(
+            "directory_answered",
+            "Host or revision lookups the API server did not answer that the directory (the \
+             subsetter's replicas) answered",
+            self.directory_answered.clone(),
+        );
+        r.register(
+            "directory_failed",
+            "Host or revision lookups neither the API server nor the directory answered",
+            self.directory_failed.clone(),
         );
         r.register(
             "pod_address",

@@ -67,6 +67,8 @@ impl Default for PoolConfig {
 /// What every pool shares.
 pub struct Shared {
     pub client: Client,
+    /// Whether the API server answers: a pod create it does not is given up at once.
+    pub api: crate::api_health::ApiHealth,
     pub node: String,
     pub pods: PodCache,
     pub metrics: Arc<Metrics>,

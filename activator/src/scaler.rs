@@ -108,7 +108,8 @@ struct Scaler {
 impl Scaler {
     fn new(pool: Arc<Pool>) -> Self {
         let sh = &pool.shared;
-        let scheduler = LocalScheduler::new(sh.client.clone(), &sh.node, sh.pods.clone());
+        let scheduler =
+            LocalScheduler::new(sh.client.clone(), sh.api.clone(), &sh.node, sh.pods.clone());
         let (probe_tx, probe_rx) = mpsc::unbounded_channel();
         let (addr_tx, addr_rx) = mpsc::unbounded_channel();
         Self {

@@ -10,6 +10,7 @@ use kube::{Api, Client};
 
 use std::time::Duration;
 
+use crate::api_health::{ApiHealth, GaveUp};
 use crate::cache::pods::{PodCache, RevisionPods};
 use crate::pod_spec::build_pod;
 use crate::routing::RevisionKey;
@@ -51,14 +52,16 @@ pub const CREATE_LIMIT: Duration = Duration::from_secs(10);
 #[derive(Clone)]
 pub struct LocalScheduler {
     client: Client,
+    api: ApiHealth,
     node: String,
     pods: PodCache,
 }
 
 impl LocalScheduler {
-    pub fn new(client: Client, node: &str, pods: PodCache) -> Self {
+    pub fn new(client: Client, api: ApiHealth, node: &str, pods: PodCache) -> Self {
         Self {
             client,
+            api,
             node: node.to_string(),
             pods,
         }
@@ -84,9 +87,16 @@ impl LocalScheduler {
     ) -> Result<String, CreateError> {
         let pod = build_pod(rev, &self.node, ordinal).map_err(CreateError::Invalid)?;
         let name = pod.metadata.name.clone().unwrap_or_default();
-        match tokio::time::timeout(CREATE_LIMIT, self.post(key, &pod, &name)).await {
+        match self
+            .api
+            .within(CREATE_LIMIT, self.post(key, &pod, &name))
+            .await
+        {
             Ok(r) => r,
-            Err(_) => Err(CreateError::Unreachable(format!(
+            Err(GaveUp::Down) => Err(CreateError::Unreachable(format!(
+                "creating pod {name}: no answer, and the API server is not ready (/readyz)"
+            ))),
+            Err(GaveUp::Limit) => Err(CreateError::Unreachable(format!(
                 "creating pod {name}: the API server did not answer within {}s",
                 CREATE_LIMIT.as_secs()
             ))),

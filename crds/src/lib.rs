@@ -12,6 +12,7 @@ pub mod activation_endpoints;
 pub mod backoff;
 pub mod contract;
 pub mod crdgen;
+pub mod directory;
 pub mod revision;
 
 pub use activation_endpoints::{

@@ -55,6 +55,9 @@ pub const CALIBRATED_STORAGE_LANES: usize = 2;
 
 /// kube-controller-manager's `--node-monitor-grace-period` default.
 pub const DEFAULT_NODE_GRACE: Duration = Duration::from_secs(40);
+/// The in-process subsetter's own loopback address (nodes are 127.10.0.1 and up), for its
+/// directory port.
+const DIRECTORY_IP: [u8; 4] = [127, 9, 0, 1];
 
 /// A change to each activator's configuration.
 pub type ConfigureActivator = Arc<dyn Fn(&mut ActivatorConfig) + Send + Sync>;
@@ -172,6 +175,8 @@ pub struct SimCluster {
     kubelet_description: String,
     stop_subsetter: CancellationToken,
     subsetter: tokio::task::JoinHandle<()>,
+    /// Where the in-process subsetter answers directory lookups (`crds::directory`).
+    directory: Option<SocketAddr>,
     /// The hop secret every activator of this cluster shares (as the DaemonSet mounts one).
     hop: activator::hop::HopAuth,
 }
@@ -267,18 +272,10 @@ impl SimCluster {
             kubelet_description: kubelet_description(&opts.relist, opts.node_agent),
             stop_subsetter: CancellationToken::new(),
             subsetter: tokio::spawn(async {}),
+            directory: None,
             hop: activator::hop::HopAuth::new(&format!("{:032x}", rand::random::<u128>()))
                 .expect("hex is a valid hop secret"),
         };
-        match cluster.start_activators(&opts).await {
-            Ok(activators) => cluster.activators = activators,
-            Err(e) => {
-                // On a shared API server a half-started cluster must not leave its nodes and
-                // namespaces behind.
-                cluster.shutdown().await;
-                return Err(e);
-            }
-        }
         let sub = subsetter::Subsetter::new(
             client,
             subsetter::Config {
@@ -290,11 +287,36 @@ impl SimCluster {
             },
             Arc::new(subsetter::Random::new()),
         );
+        // The subsetter's caches and its directory first: the activators are told where the
+        // directory is when they start (the binary finds the replicas by their labels).
+        let caches = Arc::new(sub.start_caches());
+        let (directory, directory_task) = subsetter::directory::serve(
+            SocketAddr::new(DIRECTORY_IP.into(), 0),
+            Arc::clone(&caches),
+        )
+        .await
+        .map_err(|e| Error::Options(format!("binding the subsetter's directory: {e}")))?;
+        cluster.directory = Some(directory);
+        match cluster.start_activators(&opts).await {
+            Ok(activators) => cluster.activators = activators,
+            Err(e) => {
+                directory_task.abort();
+                // On a shared API server a half-started cluster must not leave its nodes and
+                // namespaces behind.
+                cluster.shutdown().await;
+                return Err(e);
+            }
+        }
         let stop = cluster.stop_subsetter.clone();
         cluster.subsetter = tokio::spawn(async move {
-            if let Err(e) = sub.run(async move { stop.cancelled().await }).await {
+            if let Err(e) = sub
+                .lead(&caches, async move { stop.cancelled().await })
+                .await
+            {
                 tracing::error!(error = %e, "subsetter stopped");
             }
+            directory_task.abort();
+            caches.stop();
         });
         Ok(cluster)
     }
@@ -359,6 +381,9 @@ impl SimCluster {
         cfg.hop = self.hop.clone();
         // The sidecar shares the activator's pod, so its node's socket.
         cfg.node_agent = sim.agent_socket().map(std::path::Path::to_path_buf);
+        if let Some(d) = self.directory {
+            cfg.directory = activator::cache::directory::DirectorySource::Static(vec![d]);
+        }
         if let Some(f) = configure {
             f(&mut cfg);
         }

@@ -51,13 +51,26 @@ struct Answer {
 /// One `GET /` naming `ns/name` by headers, on its own connection (the answer is read to the
 /// end: `Connection: close`).
 async fn get(entry: SocketAddr, ns: &str, name: &str) -> Answer {
-    let mut s = tokio::net::TcpStream::connect(entry)
-        .await
-        .expect("the activator accepts");
     let req = format!(
         "GET / HTTP/1.1\r\nhost: outage.test\r\nx-revision-namespace: {ns}\r\n\
          x-revision-name: {name}\r\nconnection: close\r\n\r\n"
     );
+    exchange(entry, req).await
+}
+
+/// One `GET /` naming its revision by Host only.
+async fn get_host(entry: SocketAddr, host: &str) -> Answer {
+    exchange(
+        entry,
+        format!("GET / HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n"),
+    )
+    .await
+}
+
+async fn exchange(entry: SocketAddr, req: String) -> Answer {
+    let mut s = tokio::net::TcpStream::connect(entry)
+        .await
+        .expect("the activator accepts");
     s.write_all(req.as_bytes()).await.unwrap();
     let mut raw = Vec::new();
     tokio::time::timeout(LIMIT, s.read_to_end(&mut raw))
@@ -117,7 +130,7 @@ fn entry_of(c: &SimCluster, node: &str) -> SocketAddr {
 
 /// A Revision served by one member (so which activator starts its pods is known).
 async fn revision(c: &SimCluster, ns: &str, name: &str) -> String {
-    let mut rev = echo_revision(name, ns, Vec::new());
+    let mut rev = echo_revision(name, ns, vec![format!("{name}.{ns}.outage.test")]);
     rev.spec.activators = Some(1);
     let api: Api<crds::Revision> = Api::namespaced(c.client.clone(), ns);
     api.create(&PostParams::default(), &rev).await.unwrap();
@@ -298,6 +311,24 @@ async fn an_api_server_outage_refuses_cold_starts_at_once_and_every_watch_resume
         warm.status, 200,
         "a warm request during the outage: {warm:?}"
     );
+    // Through the activators that never looked it up, by headers and by Host: they ask the
+    // directory (the subsetter's caches) what the API server cannot answer.
+    let warm_host = format!("warm.{ns}.outage.test");
+    for (node, entry) in c.entries() {
+        if node == warm_node {
+            continue;
+        }
+        let by_headers = get(entry, &ns, "warm").await;
+        assert_eq!(
+            by_headers.status, 200,
+            "a warm request by headers through {node}, which never read the revision: {by_headers:?}"
+        );
+        let by_host = get_host(entry, &warm_host).await;
+        assert_eq!(
+            by_host.status, 200,
+            "a warm request by Host through {node}, which never looked the host up: {by_host:?}"
+        );
+    }
 
     let asked = Instant::now();
     let cold = get(entry_of(&c, &cold_node), &ns, "cold").await;

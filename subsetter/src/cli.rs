@@ -69,6 +69,10 @@ pub struct Args {
     /// `/metrics` and `/healthz`.
     #[arg(long, env = "ADMIN_ADDR", default_value = "0.0.0.0:9091")]
     pub admin_addr: std::net::SocketAddr,
+    /// The directory (`crds::directory`): Host and revision lookups for activators that
+    /// cannot reach the API server, answered from this replica's caches.
+    #[arg(long, env = "DIRECTORY_ADDR", default_value = "0.0.0.0:9092")]
+    pub directory_addr: std::net::SocketAddr,
 }
 
 #[derive(clap::Subcommand, Debug)]

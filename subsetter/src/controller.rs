@@ -24,6 +24,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use crds::backoff::resilient;
 use crds::contract::ACTIVATOR_SELECTOR;
+use crds::directory::DirectoryAnswer;
 use crds::{ActivationEndpoints, Revision};
 use futures::channel::mpsc::{UnboundedSender, unbounded};
 use futures::{FutureExt, StreamExt, stream};
@@ -292,6 +293,33 @@ impl Caches {
         let mut synced = self.synced.clone();
         let _ = synced.wait_for(|s| *s).await;
         let _ = self.rev_reader.wait_until_ready().await;
+    }
+
+    /// What the directory answers (`crds::directory`): from this replica's caches, which a
+    /// watch that fails keeps, so a lookup is answered through an API server outage. None
+    /// for a host no revision claims, or a revision not cached.
+    pub fn directory(&self, q: &crds::directory::DirectoryQuery) -> Option<DirectoryAnswer> {
+        use crds::directory::DirectoryQuery;
+        let key = match q {
+            DirectoryQuery::Host(h) => self
+                .hosts
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .winner(h)?,
+            DirectoryQuery::Revision { namespace, name } => Key::new(namespace, name),
+        };
+        let revision = self
+            .rev_reader
+            .get(&ObjectRef::new(&key.name).within(&key.namespace))?;
+        let endpoints = self
+            .ae_store
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .current(&key);
+        Some(DirectoryAnswer {
+            revision: (*revision).clone(),
+            endpoints,
+        })
     }
 
     /// Stops the watches.

@@ -29,6 +29,7 @@ pub mod write_limit;
 pub use error::{Error, Result};
 pub use policy::{LeastLoaded, Random, SubsetPolicy};
 pub mod controller;
+pub mod directory;
 pub mod leader;
 pub mod reconciler;
 

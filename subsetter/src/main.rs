@@ -120,6 +120,11 @@ async fn main() -> anyhow::Result<()> {
     // The standby keeps its caches warm: a hand-over reconciles what is cached. Ready once
     // they have synced (either replica can then lead).
     let caches = Arc::new(subsetter.start_caches());
+    let (directory, _directory_task) =
+        subsetter::directory::serve(args.directory_addr, Arc::clone(&caches))
+            .await
+            .with_context(|| format!("binding the directory port {}", args.directory_addr))?;
+    tracing::info!(%directory, "directory port: /v1/hosts/<host>, /v1/revisions/<ns>/<name>");
     {
         let caches = Arc::clone(&caches);
         tokio::spawn(async move {

@@ -216,6 +216,14 @@ impl EndpointsCache {
         .shared()
     }
 
+    /// Keeps `key`'s subset as found elsewhere (the directory, while the API server does not
+    /// answer) like a lookup's, and says where the revision is served.
+    pub fn seed(&self, key: &RevisionKey, aep: Option<Arc<ActivationEndpoints>>) -> Membership {
+        let m = self.classify(aep.as_deref());
+        self.others.insert(key.clone(), (Instant::now(), aep));
+        m
+    }
+
     /// Drops the cached copy of `key`'s subset (after a member failed to answer).
     pub fn invalidate(&self, key: &RevisionKey) {
         self.others.remove(key);

@@ -89,6 +89,12 @@ impl HostCache {
         self.lookup(host).await
     }
 
+    /// Remembers `host` → `revision` as found elsewhere (the directory, while the API server
+    /// does not answer); it is read again from the API server once its TTL is past.
+    pub fn seed(&self, host: &str, revision: RevisionKey) {
+        self.store(&normalize_host(host), Some(revision));
+    }
+
     /// Forgets `host` (its revision turned out not to claim it).
     pub fn forget(&self, host: &str) {
         self.entries.remove(&normalize_host(host));

@@ -142,6 +142,19 @@ impl RevisionCache {
         }
     }
 
+    /// Keeps `rev` as found elsewhere (the directory, while the API server does not answer)
+    /// like a read's: refreshed from the API server once its TTL is past.
+    pub fn seed(&self, key: &RevisionKey, rev: Arc<Revision>) {
+        self.fetched.insert(
+            key.clone(),
+            Fetched {
+                at: Instant::now(),
+                revision: Some(rev),
+                refreshing: Arc::new(AtomicBool::new(false)),
+            },
+        );
+    }
+
     /// One read per revision at a time: a burst of first requests for a revision shares it.
     async fn fetch_shared(
         &self,

@@ -1,0 +1,175 @@
+//! Whether the API server is answering at all, for the request path's reads and the cold
+//! start's create: a call that has had no answer for [`SUSPECT_AFTER`] asks `/readyz`, and
+//! when that is not answered OK either (the API server stopped, its packets dropped, or etcd
+//! down: `/readyz` fails its etcd check while reads from the watch cache still answer), the
+//! call is given up at once. A healthy but busy API server answers `/readyz` and its callers
+//! keep waiting as before; a request is never held for a call's whole limit by a control
+//! plane that is gone.
+//!
+//! One probe at a time, its answer reused for [`PROBE_TTL`]: a burst of stalled calls costs
+//! the API server one `/readyz`, not one each.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
+use kube::Client;
+use tokio::time::Instant;
+
+/// How long a call may go unanswered before the API server's health is asked.
+pub const SUSPECT_AFTER: Duration = Duration::from_millis(400);
+/// Upper bound on the `/readyz` probe.
+pub const PROBE_LIMIT: Duration = Duration::from_millis(500);
+/// How long a probe's answer is reused.
+pub const PROBE_TTL: Duration = Duration::from_secs(1);
+
+/// Why a call was given up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GaveUp {
+    /// The API server does not answer `/readyz` OK: the control plane is out of reach.
+    Down,
+    /// It does, but the call had no answer within its limit.
+    Limit,
+}
+
+type Probe = Shared<BoxFuture<'static, bool>>;
+
+/// The API server's health, probed on demand.
+#[derive(Clone)]
+pub struct ApiHealth {
+    client: Option<Client>,
+    state: Arc<Mutex<State>>,
+}
+
+#[derive(Default)]
+struct State {
+    last: Option<(Instant, bool)>,
+    pending: Option<Probe>,
+}
+
+impl ApiHealth {
+    pub fn new(client: Client) -> Self {
+        Self {
+            client: Some(client),
+            state: Arc::default(),
+        }
+    }
+
+    /// Always answering (no probe is made): for tests without an API server.
+    pub fn assume_up() -> Self {
+        Self {
+            client: None,
+            state: Arc::default(),
+        }
+    }
+
+    /// Whether `/readyz` answers OK within [`PROBE_LIMIT`] (a recent answer is reused).
+    pub async fn answering(&self) -> bool {
+        let Some(client) = &self.client else {
+            return true;
+        };
+        let probe = {
+            let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((at, up)) = st.last
+                && at.elapsed() < PROBE_TTL
+            {
+                return up;
+            }
+            st.pending
+                .get_or_insert_with(|| {
+                    let (client, state) = (client.clone(), self.state.clone());
+                    async move {
+                        let up = probe(&client).await;
+                        let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
+                        st.last = Some((Instant::now(), up));
+                        st.pending = None;
+                        up
+                    }
+                    .boxed()
+                    .shared()
+                })
+                .clone()
+        };
+        probe.await
+    }
+
+    /// `call`'s answer within `limit`, or given up as soon as the API server is found not to
+    /// be answering (asked once the call has waited [`SUSPECT_AFTER`]).
+    pub async fn within<T>(
+        &self,
+        limit: Duration,
+        call: impl Future<Output = T>,
+    ) -> Result<T, GaveUp> {
+        let started = Instant::now();
+        let mut call = std::pin::pin!(call);
+        if let Ok(v) = tokio::time::timeout(SUSPECT_AFTER.min(limit), &mut call).await {
+            return Ok(v);
+        }
+        let by = started + limit;
+        tokio::select! {
+            v = &mut call => return Ok(v),
+            up = self.answering() => if !up {
+                tracing::debug!("the API server is not answering /readyz: giving up a call");
+                return Err(GaveUp::Down);
+            },
+            _ = tokio::time::sleep_until(by) => return Err(GaveUp::Limit),
+        }
+        tokio::time::timeout_at(by, call)
+            .await
+            .map_err(|_| GaveUp::Limit)
+    }
+}
+
+async fn probe(client: &Client) -> bool {
+    let req = match http::Request::get("/readyz").body(Vec::new()) {
+        Ok(r) => r,
+        Err(_) => return false,
+    };
+    matches!(
+        tokio::time::timeout(PROBE_LIMIT, client.request_text(req)).await,
+        Ok(Ok(_))
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn an_answering_api_server_keeps_the_call_waiting() {
+        let h = ApiHealth::assume_up();
+        let slow = async {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            7
+        };
+        assert_eq!(h.within(Duration::from_secs(10), slow).await, Ok(7));
+        let stuck = std::future::pending::<()>();
+        assert_eq!(
+            h.within(Duration::from_secs(2), stuck).await,
+            Err(GaveUp::Limit)
+        );
+    }
+
+    /// A client whose API server refuses every connection: `/readyz` fails and a stalled
+    /// call is given up long before its limit.
+    #[tokio::test]
+    async fn an_unreachable_api_server_gives_the_call_up() {
+        // A port that was just free: connecting is refused.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let cfg = kube::Config::new(format!("http://127.0.0.1:{port}").parse().expect("url"));
+        let client = Client::try_from(cfg).expect("client");
+        let h = ApiHealth::new(client);
+        let stuck = std::future::pending::<()>();
+        assert_eq!(
+            h.within(Duration::from_secs(60), stuck).await,
+            Err(GaveUp::Down)
+        );
+        // The answer is reused: no second probe within the TTL.
+        assert!(!h.answering().await);
+    }
+}
