@@ -77,6 +77,8 @@ pub struct Handler {
     pub api: crate::api_health::ApiHealth,
     /// Where lookups the API server does not answer are asked (None: nowhere).
     pub directory: Option<crate::cache::directory::Directory>,
+    /// Members whose connect failed lately, shared by the serving threads: tried last.
+    pub suspects: Arc<crate::suspects::Suspects>,
 }
 
 /// Where stage 2 sends the request.
@@ -419,6 +421,19 @@ impl Handler {
                 }
                 Ok(RouteTo::Elsewhere(with_share))
             }
+            // A peer forwarded it here because its copy of the subset lists this node: while
+            // the subset moves (a node back from a fault, a rebalance), a pod still here
+            // serves it. No new pod is made for it, and it is not sent on (one hop).
+            Membership::Unassigned | Membership::Others(_)
+                if hopped && let Some(spec) = self.pools.usable_spec(key) =>
+            {
+                self.metrics.served_as_former_member.inc();
+                Ok(RouteTo::Here {
+                    spec,
+                    peers: Arc::from(Vec::new()),
+                    ahead: Vec::new(),
+                })
+            }
             Membership::Unassigned => Err(Refusal::unavailable(format!(
                 "revision {key} has no activators assigned yet"
             ))),
@@ -675,8 +690,12 @@ impl Handler {
             ));
         }
         self.metrics.forwards.inc();
-        // Every entry tries the members in the same order, so a trickle wakes one pod.
-        let members = crate::primary::ranked(key, members);
+        // Every entry tries the members in the same order, so a trickle wakes one pod; one
+        // that did not take a connection lately goes last (`suspects`).
+        let members = self.suspects.reorder(
+            crate::primary::ranked(key, members),
+            std::time::Instant::now(),
+        );
         let mut req = Some(req);
         let mut last = Refusal::unavailable(format!("revision {key} has no reachable activator"));
         let protocol = upstream_protocol(rev);
@@ -691,8 +710,12 @@ impl Handler {
             // A member that refuses the connection never saw the request: the next one
             // gets it as it is.
             let to = match self.upstream.connect(protocol, &r, addr, &what).await {
-                Ok(to) => to,
+                Ok(to) => {
+                    self.suspects.answered(&m.address);
+                    to
+                }
                 Err(e) => {
+                    self.suspects.failed(&m.address, std::time::Instant::now());
                     self.endpoints.invalidate(key);
                     if more {
                         self.metrics.retries.inc();

@@ -40,6 +40,7 @@ pub mod scheduler;
 pub mod server;
 pub mod serving_threads;
 pub mod streaming;
+pub mod suspects;
 pub mod telemetry;
 pub mod throttle;
 pub mod upgrade;
@@ -204,6 +205,7 @@ impl Activator {
                 cfg.node_name
             ))
         })?;
+        let suspects = Arc::new(suspects::Suspects::default());
         // One handler per serving thread: each has its own connection pool to pods and
         // peers, so a request and its upstream connection stay on one thread.
         let make_handler = || {
@@ -220,6 +222,7 @@ impl Activator {
                 hop: cfg.hop.clone(),
                 api: api.clone(),
                 directory: directory.clone(),
+                suspects: suspects.clone(),
             })
         };
         // The fast lane of each serving thread (off: hyper serves every request).

@@ -168,6 +168,9 @@ pub struct Metrics {
     /// Lookups the API server did not answer that the directory (the subsetter's replicas)
     /// did, and those it could not answer either.
     pub directory_answered: Counter,
+    /// Forwarded requests a node no longer (or not yet) in the revision's subset served from
+    /// a pod it still had.
+    pub served_as_former_member: Counter,
     pub directory_failed: Counter,
     /// New pods, by where their address came from first (the node agent or the pod watch).
     pub pod_address: Family<AddressFrom, Counter>,
@@ -217,6 +220,7 @@ impl Default for Metrics {
             forwards: Counter::default(),
             primary_refused: Counter::default(),
             directory_answered: Counter::default(),
+            served_as_former_member: Counter::default(),
             directory_failed: Counter::default(),
             pod_address: Family::default(),
             agent_errors: Counter::default(),
@@ -340,6 +344,12 @@ impl Metrics {
             "Host or revision lookups the API server did not answer that the directory (the \
              subsetter's replicas) answered",
             self.directory_answered.clone(),
+        );
+        r.register(
+            "served_as_former_member",
+            "Forwarded requests a node not (or no longer) in the revision's subset served from a \
+             pod it still had, while the subset moved",
+            self.served_as_former_member.clone(),
         );
         r.register(
             "directory_failed",

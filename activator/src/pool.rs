@@ -163,6 +163,18 @@ impl Pools {
             .is_some_and(|p| !p.is_retired() && p.lock().throttle.pods() > 0)
     }
 
+    /// The spec of the revision's pool when it has a pod here that takes requests now: a
+    /// node that was a member a moment ago still serves what a peer forwarded to it from its
+    /// own pod, rather than refusing it while the subset moves.
+    pub fn usable_spec(&self, key: &RevisionKey) -> Option<Spec> {
+        let p = self.map.get(key)?;
+        if p.is_retired() {
+            return None;
+        }
+        let st = p.lock();
+        (st.throttle.pods() > 0).then(|| st.spec.clone())
+    }
+
     /// Pools alive now (revisions with pods or requests on this node).
     pub fn len(&self) -> usize {
         self.map.len()

@@ -455,6 +455,11 @@ impl SimCluster {
         Ok(())
     }
 
+    /// The cluster's hop secret: a test can send what a peer activator forwards.
+    pub fn hop(&self) -> &activator::hop::HopAuth {
+        &self.hop
+    }
+
     /// A number no other live cluster on this machine has (its first node index), for
     /// naming namespaces when clusters share an API server.
     pub fn id(&self) -> usize {

@@ -871,3 +871,83 @@ async fn a_members_revision_follows_a_spec_change() {
     .expect("the member took the new idleTimeoutSeconds");
     c.shutdown().await;
 }
+
+/// A peer forwards to the member its copy of the subset names; when the subset has just moved
+/// off that node (cordoned here; a node back from a fault, a rebalance), the node still
+/// serves the request from the pod it has, rather than refusing it as "not a member".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_left_the_subset_serves_a_forwarded_request_from_its_pod() {
+    let (c, ns) = cluster_with(ClusterOptions {
+        nodes: 3,
+        default_activators: 1,
+        configure_activator: Some(Arc::new(|cfg| {
+            // The pod outlives the test: only the subset moves.
+            cfg.pool.scale_in_window = Duration::from_secs(600);
+        })),
+        ..options()
+    })
+    .await;
+    let members = revision(&c, &ns, "moved", |_| {}).await;
+    assert_eq!(members.len(), 1);
+    let former = members[0].clone();
+    let driver = Driver::new();
+    let (m, addr) = entry(&c, &former);
+    let s = driver.get_named((&m, addr), &ns, "moved", "/").await;
+    assert!(s.ok(), "warm on its member first: {s:?}");
+
+    // Cordon the member's node: the subsetter moves the subset to another node.
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(c.client.clone());
+    nodes
+        .patch(
+            &former,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"unschedulable": true}})),
+        )
+        .await
+        .unwrap();
+    tokio::time::timeout(LIMIT, async {
+        loop {
+            let now = member_nodes(&c.client, &ns, "moved")
+                .await
+                .unwrap_or_default();
+            if !now.is_empty() && !now.contains(&former) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the subset moves off the cordoned node");
+    // The former member's own watch has seen it leave.
+    let a = &c
+        .activators
+        .iter()
+        .find(|a| a.node == former)
+        .expect("its activator")
+        .activator;
+    tokio::time::timeout(LIMIT, async {
+        while a.cached_objects().subsets > 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the former member's watch drops the subset");
+
+    // What a peer with the old subset forwards: proven hop headers.
+    let hop = c.hop().forward_headers("some-peer", false);
+    let hop: Vec<(&str, &str)> = hop.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let s = driver
+        .get_named_with((&m, addr), &ns, "moved", "/", &hop)
+        .await;
+    assert!(s.ok(), "served from the pod the node still has: {s:?}");
+    assert!(!s.cold, "no new pod for it: {s:?}");
+    let pods = live(&pods_of(&c, &ns, "moved").await);
+    assert_eq!(
+        s.pod.as_ref().and_then(|p| pods.get(p)),
+        Some(&former),
+        "its own pod served: {s:?} {pods:?}"
+    );
+    let served = samples(a.metrics(), "activator_served_as_former_member_total");
+    assert_eq!(served.iter().map(|(_, v)| *v).sum::<u64>(), 1, "{served:?}");
+    c.shutdown().await;
+}

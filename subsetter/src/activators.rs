@@ -179,6 +179,10 @@ impl Rank {
     }
 }
 
+/// The share of NotReady nodes above which the set counts as [`ActivatorSet::disrupted`]:
+/// kube-controller-manager's default `--unhealthy-zone-threshold`.
+pub const DISRUPTED_SHARE: f64 = 0.55;
+
 /// What the set knows of a Node object.
 #[derive(Debug)]
 struct NodeState {
@@ -218,6 +222,18 @@ impl ActivatorSet {
 
     pub fn get(&self, node: &str) -> Option<&Activator> {
         self.available.get(node)
+    }
+
+    /// Whether most nodes are NotReady at once: a disruption of the control plane or the
+    /// network (after an API server or etcd outage longer than the node-monitor grace
+    /// period, the controller-manager marks every node whose lease went stale NotReady, and
+    /// every pod on it unready), not that many nodes failing together. The node lifecycle
+    /// controller reasons the same way and stops evicting pods; the subsetter keeps the
+    /// members it has (`controller.rs`). At least two nodes, and more than
+    /// [`DISRUPTED_SHARE`] of the Node objects known.
+    pub fn disrupted(&self) -> bool {
+        let down = self.nodes.values().filter(|s| !s.ready).count();
+        down >= 2 && down as f64 > DISRUPTED_SHARE * self.nodes.len() as f64
     }
 
     /// An activator pod was created or changed.
@@ -709,6 +725,25 @@ mod tests {
             "no Node: usable again"
         );
         assert!(set.get("n1").unwrap().facts.is_none());
+    }
+
+    #[test]
+    fn most_nodes_not_ready_at_once_is_a_disruption_one_is_not() {
+        let mut set = ActivatorSet::default();
+        for n in ["n1", "n2", "n3"] {
+            set.apply_node(&node(n, true, 0, false));
+        }
+        assert!(!set.disrupted());
+        set.apply_node(&node("n1", false, 0, false));
+        assert!(!set.disrupted(), "one node of three is a node failure");
+        set.apply_node(&node("n2", false, 0, false));
+        assert!(set.disrupted(), "two of three");
+        set.apply_node(&node("n1", true, 0, false));
+        assert!(!set.disrupted());
+        // One node alone is never a disruption: its failure must be repaired.
+        let mut one = ActivatorSet::default();
+        one.apply_node(&node("n1", false, 0, false));
+        assert!(!one.disrupted());
     }
 
     #[test]

@@ -729,6 +729,9 @@ async fn watch_activators(
     let mut events = std::pin::pin!(stream::select(pod_events, node_events));
     let mut listed = (false, false);
     let mut set = activators::ActivatorSet::default();
+    // Nodes whose activator was lost while most nodes were NotReady at once, kept published
+    // until that ends (`ActivatorSet::disrupted`).
+    let mut held: BTreeSet<String> = BTreeSet::new();
     while let Some(event) = events.next().await {
         let event = match event {
             Ok(e) => e,
@@ -796,6 +799,33 @@ async fn watch_activators(
         }
         if diff.is_empty() {
             continue;
+        }
+        // Most nodes NotReady at once is the control plane's (or the network's) trouble, not
+        // theirs: moving every subset would cost every warm revision a cold start on nodes
+        // no healthier than the last. Losses are held until it ends; then the whole set is
+        // compared with what was published.
+        let mut diff = diff;
+        if set.disrupted() {
+            if !diff.lost.is_empty() {
+                warn!(
+                    held = ?diff.lost,
+                    "most nodes are NotReady at once: a control-plane or network disruption, not \
+                     node failures; their activators stay members until it ends"
+                );
+                metrics.disruption_holds.inc_by(diff.lost.len() as u64);
+                held.append(&mut diff.lost);
+                if diff.is_empty() {
+                    continue;
+                }
+            }
+        } else if !held.is_empty() {
+            let published = Arc::clone(&*available.read().unwrap_or_else(|p| p.into_inner()));
+            diff = activators::diff(&published, set.available());
+            info!(held = ?held, "the disruption is over: the activator set is what the watches show");
+            held.clear();
+            if diff.is_empty() {
+                continue;
+            }
         }
         // Only the nodes that changed. A reconcile holding the previous map (planning with
         // it) makes this a copy; otherwise the map is changed in place.

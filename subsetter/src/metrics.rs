@@ -20,6 +20,8 @@ pub struct Metrics {
     pub members_left: Counter,
     /// Members that left because their activator was lost or its node became ineligible.
     pub members_replaced: Family<ReplacedBy, Counter>,
+    /// Activators lost while most nodes were NotReady at once, kept as members until it ended.
+    pub disruption_holds: Counter,
     /// How long reconciles take (plan and writes), in seconds.
     pub reconcile_seconds: Histogram,
     /// Reconciles running now, most of them waiting for their turn under the write limit
@@ -52,6 +54,7 @@ impl Default for Metrics {
             members_joined: Counter::default(),
             members_left: Counter::default(),
             members_replaced: Family::default(),
+            disruption_holds: Counter::default(),
             // 100 µs to ~3 s: a plan alone is microseconds, a write an etcd commit or a wait
             // under the write rate limit.
             reconcile_seconds: Histogram::new(exponential_buckets(1e-4, 4.0, 9)),
@@ -100,6 +103,12 @@ impl Default for Metrics {
             "members_replaced",
             "Members that left a subset, by why: lost (activator gone) or ineligible (node)",
             m.members_replaced.clone(),
+        );
+        registry.register(
+            "disruption_holds",
+            "Activators lost while most nodes were NotReady at once (a control-plane or network \
+             disruption), kept as members until it ended",
+            m.disruption_holds.clone(),
         );
         registry.register(
             "reconcile_seconds",
