@@ -95,13 +95,26 @@ impl ApiHealth {
         probe.await
     }
 
+    /// Whether a probe less than [`PROBE_TTL`] old found the API server not answering.
+    pub fn known_down(&self) -> bool {
+        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.last
+            .is_some_and(|(at, up)| !up && at.elapsed() < PROBE_TTL)
+    }
+
     /// `call`'s answer within `limit`, or given up as soon as the API server is found not to
-    /// be answering (asked once the call has waited [`SUSPECT_AFTER`]).
+    /// be answering (asked once the call has waited [`SUSPECT_AFTER`]; a recent answer that
+    /// it is not gives up at once).
     pub async fn within<T>(
         &self,
         limit: Duration,
         call: impl Future<Output = T>,
     ) -> Result<T, GaveUp> {
+        // Found down a moment ago: not another wait (a lookup then goes to the directory at
+        // once; the next probe, a second later, sees the API server back).
+        if self.known_down() {
+            return Err(GaveUp::Down);
+        }
         let started = Instant::now();
         let mut call = std::pin::pin!(call);
         if let Ok(v) = tokio::time::timeout(SUSPECT_AFTER.min(limit), &mut call).await {
@@ -169,7 +182,14 @@ mod tests {
             h.within(Duration::from_secs(60), stuck).await,
             Err(GaveUp::Down)
         );
-        // The answer is reused: no second probe within the TTL.
+        // The answer is reused: no second probe within the TTL, and the next call is given
+        // up without waiting.
+        assert!(h.known_down());
         assert!(!h.answering().await);
+        let never_polled = async { panic!("a call given up at once is not made") };
+        assert_eq!(
+            h.within(Duration::from_secs(60), never_polled).await,
+            Err(GaveUp::Down)
+        );
     }
 }
