@@ -212,6 +212,11 @@ pub struct ActivatorSet {
     relisted_pods: Option<HashMap<(String, String), (Rank, Activator)>>,
     /// What a Node relist in progress has shown so far.
     relisted_nodes: Option<HashMap<String, NodeState>>,
+    /// Every activator pod bound to a node, usable or not, by (namespace, name): its node and
+    /// whether it is Ready. Only [`ActivatorSet::disrupted`] reads it: a pod marked unready
+    /// by the controller-manager may be seen before its Node's NotReady.
+    bound: HashMap<(String, String), (String, bool)>,
+    relisted_bound: Option<HashMap<(String, String), (String, bool)>>,
 }
 
 impl ActivatorSet {
@@ -232,12 +237,30 @@ impl ActivatorSet {
     /// members it has (`controller.rs`). At least two nodes, and more than
     /// [`DISRUPTED_SHARE`] of the Node objects known.
     pub fn disrupted(&self) -> bool {
-        let down = self.nodes.values().filter(|s| !s.ready).count();
-        down >= 2 && down as f64 > DISRUPTED_SHARE * self.nodes.len() as f64
+        // The nodes that have an activator pod, or a Node object: down when the Node is not
+        // Ready or no pod of it is (whichever of the two the watches showed first).
+        let mut ready_pod: HashMap<&str, bool> = HashMap::new();
+        for (node, ready) in self.bound.values() {
+            *ready_pod.entry(node.as_str()).or_default() |= *ready;
+        }
+        for name in self.nodes.keys() {
+            ready_pod.entry(name.as_str()).or_insert(true);
+        }
+        let down = ready_pod
+            .iter()
+            .filter(|(node, pod_ready)| {
+                !**pod_ready || self.nodes.get(**node).is_some_and(|s| !s.ready)
+            })
+            .count();
+        down >= 2 && down as f64 > DISRUPTED_SHARE * ready_pod.len() as f64
     }
 
     /// An activator pod was created or changed.
     pub fn apply_pod(&mut self, pod: &Pod) -> Diff {
+        match bound_to(pod) {
+            Some(b) => self.bound.insert(pod_key(pod), b),
+            None => self.bound.remove(&pod_key(pod)),
+        };
         let mut touched = self.unlink_pod(pod);
         if let Some(a) = from_pod(pod) {
             let rank = Rank::of(pod);
@@ -253,6 +276,7 @@ impl ActivatorSet {
 
     /// An activator pod was deleted.
     pub fn delete_pod(&mut self, pod: &Pod) -> Diff {
+        self.bound.remove(&pod_key(pod));
         let touched = self.unlink_pod(pod);
         self.recompute(touched)
     }
@@ -297,10 +321,14 @@ impl ActivatorSet {
     /// done.
     pub fn relist_pods_start(&mut self) {
         self.relisted_pods = Some(HashMap::new());
+        self.relisted_bound = Some(HashMap::new());
     }
 
     /// A pod of the relist in progress.
     pub fn relist_pod(&mut self, pod: &Pod) {
+        if let (Some(seen), Some(b)) = (&mut self.relisted_bound, bound_to(pod)) {
+            seen.insert(pod_key(pod), b);
+        }
         if let (Some(seen), Some(a)) = (&mut self.relisted_pods, from_pod(pod)) {
             seen.insert(pod_key(pod), (Rank::of(pod), a));
         }
@@ -311,6 +339,7 @@ impl ActivatorSet {
         let Some(pods) = self.relisted_pods.take() else {
             return Diff::default();
         };
+        self.bound = self.relisted_bound.take().unwrap_or_default();
         self.on_node.clear();
         for (rank, a) in pods.values() {
             self.on_node
@@ -428,6 +457,28 @@ impl ActivatorSet {
         self.available = next;
         d
     }
+}
+
+/// The node an activator pod is bound to and whether it is Ready (a pod being deleted counts
+/// as gone).
+fn bound_to(pod: &Pod) -> Option<(String, bool)> {
+    if pod.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let node = pod
+        .spec
+        .as_ref()?
+        .node_name
+        .clone()
+        .filter(|n| !n.is_empty())?;
+    let ready = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    Some((node, ready))
 }
 
 fn pod_key(pod: &Pod) -> (String, String) {
@@ -740,6 +791,25 @@ mod tests {
         assert!(set.disrupted(), "two of three");
         set.apply_node(&node("n1", true, 0, false));
         assert!(!set.disrupted());
+        // The controller-manager's unready marks on the pods may come before the Nodes'.
+        let mut pods_first = ActivatorSet::default();
+        for (i, n) in ["n1", "n2", "n3"].iter().enumerate() {
+            pods_first.apply_node(&node(n, true, 0, false));
+            pods_first.apply_pod(&pod(&format!("a{i}"), n, &format!("10.0.0.{i}"), true));
+        }
+        assert!(!pods_first.disrupted());
+        pods_first.apply_pod(&pod("a0", "n1", "10.0.0.0", false));
+        assert!(
+            !pods_first.disrupted(),
+            "one unready pod is one node's trouble"
+        );
+        pods_first.apply_pod(&pod("a1", "n2", "10.0.0.1", false));
+        assert!(
+            pods_first.disrupted(),
+            "two of three pods unready, the Nodes still Ready"
+        );
+        pods_first.apply_pod(&pod("a1", "n2", "10.0.0.1", true));
+        assert!(!pods_first.disrupted());
         // One node alone is never a disruption: its failure must be repaired.
         let mut one = ActivatorSet::default();
         one.apply_node(&node("n1", false, 0, false));

@@ -732,7 +732,36 @@ async fn watch_activators(
     // Nodes whose activator was lost while most nodes were NotReady at once, kept published
     // until that ends (`ActivatorSet::disrupted`).
     let mut held: BTreeSet<String> = BTreeSet::new();
-    while let Some(event) = events.next().await {
+    // A loss is applied only after [`LOSS_SETTLE`], so that the first node of a mass NotReady
+    // is not moved before the rest show it is a disruption.
+    let mut settle: Option<tokio::time::Instant> = None;
+    loop {
+        let event = tokio::select! {
+            e = events.next() => match e {
+                Some(e) => Some(e),
+                None => break,
+            },
+            _ = tokio::time::sleep_until(settle.unwrap_or_else(tokio::time::Instant::now)), if settle.is_some() => None,
+        };
+        let Some(event) = event else {
+            // The losses have settled: applied, unless most nodes are NotReady by now.
+            if set.disrupted() {
+                warn!(
+                    held = ?held,
+                    "most nodes are NotReady at once: a control-plane or network disruption, not \
+                     node failures; their activators stay members until it ends"
+                );
+                metrics.disruption_holds.inc_by(held.len() as u64);
+                settle = None;
+                continue;
+            }
+            settle = None;
+            let published = Arc::clone(&*available.read().unwrap_or_else(|p| p.into_inner()));
+            let diff = activators::diff(&published, set.available());
+            held.clear();
+            publish(&diff, &set, &available, &index, &metrics, &triggers);
+            continue;
+        };
         let event = match event {
             Ok(e) => e,
             Err(e) => {
@@ -802,74 +831,104 @@ async fn watch_activators(
         }
         // Most nodes NotReady at once is the control plane's (or the network's) trouble, not
         // theirs: moving every subset would cost every warm revision a cold start on nodes
-        // no healthier than the last. Losses are held until it ends; then the whole set is
-        // compared with what was published.
+        // no healthier than the last. A loss waits [`LOSS_SETTLE`] (the controller-manager
+        // marks the nodes and their pods within a pass of its monitor) and is held while
+        // most nodes are NotReady; when that ends the whole set is compared with what was
+        // published.
         let mut diff = diff;
-        if set.disrupted() {
-            if !diff.lost.is_empty() {
+        if !diff.lost.is_empty() {
+            if set.disrupted() && settle.is_none() {
                 warn!(
                     held = ?diff.lost,
                     "most nodes are NotReady at once: a control-plane or network disruption, not \
                      node failures; their activators stay members until it ends"
                 );
                 metrics.disruption_holds.inc_by(diff.lost.len() as u64);
-                held.append(&mut diff.lost);
-                if diff.is_empty() {
-                    continue;
-                }
             }
-        } else if !held.is_empty() {
+            held.append(&mut diff.lost);
+            if settle.is_none() && !set.disrupted() {
+                settle = Some(tokio::time::Instant::now() + LOSS_SETTLE);
+            }
+        }
+        if !held.is_empty() && settle.is_none() && !set.disrupted() {
+            // The disruption is over: whatever is still gone is lost now.
             let published = Arc::clone(&*available.read().unwrap_or_else(|p| p.into_inner()));
             diff = activators::diff(&published, set.available());
             info!(held = ?held, "the disruption is over: the activator set is what the watches show");
             held.clear();
-            if diff.is_empty() {
-                continue;
-            }
+        } else {
+            // Held nodes that came back, or changed, are not the published ones' news yet.
+            diff.changed.retain(|n| !held.contains(n));
+            diff.added.retain(|n| !held.contains(n));
         }
-        // Only the nodes that changed. A reconcile holding the previous map (planning with
-        // it) makes this a copy; otherwise the map is changed in place.
-        let changes: Vec<(&String, Option<Activator>, Option<&Activator>)> = {
-            let mut shared = available.write().unwrap_or_else(|p| p.into_inner());
-            let map = Arc::make_mut(&mut *shared);
-            diff.lost
-                .iter()
-                .chain(&diff.changed)
-                .chain(&diff.added)
-                .map(|node| {
-                    let new = set.get(node);
-                    let old = match new {
-                        Some(a) => map.insert(node.clone(), a.clone()),
-                        None => map.remove(node),
-                    };
-                    (node, old, new)
-                })
-                .collect()
-        };
-        let targets: BTreeSet<Key> = {
-            let mut ix = index.lock().unwrap_or_else(|p| p.into_inner());
-            for (node, old, new) in &changes {
-                ix.update_available(node, old.as_ref(), *new);
-            }
-            let mut t = BTreeSet::new();
-            for node in diff.lost.iter().chain(&diff.changed) {
-                t.extend(ix.revisions_on(node));
-            }
-            // A new activator, or a node that changed (a taint lifted, a label added), may
-            // be what a short subset was waiting for.
-            if !diff.added.is_empty() || !diff.changed.is_empty() {
-                t.extend(ix.short());
-            }
-            t
-        };
-        metrics.activators.set(set.available().len() as i64);
-        info!(
-            lost = ?diff.lost,
-            changed = ?diff.changed,
-            added = ?diff.added,
-            revisions = targets.len(),
-            "activator set changed"
-        );
-        trigger(&triggers, targets);
+        if diff.is_empty() {
+            continue;
+        }
+        publish(&diff, &set, &available, &index, &metrics, &triggers);
     }
+}
+
+/// How long a lost activator waits before its subsets are repaired: long enough for a mass
+/// NotReady (the controller-manager marks every stale node, then their pods, in one pass) to
+/// show itself, short beside the node-monitor grace period (40 s) a node failure already
+/// takes to be seen.
+pub const LOSS_SETTLE: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Applies `diff` (from `set`) to the published activators and the membership index, and
+/// triggers the revisions it concerns.
+fn publish(
+    diff: &activators::Diff,
+    set: &activators::ActivatorSet,
+    available: &Arc<RwLock<Arc<Available>>>,
+    index: &Arc<Mutex<MembershipIndex>>,
+    metrics: &Metrics,
+    triggers: &Triggers,
+) {
+    if diff.is_empty() {
+        return;
+    }
+    // Only the nodes that changed. A reconcile holding the previous map (planning with
+    // it) makes this a copy; otherwise the map is changed in place.
+    let changes: Vec<(&String, Option<Activator>, Option<&Activator>)> = {
+        let mut shared = available.write().unwrap_or_else(|p| p.into_inner());
+        let map = Arc::make_mut(&mut *shared);
+        diff.lost
+            .iter()
+            .chain(&diff.changed)
+            .chain(&diff.added)
+            .map(|node| {
+                let new = set.get(node);
+                let old = match new {
+                    Some(a) => map.insert(node.clone(), a.clone()),
+                    None => map.remove(node),
+                };
+                (node, old, new)
+            })
+            .collect()
+    };
+    let targets: BTreeSet<Key> = {
+        let mut ix = index.lock().unwrap_or_else(|p| p.into_inner());
+        for (node, old, new) in &changes {
+            ix.update_available(node, old.as_ref(), *new);
+        }
+        let mut t = BTreeSet::new();
+        for node in diff.lost.iter().chain(&diff.changed) {
+            t.extend(ix.revisions_on(node));
+        }
+        // A new activator, or a node that changed (a taint lifted, a label added), may
+        // be what a short subset was waiting for.
+        if !diff.added.is_empty() || !diff.changed.is_empty() {
+            t.extend(ix.short());
+        }
+        t
+    };
+    metrics.activators.set(set.available().len() as i64);
+    info!(
+        lost = ?diff.lost,
+        changed = ?diff.changed,
+        added = ?diff.added,
+        revisions = targets.len(),
+        "activator set changed"
+    );
+    trigger(triggers, targets);
 }
