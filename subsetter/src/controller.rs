@@ -851,16 +851,19 @@ async fn watch_activators(
             }
         }
         if !held.is_empty() && settle.is_none() && !set.disrupted() {
-            // The disruption is over: whatever is still gone is lost now.
-            let published = Arc::clone(&*available.read().unwrap_or_else(|p| p.into_inner()));
-            diff = activators::diff(&published, set.available());
-            info!(held = ?held, "the disruption is over: the activator set is what the watches show");
-            held.clear();
-        } else {
-            // Held nodes that came back, or changed, are not the published ones' news yet.
-            diff.changed.retain(|n| !held.contains(n));
-            diff.added.retain(|n| !held.contains(n));
+            // The disruption is over: the kubelets report again within their status sync
+            // (10 s), clearing the controller-manager's marks; what is still gone after
+            // [`RECOVERY_SETTLE`] is lost.
+            info!(
+                held = ?held,
+                "the disruption is over: held activators are compared with the watches in {:?}",
+                RECOVERY_SETTLE
+            );
+            settle = Some(tokio::time::Instant::now() + RECOVERY_SETTLE);
         }
+        // Held nodes that came back, or changed, are not the published ones' news yet.
+        diff.changed.retain(|n| !held.contains(n));
+        diff.added.retain(|n| !held.contains(n));
         if diff.is_empty() {
             continue;
         }
@@ -873,6 +876,10 @@ async fn watch_activators(
 /// show itself, short beside the node-monitor grace period (40 s) a node failure already
 /// takes to be seen.
 pub const LOSS_SETTLE: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// How long held activators wait after a disruption ends before what is still gone is
+/// repaired: the kubelets' status sync (10 s) clears the controller-manager's unready marks.
+pub const RECOVERY_SETTLE: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// Applies `diff` (from `set`) to the published activators and the membership index, and
 /// triggers the revisions it concerns.
