@@ -234,6 +234,9 @@ fn ready_addr(pod: &Pod, port: u16) -> Option<SocketAddr> {
         .iter()
         .flatten()
         .any(|c| c.type_ == "Ready" && c.status == "True");
+    // After an outage the controller-manager marks every pod unready until its kubelet
+    // reports again: a replica so marked still answers, and it is needed most then.
+    let ready = ready || super::pods::marked_by_the_node_controller(pod);
     let ip: IpAddr = status.pod_ip.as_deref()?.parse().ok()?;
     (ready && pod.metadata.deletion_timestamp.is_none()).then_some(SocketAddr::new(ip, port))
 }
@@ -358,6 +361,19 @@ mod tests {
         );
         assert_eq!(ready_addr(&pod("False", Some("10.0.0.1")), 9092), None);
         assert_eq!(ready_addr(&pod("True", None), 9092), None);
+        // The controller-manager's mark after an outage: the Ready condition alone flipped.
+        let mut marked = pod("False", Some("10.0.0.2"));
+        marked.status.as_mut().unwrap().container_statuses = Some(vec![
+            serde_json::from_value(
+                serde_json::json!({"name": "s", "image": "x", "imageID": "", "restartCount": 0,
+                "ready": true, "state": {"running": {}}}),
+            )
+            .unwrap(),
+        ]);
+        assert_eq!(
+            ready_addr(&marked, 9092),
+            Some("10.0.0.2:9092".parse().unwrap())
+        );
         assert_eq!(ready_addr(&pod("True", Some("not-an-ip")), 9092), None);
     }
 }
