@@ -80,20 +80,7 @@ pub fn named(headers: &HeaderMap, authority: Option<&str>) -> Result<Named, Unna
     Ok(Named::Host(host.to_string()))
 }
 
-/// RFC 1123 label, as Kubernetes requires of namespace names.
-pub fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
-/// RFC 1123 subdomain, as Kubernetes requires of most object names.
-pub fn is_dns_subdomain(s: &str) -> bool {
-    s.len() <= 253 && s.split('.').all(is_dns_label)
-}
+pub use crds::contract::{is_dns_label, is_dns_subdomain};
 
 #[cfg(test)]
 mod tests {

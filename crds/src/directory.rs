@@ -16,6 +16,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::contract::{is_dns_label, is_dns_subdomain};
 use crate::{ActivationEndpoints, Revision};
 
 /// The path prefix of a host lookup.
@@ -89,7 +90,7 @@ impl DirectoryQuery {
         if let Some(rest) = path.strip_prefix(REVISIONS_PATH) {
             let bad = || BadQuery::Revision(rest.chars().take(64).collect());
             let (ns, name) = rest.split_once('/').ok_or_else(bad)?;
-            if !is_label(ns) || name.len() > 253 || !name.split('.').all(is_label) {
+            if !is_dns_label(ns) || !is_dns_subdomain(name) {
                 return Err(bad());
             }
             return Ok(Self::Revision {
@@ -99,16 +100,6 @@ impl DirectoryQuery {
         }
         Err(BadQuery::UnknownPath)
     }
-}
-
-/// RFC 1123 label.
-fn is_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
 }
 
 #[cfg(test)]

@@ -24,23 +24,39 @@ pub async fn serve(
     metrics: Arc<Metrics>,
     ready: Arc<AtomicBool>,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    serve_plain("admin", addr, move |req| {
+        answer(req.uri().path(), &metrics, ready.load(Ordering::Acquire))
+    })
+    .await
+}
+
+/// Binds `addr` and answers every request with `respond` (no body is read), on HTTP/1.1 or
+/// h2c, until the returned task is aborted: the admin and directory ports' one loop.
+pub(crate) async fn serve_plain<F>(
+    what: &'static str,
+    addr: SocketAddr,
+    respond: F,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)>
+where
+    F: Fn(&Request<hyper::body::Incoming>) -> Response<Full<Bytes>> + Send + Sync + 'static,
+{
     let listener = TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
+    let respond = Arc::new(respond);
     let task = tokio::spawn(async move {
         loop {
             let (stream, _) = match listener.accept().await {
                 Ok(a) => a,
                 Err(e) => {
-                    tracing::warn!(error = %e, "admin accept failed");
+                    tracing::warn!(error = %e, "{what} accept failed");
                     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                     continue;
                 }
             };
-            let (metrics, ready) = (metrics.clone(), ready.clone());
+            let respond = Arc::clone(&respond);
             let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                let metrics = metrics.clone();
-                let ready = ready.load(Ordering::Acquire);
-                async move { Ok::<_, Infallible>(answer(req.uri().path(), &metrics, ready)) }
+                let r = respond(&req);
+                async move { Ok::<_, Infallible>(r) }
             });
             tokio::spawn(async move {
                 let _ = auto::Builder::new(TokioExecutor::new())

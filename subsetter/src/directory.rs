@@ -3,17 +3,13 @@
 //! routes a warm revision it has never seen. GET (or HEAD) only; a path is parsed strictly and
 //! anything else is answered with a status and a short reason, never looked up.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use crds::directory::{BadQuery, DirectoryQuery};
 use http_body_util::Full;
-use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
-use tokio::net::TcpListener;
+use hyper::{Method, Response, StatusCode};
 
 use crate::controller::Caches;
 
@@ -38,31 +34,10 @@ pub async fn serve<L: Lookup>(
     addr: SocketAddr,
     lookup: Arc<L>,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-    let listener = TcpListener::bind(addr).await?;
-    let bound = listener.local_addr()?;
-    let task = tokio::spawn(async move {
-        loop {
-            let (stream, _) = match listener.accept().await {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!(error = %e, "directory accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
-            let lookup = Arc::clone(&lookup);
-            let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                let r = answer(req.method(), req.uri().path(), &*lookup);
-                async move { Ok::<_, Infallible>(r) }
-            });
-            tokio::spawn(async move {
-                let _ = auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
-            });
-        }
-    });
-    Ok((bound, task))
+    crate::admin::serve_plain("directory", addr, move |req| {
+        answer(req.method(), req.uri().path(), &*lookup)
+    })
+    .await
 }
 
 /// The answer to one request.
