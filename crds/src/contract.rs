@@ -13,6 +13,13 @@ pub const REVISION_LABEL: &str = "local-activator.dev/revision";
 pub const REVISION_UID_LABEL: &str = "local-activator.dev/revision-uid";
 /// App pod label: the node whose activator created the pod.
 pub const NODE_LABEL: &str = "local-activator.dev/node";
+/// On a namespace: its Revisions belong to the subsetter this value names (a test rig's, a
+/// canary's). A subsetter installed with the default `--namespace-selector`
+/// ([`OTHER_SUBSETTERS_EXCLUDED`]) leaves such a namespace alone.
+pub const SUBSETTER_LABEL: &str = "local-activator.dev/subsetter";
+/// The installed subsetter's default namespace selector: every namespace not claimed by
+/// another subsetter through [`SUBSETTER_LABEL`].
+pub const OTHER_SUBSETTERS_EXCLUDED: &str = "!local-activator.dev/subsetter";
 
 /// Activator (DaemonSet) pod labels, by which the subsetter discovers members.
 pub const APP_NAME_LABEL: &str = "app.kubernetes.io/name";

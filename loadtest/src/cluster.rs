@@ -11,6 +11,7 @@ use std::time::Duration;
 use activator::{Activator, ActivatorConfig};
 use crds::contract::{
     ADMIN_PORT, APP_NAME_LABEL, APP_NAME_VALUE, COMPONENT_LABEL, COMPONENT_VALUE, DATA_PORT,
+    SUBSETTER_LABEL,
 };
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{
@@ -281,6 +282,11 @@ impl SimCluster {
             subsetter::Config {
                 default_activators: opts.default_activators,
                 namespace: opts.revision_namespace.clone(),
+                // On a shared API server: only the namespaces this cluster labelled its own.
+                namespace_selector: cluster
+                    .api
+                    .is_none()
+                    .then(|| format!("{SUBSETTER_LABEL}={}", cluster.activator_namespace)),
                 activator_namespace: Some(cluster.activator_namespace.clone()),
                 write_qps: opts.subsetter_write_qps,
                 ..subsetter::Config::default()
@@ -479,12 +485,24 @@ impl SimCluster {
     /// Creates `name` unless it exists; one this call created is deleted again when the
     /// cluster shuts down on a shared API server (what the cluster did not create, it never
     /// deletes).
+    ///
+    /// On a shared API server the namespace is labelled as this cluster's subsetter's
+    /// ([`SUBSETTER_LABEL`]): a subsetter installed there leaves it alone, and this one
+    /// reconciles nothing else.
     pub async fn ensure_own_namespace(&self, name: &str) -> Result<(), Error> {
         if ensure_namespace(&self.client, name).await? {
             self.owned_namespaces
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .push(name.to_string());
+        }
+        if self.api.is_none() {
+            let api: Api<Namespace> = Api::all(self.client.clone());
+            let label = serde_json::json!({
+                "metadata": { "labels": { SUBSETTER_LABEL: self.activator_namespace } }
+            });
+            api.patch(name, &PatchParams::default(), &Patch::Merge(&label))
+                .await?;
         }
         Ok(())
     }

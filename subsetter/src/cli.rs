@@ -14,6 +14,11 @@ pub struct Args {
     /// Only Revisions of this namespace (default: all namespaces).
     #[arg(long, env = "WATCH_NAMESPACE")]
     pub namespace: Option<String>,
+    /// Only Revisions of namespaces whose labels match this selector (Kubernetes syntax, e.g.
+    /// `!local-activator.dev/subsetter`); the others are left to another subsetter. Default:
+    /// every namespace.
+    #[arg(long, env = "NAMESPACE_SELECTOR")]
+    pub namespace_selector: Option<String>,
     /// Only activator pods of this namespace (default: all namespaces).
     #[arg(long, env = "ACTIVATOR_NAMESPACE")]
     pub activator_namespace: Option<String>,

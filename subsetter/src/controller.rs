@@ -42,6 +42,7 @@ use crate::error::Result;
 use crate::hosts::HostIndex;
 use crate::index::{Key, MembershipIndex};
 use crate::metrics::Metrics;
+use crate::namespaces::{self, Selected};
 use crate::policy::SubsetPolicy;
 use crate::queue::Queued;
 use crate::rebalance;
@@ -64,11 +65,12 @@ struct Synced {
     endpoints: bool,
     pods: bool,
     nodes: bool,
+    namespaces: bool,
 }
 
 impl Synced {
     fn all(self) -> bool {
-        self.endpoints && self.pods && self.nodes
+        self.endpoints && self.pods && self.nodes && self.namespaces
     }
 }
 
@@ -111,13 +113,16 @@ impl Subsetter {
             Some(ns) => Api::namespaced(client.clone(), ns),
             None => Api::all(client.clone()),
         };
-        let nodes: Api<Node> = Api::all(client);
+        let nodes: Api<Node> = Api::all(client.clone());
 
         let index = Arc::new(Mutex::new(MembershipIndex::default()));
         let hosts = Arc::new(Mutex::new(HostIndex::default()));
         let available = Arc::new(RwLock::new(Arc::new(Available::default())));
         let (synced_tx, synced_rx) = watch::channel(false);
-        let synced = Arc::new(watch::Sender::new(Synced::default()));
+        let synced = Arc::new(watch::Sender::new(Synced {
+            namespaces: self.config.namespace_selector.is_none(),
+            ..Synced::default()
+        }));
         let mut tasks = Vec::new();
         {
             // Fold the three flags into the one the reconciler waits on.
@@ -130,9 +135,11 @@ impl Subsetter {
                 synced_tx.closed().await;
             }));
         }
-        let triggers = Triggers::new(Arc::new(Queued::new(
-            self.metrics.reconciles_queued.clone(),
-        )));
+        let selected = Selected::new(self.config.namespace_selector.as_deref());
+        let triggers = Triggers::new(
+            Arc::new(Queued::new(self.metrics.reconciles_queued.clone())),
+            selected.clone(),
+        );
         let claims = HostClaims::new(Arc::clone(&hosts), triggers.clone());
 
         let ae_store = Arc::new(RwLock::new(AeStore::default()));
@@ -154,7 +161,24 @@ impl Subsetter {
             triggers.clone(),
             Arc::clone(&self.metrics),
         )));
-        let (rev_reader, rev_writer) = reflector::store();
+        let (rev_reader, rev_writer) = reflector::store::<Revision>();
+        if let Some(selector) = self.config.namespace_selector.clone() {
+            let (synced, reader, tx) = (Arc::clone(&synced), rev_reader.clone(), triggers.clone());
+            tasks.push(tokio::spawn(namespaces::watch_namespaces(
+                Api::all(client),
+                selector,
+                selected,
+                move || synced.send_modify(|s| s.namespaces = true),
+                // A namespace that becomes selected: its Revisions, from the cache.
+                move |added: Vec<String>| {
+                    for r in reader.state() {
+                        if added.iter().any(|ns| r.namespace().as_deref() == Some(ns)) {
+                            tx.send(ObjectRef::from_obj(&*r));
+                        }
+                    }
+                },
+            )));
+        }
         tasks.push(tokio::spawn(watch_revisions(
             revisions,
             rev_writer,
@@ -343,17 +367,26 @@ impl Drop for Caches {
 struct Triggers {
     tx: Arc<Mutex<Option<UnboundedSender<ObjectRef<Revision>>>>>,
     queued: Arc<Queued>,
+    /// Revisions outside it are left to another subsetter (`namespaces.rs`).
+    selected: Selected,
 }
 
 impl Triggers {
-    fn new(queued: Arc<Queued>) -> Self {
+    fn new(queued: Arc<Queued>, selected: Selected) -> Self {
         Self {
             tx: Arc::default(),
             queued,
+            selected,
         }
     }
 
     fn send(&self, r: ObjectRef<Revision>) {
+        if !self
+            .selected
+            .allows(r.namespace.as_deref().unwrap_or_default())
+        {
+            return;
+        }
         if let Some(tx) = &*self.tx.lock().unwrap_or_else(|p| p.into_inner()) {
             // Counted before it is sent: the reconcile that takes it out may start at once.
             let key = Key::new(r.namespace.clone().unwrap_or_default(), r.name.clone());

@@ -15,6 +15,8 @@ pub enum Error {
     Lease(#[from] kube_lease_manager::LeaseManagerError),
     #[error("unknown subset policy {0:?} (random, least-loaded)")]
     UnknownPolicy(String),
+    #[error("--namespace-selector {selector:?}: {reason}")]
+    NamespaceSelector { selector: String, reason: String },
     #[error("ActivationEndpoints {0} is controlled by another object")]
     ForeignOwner(String),
 }

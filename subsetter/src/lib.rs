@@ -16,6 +16,7 @@ pub mod index;
 pub mod knative_hash;
 pub mod load_index;
 pub mod metrics;
+pub mod namespaces;
 pub mod plan;
 pub mod policy;
 pub mod queue;

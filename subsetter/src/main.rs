@@ -90,8 +90,12 @@ async fn main() -> anyhow::Result<()> {
     let client = kube::Client::try_default()
         .await
         .context("connecting to the API server")?;
+    if let Some(selector) = &args.namespace_selector {
+        subsetter::namespaces::check_selector(&kube::Api::all(client.clone()), selector).await?;
+    }
     let config = Config {
         namespace: args.namespace,
+        namespace_selector: args.namespace_selector,
         activator_namespace: args.activator_namespace,
         default_activators: usize::from(args.default_activators),
         write_qps: args.write_qps,

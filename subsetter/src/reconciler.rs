@@ -35,6 +35,9 @@ const EVENT_WRITE_LIMIT: Duration = Duration::from_secs(5);
 pub struct Config {
     /// Only Revisions of this namespace (None = all namespaces).
     pub namespace: Option<String>,
+    /// Only Revisions of the namespaces whose labels match this selector (None = all): the
+    /// others are another subsetter's (`namespaces.rs`).
+    pub namespace_selector: Option<String>,
     /// Only activator pods of this namespace (None = all namespaces).
     pub activator_namespace: Option<String>,
     /// N for revisions without `spec.activators`.
@@ -66,6 +69,7 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             namespace: None,
+            namespace_selector: None,
             activator_namespace: None,
             default_activators: 3,
             field_manager: "local-activator-subsetter".into(),

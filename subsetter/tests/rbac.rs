@@ -446,6 +446,8 @@ fn start_subsetter(
     let client = server.client_as(SUBSETTER);
     let config = Config {
         endpoint_slices: true,
+        // As deploy/base runs it: the namespace watch is one of its calls.
+        namespace_selector: Some(crds::contract::OTHER_SUBSETTERS_EXCLUDED.into()),
         settings_config_map: Some((SETTINGS.into(), SYSTEM_NS.into())),
         rebalance_interval: Duration::from_secs(1),
         ..Config::default()
