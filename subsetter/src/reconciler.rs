@@ -15,11 +15,12 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::activators::Available;
+use crate::conditions::NoMembers;
 use crate::error::{Error, Result};
 use crate::hosts::{self, HostIndex};
 use crate::index::{Key, MembershipIndex};
 use crate::metrics::Metrics;
-use crate::plan::{self, SubsetInputs};
+use crate::plan::{self, SubsetInputs, SubsetPlan};
 use crate::policy::SubsetPolicy;
 use crate::queue::Queued;
 use crate::store::AeStore;
@@ -290,189 +291,294 @@ pub async fn reconcile(rev: Arc<Revision>, ctx: Arc<Context>) -> Result<Action> 
     r
 }
 
-/// The reconcile proper, once the caches are synced.
+/// The reconcile proper, once the caches are synced. It reads top to bottom: an invalid spec
+/// only gets its Revision status; otherwise read what is cached, plan, write what the plan
+/// changes, then the Revision's status.
 async fn reconcile_synced(rev: &Arc<Revision>, ctx: &Arc<Context>) -> Result<Action> {
-    let rev = rev.clone();
-    let ctx = ctx.clone();
-    let namespace = rev
-        .namespace()
-        .ok_or_else(|| Error::NoNamespace(rev.name_any()))?;
-    let name = rev.name_any();
-    let key = Key::new(&namespace, &name);
-    let revisions: Api<Revision> = Api::namespaced(ctx.client.clone(), &namespace);
-    let endpoints: Api<ActivationEndpoints> = Api::namespaced(ctx.client.clone(), &namespace);
-    let pp = ctx.patch_params();
+    let target = Target::of(rev, ctx)?;
     let now = Timestamp::now();
 
     let problems = rev.problems();
     if !problems.is_empty() {
-        debug!(revision = %key, ?problems, "invalid spec");
-        let none = crate::conditions::NoMembers::default();
-        write_revision_status(&ctx, &revisions, &rev, &problems, 0, &none, now).await?;
-        lock(&ctx.failures).remove(&key);
-        return Ok(Action::await_change());
+        debug!(revision = %target.key, ?problems, "invalid spec");
+        let none = NoMembers::default();
+        write_revision_status(ctx, &target.revisions, rev, &problems, 0, &none, now).await?;
+        return Ok(succeeded(ctx, &target.key));
     }
 
-    let current = ctx.current(&key);
-    // A Revision that is new, or changed since its subset was computed, is a user's request:
-    // its writes go ahead of repairs (write_limit.rs).
-    let lane = match current.as_ref().and_then(|c| c.status.as_ref()) {
-        Some(s) if s.observed_generation == rev.metadata.generation => Lane::Bulk,
-        _ => Lane::Urgent,
-    };
+    let current = ctx.current(&target.key);
     if let Some(cur) = &current {
-        let owner_uid = cur
-            .owner_references()
-            .iter()
-            .find(|o| o.controller == Some(true))
-            .map(|o| o.uid.as_str());
-        if owner_uid != rev.uid().as_deref() {
-            // A leftover of an earlier Revision with this name (the garbage collector removes
-            // it soon); deleting it with a uid precondition cannot remove a newer object.
-            warn!(revision = %key, "ActivationEndpoints has another controller; deleting it");
-            let dp = DeleteParams {
-                preconditions: Some(Preconditions {
-                    uid: cur.uid(),
-                    resource_version: None,
-                }),
-                ..Default::default()
-            };
-            match endpoints.delete(&name, &dp).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
-                Err(e) => return Err(e.into()),
-            }
-            return Err(Error::ForeignOwner(key.to_string()));
-        }
+        delete_if_foreign(&target, rev, cur).await?;
     }
+    let plan = plan_and_reserve(ctx, &target.key, rev, current.as_ref(), now);
 
-    let host_conflicts = host_conflicts(&ctx, &key);
-    let available = Arc::clone(&*ctx.activators.read().unwrap_or_else(|p| p.into_inner()));
-    let key_str = key.to_string();
-    let tuned = ctx.tuned();
-    let evict = lock(&ctx.evictions).remove(&key);
-    let plan = {
-        let mut index = lock(&ctx.index);
-        let plan = plan::subset(&SubsetInputs {
-            key: &key_str,
-            revision: &rev,
-            current: current.as_ref(),
-            available: &available,
-            load: &|n| index.load(n),
-            loads: Some(index.loads()),
-            evict: evict.as_deref(),
-            policy: tuned.policy.as_ref(),
-            default_n: tuned.max_node_selection,
-            host_conflicts: &host_conflicts,
-            now,
-        });
-        // Reserve the members now, under the lock: reconciles of other revisions running
-        // concurrently then see this one's load (error_policy restores it from the store).
-        let nodes = plan.status.activators.iter().map(|m| &m.node);
-        index.set(&key, nodes, plan.short);
-        plan
+    let observed = current.as_ref().and_then(|c| c.status.as_ref());
+    let lane = lane_of(observed.map(|s| s.observed_generation), rev);
+    let written = match &current {
+        None => Some(create_subset(ctx, &target, rev, &plan, lane).await?),
+        Some(cur) => update_subset(ctx, &target, cur, &plan, lane).await?,
     };
-
-    let mut stale = vec![current.as_ref().and_then(|c| c.resource_version())];
-    let status_patch = Patch::Merge(json!({ "status": plan.status }));
-    let mut wrote: Option<ActivationEndpoints> = None;
-    match &current {
-        None => {
-            let mut ae = ActivationEndpoints::new(&name, Default::default());
-            ae.metadata.namespace = Some(namespace.clone());
-            ae.metadata.labels = Some(plan.labels.clone());
-            ae.metadata.owner_references = rev.controller_owner_ref(&()).map(|o| vec![o]);
-            let post = PostParams {
-                field_manager: Some(ctx.config.field_manager.clone()),
-                ..Default::default()
-            };
-            ctx.write_turn(lane).await;
-            ctx.metrics.writes.inc();
-            let (created, adopted) = match endpoints.create(&post, &ae).await {
-                Ok(created) => (created, false),
-                // It exists though the store has not seen it: an earlier attempt's create
-                // landed but its answer was lost, or the watch lags. Take it over rather than
-                // retrying a create that can never succeed.
-                Err(kube::Error::Api(s)) if s.code == 409 => (endpoints.get(&name).await?, true),
-                Err(e) => return Err(e.into()),
-            };
-            stale.push(created.resource_version());
-            ctx.write_turn(lane).await;
-            let mut o = endpoints.patch_status(&name, &pp, &status_patch).await?;
-            ctx.metrics.writes.inc();
-            if adopted && o.metadata.labels.as_ref() != Some(&plan.labels) {
-                stale.push(o.resource_version());
-                ctx.write_turn(lane).await;
-                let labels = json!({ "metadata": { "labels": plan.labels } });
-                o = endpoints.patch(&name, &pp, &Patch::Merge(labels)).await?;
-                ctx.metrics.writes.inc();
-            }
-            wrote = Some(o);
-        }
-        Some(_) => {
-            // Status first: an activator that starts matching the new label then already
-            // finds itself in status.activators.
-            if plan.status_changed {
-                ctx.write_turn(lane).await;
-                let o = endpoints.patch_status(&name, &pp, &status_patch).await?;
-                ctx.metrics.writes.inc();
-                wrote = Some(o);
-            }
-            if let Some(labels) = &plan.label_patch {
-                if let Some(o) = &wrote {
-                    stale.push(o.resource_version());
-                }
-                ctx.write_turn(lane).await;
-                wrote = Some(endpoints.patch(&name, &pp, &Patch::Merge(labels)).await?);
-                ctx.metrics.writes.inc();
-            }
-        }
+    if let Some(written) = written {
+        record_written(ctx, &target.key, rev, written, &plan).await;
     }
-    if let Some(object) = wrote {
-        write(&ctx.ae_store).wrote(&key, stale, &object);
-        ctx.metrics.members_joined.inc_by(plan.joined as u64);
-        ctx.metrics.members_left.inc_by(plan.left as u64);
-        for (reason, n) in [
-            ("lost", plan.left_lost),
-            ("ineligible", plan.left_ineligible),
-            ("rebalance", plan.left_rebalanced),
-        ] {
-            if n > 0 {
-                ctx.metrics
-                    .members_replaced
-                    .get_or_create(&crate::metrics::ReplacedBy { reason })
-                    .inc_by(n as u64);
-            }
-        }
-        if let Some((reason, message)) = &plan.degraded {
-            ctx.degraded_event(&rev, reason, message).await;
-        }
-        info!(
-            revision = %key,
-            members = ?plan.status.activators.iter().map(|m| m.node.as_str()).collect::<Vec<_>>(),
-            joined = plan.joined,
-            left = plan.left,
-            "subset written"
-        );
-    }
-
     if ctx.config.endpoint_slices {
-        ctx.apply_endpoint_slice(&key, &rev, &plan.status.activators)
+        ctx.apply_endpoint_slice(&target.key, rev, &plan.status.activators)
             .await?;
     }
 
-    write_revision_status(
-        &ctx,
-        &revisions,
-        &rev,
-        &[],
-        plan.status.activators.len(),
-        plan.no_members.as_ref().unwrap_or(&Default::default()),
+    let members = plan.status.activators.len();
+    let no_activators = NoMembers::default();
+    let none = plan.no_members.as_ref().unwrap_or(&no_activators);
+    write_revision_status(ctx, &target.revisions, rev, &[], members, none, now).await?;
+    Ok(succeeded(ctx, &target.key))
+}
+
+/// The revision a reconcile works on, and the APIs of its namespace.
+struct Target {
+    key: Key,
+    revisions: Api<Revision>,
+    endpoints: Api<ActivationEndpoints>,
+}
+
+impl Target {
+    fn of(rev: &Revision, ctx: &Context) -> Result<Self> {
+        let namespace = rev
+            .namespace()
+            .ok_or_else(|| Error::NoNamespace(rev.name_any()))?;
+        Ok(Self {
+            revisions: Api::namespaced(ctx.client.clone(), &namespace),
+            endpoints: Api::namespaced(ctx.client.clone(), &namespace),
+            key: Key::new(namespace, rev.name_any()),
+        })
+    }
+}
+
+/// The reconcile of `key` is done: its next failure backs off from the start again.
+fn succeeded(ctx: &Context, key: &Key) -> Action {
+    lock(&ctx.failures).remove(key);
+    Action::await_change()
+}
+
+/// The write lane of an object that last saw generation `observed` of `rev`: a Revision that
+/// is new, or changed since, is a user's request, and its writes go ahead of repairs
+/// (`write_limit.rs`).
+fn lane_of(observed: Option<Option<i64>>, rev: &Revision) -> Lane {
+    if observed == Some(rev.metadata.generation) {
+        Lane::Bulk
+    } else {
+        Lane::Urgent
+    }
+}
+
+/// An ActivationEndpoints controlled by another object is a leftover of an earlier Revision
+/// with this name (the garbage collector removes it soon). It is deleted with a uid
+/// precondition, which cannot remove a newer object, and the reconcile fails: its retry
+/// creates this revision's own.
+async fn delete_if_foreign(
+    target: &Target,
+    rev: &Revision,
+    current: &ActivationEndpoints,
+) -> Result<()> {
+    let owner_uid = current
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true))
+        .map(|o| o.uid.as_str());
+    if owner_uid == rev.uid().as_deref() {
+        return Ok(());
+    }
+    let key = &target.key;
+    warn!(revision = %key, "ActivationEndpoints has another controller; deleting it");
+    let dp = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: current.uid(),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    match target.endpoints.delete(&key.name, &dp).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+        Err(e) => return Err(e.into()),
+    }
+    Err(Error::ForeignOwner(key.to_string()))
+}
+
+/// Plans `rev`'s subset from what is cached (activators, host claims, load, a pending
+/// eviction, the policy in force), and reserves its members in the membership index under the
+/// same lock: reconciles of other revisions running concurrently then see this one's load
+/// (`error_policy` restores the index from the store if the writes fail).
+fn plan_and_reserve(
+    ctx: &Context,
+    key: &Key,
+    rev: &Revision,
+    current: Option<&ActivationEndpoints>,
+    now: Timestamp,
+) -> SubsetPlan {
+    let host_conflicts = host_conflicts(ctx, key);
+    let available = Arc::clone(&*read(&ctx.activators));
+    let key_str = key.to_string();
+    let tuned = ctx.tuned();
+    let evict = lock(&ctx.evictions).remove(key);
+    let mut index = lock(&ctx.index);
+    let plan = plan::subset(&SubsetInputs {
+        key: &key_str,
+        revision: rev,
+        current,
+        available: &available,
+        load: &|n| index.load(n),
+        loads: Some(index.loads()),
+        evict: evict.as_deref(),
+        policy: tuned.policy.as_ref(),
+        default_n: tuned.max_node_selection,
+        host_conflicts: &host_conflicts,
         now,
-    )
-    .await?;
-    lock(&ctx.failures).remove(&key);
-    Ok(Action::await_change())
+    });
+    let nodes = plan.status.activators.iter().map(|m| &m.node);
+    index.set(key, nodes, plan.short);
+    plan
+}
+
+/// What a reconcile wrote of an ActivationEndpoints: the object as the API server last
+/// answered, and the resource versions it wrote over (the first the one it read), which the
+/// store then knows to be older (`store.rs`).
+struct Written {
+    object: ActivationEndpoints,
+    stale: Vec<Option<String>>,
+}
+
+fn status_patch(plan: &SubsetPlan) -> Patch<serde_json::Value> {
+    Patch::Merge(json!({ "status": plan.status }))
+}
+
+/// Creates `rev`'s ActivationEndpoints (owned by it, with the plan's labels), then writes its
+/// status, which a create cannot carry (a subresource).
+async fn create_subset(
+    ctx: &Context,
+    target: &Target,
+    rev: &Revision,
+    plan: &SubsetPlan,
+    lane: Lane,
+) -> Result<Written> {
+    let name = &target.key.name;
+    let mut ae = ActivationEndpoints::new(name, Default::default());
+    ae.metadata.namespace = Some(target.key.namespace.clone());
+    ae.metadata.labels = Some(plan.labels.clone());
+    ae.metadata.owner_references = rev.controller_owner_ref(&()).map(|o| vec![o]);
+    let post = PostParams {
+        field_manager: Some(ctx.config.field_manager.clone()),
+        ..Default::default()
+    };
+    ctx.write_turn(lane).await;
+    ctx.metrics.writes.inc();
+    let (created, adopted) = match target.endpoints.create(&post, &ae).await {
+        Ok(created) => (created, false),
+        // It exists though the store has not seen it: an earlier attempt's create landed but
+        // its answer was lost, or the watch lags. Take it over rather than retrying a create
+        // that can never succeed.
+        Err(kube::Error::Api(s)) if s.code == 409 => (target.endpoints.get(name).await?, true),
+        Err(e) => return Err(e.into()),
+    };
+    let mut stale = vec![None, created.resource_version()];
+    let pp = ctx.patch_params();
+    ctx.write_turn(lane).await;
+    let mut object = target
+        .endpoints
+        .patch_status(name, &pp, &status_patch(plan))
+        .await?;
+    ctx.metrics.writes.inc();
+    // One taken over carries the labels of whoever wrote it.
+    if adopted && object.metadata.labels.as_ref() != Some(&plan.labels) {
+        stale.push(object.resource_version());
+        ctx.write_turn(lane).await;
+        let labels = json!({ "metadata": { "labels": plan.labels } });
+        object = target
+            .endpoints
+            .patch(name, &pp, &Patch::Merge(labels))
+            .await?;
+        ctx.metrics.writes.inc();
+    }
+    Ok(Written { object, stale })
+}
+
+/// Writes what the plan changes of an existing ActivationEndpoints, if anything. Status
+/// first: an activator that starts matching the new label then already finds itself in
+/// status.activators.
+async fn update_subset(
+    ctx: &Context,
+    target: &Target,
+    current: &ActivationEndpoints,
+    plan: &SubsetPlan,
+    lane: Lane,
+) -> Result<Option<Written>> {
+    let name = &target.key.name;
+    let pp = ctx.patch_params();
+    let mut stale = vec![current.resource_version()];
+    let mut wrote: Option<ActivationEndpoints> = None;
+    if plan.status_changed {
+        ctx.write_turn(lane).await;
+        let o = target
+            .endpoints
+            .patch_status(name, &pp, &status_patch(plan))
+            .await?;
+        ctx.metrics.writes.inc();
+        wrote = Some(o);
+    }
+    if let Some(labels) = &plan.label_patch {
+        if let Some(o) = &wrote {
+            stale.push(o.resource_version());
+        }
+        ctx.write_turn(lane).await;
+        wrote = Some(
+            target
+                .endpoints
+                .patch(name, &pp, &Patch::Merge(labels))
+                .await?,
+        );
+        ctx.metrics.writes.inc();
+    }
+    Ok(wrote.map(|object| Written { object, stale }))
+}
+
+/// After a write: the store keeps what was written until the watch shows it (`store.rs`),
+/// the churn is counted, and a subset that became Degraded gets its Event.
+async fn record_written(
+    ctx: &Context,
+    key: &Key,
+    rev: &Revision,
+    written: Written,
+    plan: &SubsetPlan,
+) {
+    write(&ctx.ae_store).wrote(key, written.stale, &written.object);
+    count_churn(&ctx.metrics, plan);
+    if let Some((reason, message)) = &plan.degraded {
+        ctx.degraded_event(rev, reason, message).await;
+    }
+    info!(
+        revision = %key,
+        members = ?plan.status.activators.iter().map(|m| m.node.as_str()).collect::<Vec<_>>(),
+        joined = plan.joined,
+        left = plan.left,
+        "subset written"
+    );
+}
+
+/// Members that joined and left with a written plan, and why those that left did.
+fn count_churn(metrics: &Metrics, plan: &SubsetPlan) {
+    metrics.members_joined.inc_by(plan.joined as u64);
+    metrics.members_left.inc_by(plan.left as u64);
+    for (reason, n) in [
+        ("lost", plan.left_lost),
+        ("ineligible", plan.left_ineligible),
+        ("rebalance", plan.left_rebalanced),
+    ] {
+        if n > 0 {
+            metrics
+                .members_replaced
+                .get_or_create(&crate::metrics::ReplacedBy { reason })
+                .inc_by(n as u64);
+        }
+    }
 }
 
 /// The hosts `key` loses to a newer revision. A newer claimant counts only once its
@@ -499,7 +605,7 @@ async fn write_revision_status(
     rev: &Revision,
     problems: &[String],
     members: usize,
-    none: &crate::conditions::NoMembers,
+    none: &NoMembers,
     now: Timestamp,
 ) -> Result<()> {
     if let Some((generation, conditions)) =
@@ -507,10 +613,7 @@ async fn write_revision_status(
     {
         let patch =
             json!({ "status": { "observedGeneration": generation, "conditions": conditions } });
-        let lane = match rev.status.as_ref() {
-            Some(s) if s.observed_generation == rev.metadata.generation => Lane::Bulk,
-            _ => Lane::Urgent,
-        };
+        let lane = lane_of(rev.status.as_ref().map(|s| s.observed_generation), rev);
         ctx.write_turn(lane).await;
         revisions
             .patch_status(&rev.name_any(), &ctx.patch_params(), &Patch::Merge(patch))
