@@ -10,6 +10,8 @@ use std::fmt::Write as _;
 
 use http::{Method, Request, Uri};
 use kube::Client;
+
+use crate::api_health::Heard;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -25,16 +27,21 @@ pub struct ApiRequest {
     pub from: &'static str,
 }
 
-/// `client`, with every request it sends counted in `counts` first.
-pub fn counted(client: Client, counts: Family<ApiRequest, Counter>) -> Client {
+/// `client`, with every request it sends counted in `counts` first, and every response
+/// marked in `heard` (`api_health`: an API server that answers something is not gone).
+pub fn counted(client: Client, counts: Family<ApiRequest, Counter>, heard: Heard) -> Client {
     let default_ns = client.default_namespace().to_string();
     let svc = tower::service_fn(move |req: Request<kube::client::Body>| {
-        let (client, counts) = (client.clone(), counts.clone());
+        let (client, counts, heard) = (client.clone(), counts.clone(), heard.clone());
         async move {
             counts
                 .get_or_create(&classify(req.method(), req.uri()))
                 .inc();
-            client.send(req).await
+            let resp = client.send(req).await;
+            if resp.is_ok() {
+                heard.mark();
+            }
+            resp
         }
     });
     Client::new(svc, default_ns)

@@ -8,6 +8,13 @@
 //!
 //! One probe at a time, its answer reused for [`PROBE_TTL`]: a burst of stalled calls costs
 //! the API server one `/readyz`, not one each.
+//!
+//! A `/readyz` that is not answered within [`PROBE_LIMIT`] says "down" only if nothing else
+//! has come back from the API server for [`QUIET`] either ([`Heard`], marked by the counting
+//! client on every response): an API server that is overloaded — a thousand first requests at
+//! once on a 2-core control plane — still answers some calls and is waited for, where one
+//! whose packets are dropped answers none. A refused connection or a `/readyz` that is not OK
+//! is an answer, and says "down" at once.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -17,6 +24,27 @@ use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use kube::Client;
 use tokio::time::Instant;
+
+/// With `/readyz` unanswered: down only if no response came back for this long.
+pub const QUIET: Duration = Duration::from_secs(2);
+
+/// When the API server last answered anything (the counting client marks every response).
+#[derive(Clone, Default)]
+pub struct Heard(Arc<Mutex<Option<Instant>>>);
+
+impl Heard {
+    pub fn mark(&self) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+    }
+
+    /// Whether something was heard within `d`.
+    pub fn within(&self, d: Duration) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some_and(|at| at.elapsed() < d)
+    }
+}
 
 /// How long a call may go unanswered before the API server's health is asked.
 pub const SUSPECT_AFTER: Duration = Duration::from_millis(400);
@@ -34,25 +62,28 @@ pub enum GaveUp {
     Limit,
 }
 
-type Probe = Shared<BoxFuture<'static, bool>>;
+type Pending = Shared<BoxFuture<'static, bool>>;
 
 /// The API server's health, probed on demand.
 #[derive(Clone)]
 pub struct ApiHealth {
     client: Option<Client>,
+    heard: Heard,
     state: Arc<Mutex<State>>,
 }
 
 #[derive(Default)]
 struct State {
     last: Option<(Instant, bool)>,
-    pending: Option<Probe>,
+    pending: Option<Pending>,
 }
 
 impl ApiHealth {
-    pub fn new(client: Client) -> Self {
+    /// `heard` must be marked by `client`'s responses (`api_count::counted`).
+    pub fn new(client: Client, heard: Heard) -> Self {
         Self {
             client: Some(client),
+            heard,
             state: Arc::default(),
         }
     }
@@ -61,6 +92,7 @@ impl ApiHealth {
     pub fn assume_up() -> Self {
         Self {
             client: None,
+            heard: Heard::default(),
             state: Arc::default(),
         }
     }
@@ -80,8 +112,13 @@ impl ApiHealth {
             st.pending
                 .get_or_insert_with(|| {
                     let (client, state) = (client.clone(), self.state.clone());
+                    let heard = self.heard.clone();
                     async move {
-                        let up = probe(&client).await;
+                        let up = match probe(&client).await {
+                            Probe::Ok => true,
+                            Probe::NotOk => false,
+                            Probe::NoAnswer => heard.within(QUIET),
+                        };
                         let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
                         st.last = Some((Instant::now(), up));
                         st.pending = None;
@@ -135,15 +172,24 @@ impl ApiHealth {
     }
 }
 
-async fn probe(client: &Client) -> bool {
-    let req = match http::Request::get("/readyz").body(Vec::new()) {
-        Ok(r) => r,
-        Err(_) => return false,
+/// What `/readyz` said.
+enum Probe {
+    Ok,
+    /// An answer that is not OK (etcd down), or no connection (refused, reset).
+    NotOk,
+    /// Nothing within [`PROBE_LIMIT`]: gone, or only slow.
+    NoAnswer,
+}
+
+async fn probe(client: &Client) -> Probe {
+    let Ok(req) = http::Request::get("/readyz").body(Vec::new()) else {
+        return Probe::NotOk;
     };
-    matches!(
-        tokio::time::timeout(PROBE_LIMIT, client.request_text(req)).await,
-        Ok(Ok(_))
-    )
+    match tokio::time::timeout(PROBE_LIMIT, client.request_text(req)).await {
+        Ok(Ok(_)) => Probe::Ok,
+        Ok(Err(_)) => Probe::NotOk,
+        Err(_) => Probe::NoAnswer,
+    }
 }
 
 #[cfg(test)]
@@ -176,7 +222,7 @@ mod tests {
             .port();
         let cfg = kube::Config::new(format!("http://127.0.0.1:{port}").parse().expect("url"));
         let client = Client::try_from(cfg).expect("client");
-        let h = ApiHealth::new(client);
+        let h = ApiHealth::new(client, Heard::default());
         let stuck = std::future::pending::<()>();
         assert_eq!(
             h.within(Duration::from_secs(60), stuck).await,
@@ -191,5 +237,51 @@ mod tests {
             h.within(Duration::from_secs(60), never_polled).await,
             Err(GaveUp::Down)
         );
+    }
+
+    /// An API server that takes connections and answers nothing (`/readyz` unanswered).
+    fn silent_api_server() -> (Client, tokio::task::JoinHandle<()>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let addr = listener.local_addr().expect("addr");
+        let task = tokio::spawn(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+            let mut held = Vec::new();
+            while let Ok((s, _)) = listener.accept().await {
+                held.push(s);
+            }
+        });
+        let cfg = kube::Config::new(format!("http://{addr}").parse().expect("url"));
+        (Client::try_from(cfg).expect("client"), task)
+    }
+
+    /// Overloaded, not gone: `/readyz` goes unanswered but other calls came back lately, so
+    /// a slow call is waited for up to its limit.
+    #[tokio::test]
+    async fn an_unanswered_readyz_with_answers_lately_keeps_the_call_waiting() {
+        let (client, _server) = silent_api_server();
+        let heard = Heard::default();
+        heard.mark();
+        let h = ApiHealth::new(client, heard);
+        let slow = async {
+            tokio::time::sleep(SUSPECT_AFTER + PROBE_LIMIT + Duration::from_millis(200)).await;
+            7
+        };
+        assert_eq!(h.within(Duration::from_secs(10), slow).await, Ok(7));
+        assert!(!h.known_down());
+    }
+
+    /// Gone without a word (packets dropped): nothing heard for [`QUIET`] and `/readyz`
+    /// unanswered, so the call is given up.
+    #[tokio::test]
+    async fn an_unanswered_readyz_and_nothing_heard_gives_the_call_up() {
+        let (client, _server) = silent_api_server();
+        let h = ApiHealth::new(client, Heard::default());
+        let stuck = std::future::pending::<()>();
+        assert_eq!(
+            h.within(Duration::from_secs(60), stuck).await,
+            Err(GaveUp::Down)
+        );
+        assert!(h.known_down());
     }
 }

@@ -8,9 +8,6 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// The response header naming the phases (W3C Server Timing).
-pub const HEADER_SERVER_TIMING: &str = "server-timing";
-
 /// The metric names in the header, in phase order. Each `dur` is in milliseconds from the
 /// arrival of the request that found no pod (the cold start's first request); `wait` is this
 /// request's own time from its arrival to its pod's response headers.

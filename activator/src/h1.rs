@@ -26,8 +26,9 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use crate::h2c::{ConnectError, UpBody};
+use crate::h2c::UpBody;
 use crate::idle::IdleSet;
+use crate::wire::connect::ConnectError;
 
 /// What the pool knows of a connection's socket besides hyper's handle: how many bytes it has
 /// read from its target (whether an exchange that failed got any answer: a request the pod
@@ -104,11 +105,7 @@ impl H1Pool {
 
     /// A new connection to `target`, not from the pool.
     pub async fn connect(&self, target: SocketAddr) -> Result<Pooled, ConnectError> {
-        let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect(target))
-            .await
-            .map_err(|_| ConnectError::Timeout(self.connect_timeout))?
-            .map_err(ConnectError::Connect)?;
-        let _ = stream.set_nodelay(true);
+        let stream = crate::wire::connect::connect(target, self.connect_timeout).await?;
         let socket = Arc::new(stream);
         let heard = Heard {
             bytes: Arc::default(),

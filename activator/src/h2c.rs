@@ -13,26 +13,14 @@ use std::time::Duration;
 
 use hyper::client::conn::http2::{Builder, SendRequest};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::answer::Body;
 use crate::body_timeout::IdleTimeout;
+use crate::wire::connect::{ConnectError, connect};
 
 /// The request body type sent upstream.
 pub type UpBody = IdleTimeout<Body>;
-
-/// Why no connection could be had.
-#[derive(Debug, thiserror::Error)]
-pub enum ConnectError {
-    /// Refused, unreachable: worth another attempt for a request that can be replayed.
-    #[error("connect: {0}")]
-    Connect(#[source] std::io::Error),
-    #[error("connect: timed out after {0:?}")]
-    Timeout(Duration),
-    #[error("HTTP/2 handshake: {0}")]
-    Handshake(#[source] hyper::Error),
-}
 
 struct Entry {
     send: SendRequest<UpBody>,
@@ -89,11 +77,7 @@ impl H2Pool {
         target: SocketAddr,
         now: Instant,
     ) -> Result<SendRequest<UpBody>, ConnectError> {
-        let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect(target))
-            .await
-            .map_err(|_| ConnectError::Timeout(self.connect_timeout))?
-            .map_err(ConnectError::Connect)?;
-        let _ = stream.set_nodelay(true);
+        let stream = connect(target, self.connect_timeout).await?;
         let (send, conn) = self
             .builder
             .handshake(TokioIo::new(stream))

@@ -22,7 +22,7 @@ use crds::contract::normalize_host;
 use crds::directory::DirectoryQuery;
 use crds::{ActivatorMember, Revision};
 use futures::future::Either;
-use http::{HeaderName, HeaderValue, Request, Response};
+use http::{HeaderValue, Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::{Body as _, Frame, Incoming, SizeHint};
 use tokio::time::{Instant, Sleep};
@@ -40,21 +40,15 @@ use crate::proxy::{Upstream, UpstreamProtocol};
 use crate::routing::{Named, RevisionKey, Unnamed, named};
 use crate::telemetry;
 use crate::upgrade;
+use crate::wire::framing::framing_problem;
+use crate::wire::names::{CLIENT_GONE, HEADER_COLD_START, SERVED_BY, SERVER_TIMING};
 
-/// Response header naming the activator that served (or forwarded) the request.
-pub const HEADER_SERVED_BY: &str = "x-activator-node";
 // Header names parsed once, not on every request.
-const SERVED_BY: HeaderName = HeaderName::from_static(HEADER_SERVED_BY);
-const SERVER_TIMING: HeaderName = HeaderName::from_static(crate::cold_start::HEADER_SERVER_TIMING);
-/// Response header set when the request waited for a slot (a pod starting, or all busy).
-pub const HEADER_COLD_START: &str = "x-activator-cold-start";
-/// The status counted for a client that closed its connection before its answer (nginx's).
-pub const CLIENT_GONE: u16 = 499;
 
 /// How long a request waits for a new revision's subset to be published before a 503.
 const SUBSET_WAIT: Duration = Duration::from_secs(10);
 /// Upper bound on one API read on the request path (the client has no read timeout of its own).
-const API_READ_LIMIT: Duration = Duration::from_secs(10);
+pub(crate) const API_READ_LIMIT: Duration = Duration::from_secs(10);
 /// The schema's maximum `timeoutSeconds`.
 const MAX_TIMEOUT_SECONDS: i64 = 3600;
 
@@ -773,35 +767,6 @@ impl Drop for Unanswered<'_> {
                 .inc();
         }
     }
-}
-
-/// What the activator refuses (400) in a request hyper's parser accepted: a body longer
-/// than any it carries (hyper takes lengths up to 2^64 - 3; nginx refuses past 2^63 - 1,
-/// and so does the fast lane), more than one Host (RFC 9112 §3.2), and chunked twice.
-fn framing_problem(h: &http::HeaderMap) -> Option<&'static str> {
-    let too_long = h
-        .get_all(http::header::CONTENT_LENGTH)
-        .iter()
-        .any(|v| crate::fast::head::content_length(v.as_bytes()).is_none());
-    if too_long {
-        return Some("invalid or too large content-length");
-    }
-    let mut hosts = h.get_all(http::header::HOST).iter();
-    if hosts.next().is_some() && hosts.next().is_some() {
-        return Some("more than one host header");
-    }
-    // RFC 9112 §6.1: chunked is applied once. hyper reads only whether the last coding is
-    // chunked; passed on, `chunked, chunked` would be decoded twice by an app that honours it.
-    let chunked = h
-        .get_all(http::header::TRANSFER_ENCODING)
-        .iter()
-        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
-        .filter(|t| t.trim_ascii().eq_ignore_ascii_case(b"chunked"))
-        .count();
-    if chunked > 1 {
-        return Some("the chunked transfer coding applied more than once");
-    }
-    None
 }
 
 /// Whether member `m` may create pods of `rev`: with maxScale set, only with a share of it.

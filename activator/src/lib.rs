@@ -18,7 +18,6 @@ pub mod conn_check;
 pub mod error;
 pub mod events;
 pub mod fast;
-pub mod forwarded;
 pub mod h1;
 pub mod h2c;
 pub mod handler;
@@ -44,6 +43,7 @@ pub mod suspects;
 pub mod telemetry;
 pub mod throttle;
 pub mod upgrade;
+pub mod wire;
 pub mod write_stall;
 
 use std::net::SocketAddr;
@@ -104,9 +104,10 @@ impl Activator {
         let stop = CancellationToken::new();
         let stop_caches = CancellationToken::new();
         let metrics = Arc::new(Metrics::default());
-        let client = api_count::counted(client, metrics.api_requests.clone());
+        let heard = api_health::Heard::default();
+        let client = api_count::counted(client, metrics.api_requests.clone(), heard.clone());
         // Calls on the request path give up as soon as the API server is found not to answer.
-        let api = api_health::ApiHealth::new(client.clone());
+        let api = api_health::ApiHealth::new(client.clone(), heard);
         let revisions = RevisionCache::new(client.clone());
         // Off, no Host lookup is ever made (requests must name their revision by headers).
         let hosts = cfg

@@ -6,7 +6,7 @@
 //!   survive;
 //! - hop-by-hop headers stripped (RFC 9110 §7.6.1), except an upgrade's own, which
 //!   [`crate::upgrade`] passes on and tunnels after a 101;
-//! - `x-forwarded-*` and `forwarded` added by the first activator ([`crate::forwarded`]);
+//! - `x-forwarded-*` and `forwarded` added by the first activator ([`crate::wire::forwarded`]);
 //! - a request body that stops arriving fails after `body_idle_timeout`
 //!   ([`crate::body_timeout`]), answered 408.
 //!
@@ -18,8 +18,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::header::{CONTENT_LENGTH, HOST, TE, TRANSFER_ENCODING, UPGRADE};
-use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, Version};
+use http::header::{CONTENT_LENGTH, HOST, TRANSFER_ENCODING, UPGRADE};
+use http::{HeaderName, HeaderValue, Request, Response, StatusCode, Uri, Version};
 use http_body_util::BodyExt;
 use hyper::body::Body as _;
 use hyper::upgrade::OnUpgrade;
@@ -27,10 +27,12 @@ use hyper::upgrade::OnUpgrade;
 use crate::answer::{Body, Refusal, box_error};
 use crate::body_timeout::{BodyIdle, IdleTimeout};
 use crate::config::ActivatorConfig;
-use crate::forwarded::{self, ClientAddr};
 use crate::h1::{H1Conn, H1Pool, Returning};
-use crate::h2c::{ConnectError, H2Pool, UpBody};
+use crate::h2c::{H2Pool, UpBody};
 use crate::upgrade;
+use crate::wire::connect::ConnectError;
+use crate::wire::forwarded::{self, ClientAddr};
+use crate::wire::hop_by_hop;
 
 /// Which protocol to speak to the pod (or peer).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -148,7 +150,7 @@ impl Upstream {
                 .authority()
                 .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
         });
-        strip_hop_by_hop(&mut parts.headers);
+        hop_by_hop::strip(&mut parts.headers);
         // The hop headers are for a peer only (the handler removed unproven ones; a proven
         // one ends here): `extra` carries this activator's own when it forwards.
         crate::hop::strip(&mut parts.headers);
@@ -350,7 +352,7 @@ impl Upstream {
             .headers()
             .get_all(CONTENT_LENGTH)
             .iter()
-            .any(|v| crate::fast::head::content_length(v.as_bytes()).is_none());
+            .any(|v| crate::wire::framing::content_length(v.as_bytes()).is_none());
         if bad_length {
             return Err(Refusal::bad_gateway(format!(
                 "{what} at {target} sent an invalid content-length"
@@ -378,7 +380,7 @@ impl Upstream {
         };
         let (mut rp, rb) = resp.into_parts();
         let protocol = rp.headers.get(UPGRADE).cloned();
-        strip_hop_by_hop(&mut rp.headers);
+        hop_by_hop::strip(&mut rp.headers);
         // The server writes the version it speaks; this avoids hyper's warning about an
         // HTTP/2 response written as HTTP/1.1.
         rp.version = Version::HTTP_11;
@@ -413,41 +415,6 @@ fn body_timed_out(e: BodyIdle) -> Refusal {
     ))
 }
 
-/// Headers that describe one connection, not the message (RFC 9110 §7.6.1). `TE: trailers`
-/// stays: it says the client takes trailers, which gRPC needs the app to know. `Connection`
-/// can name extension headers, never the message's framing or its Host: those are the
-/// message's own, and removing them would let one side frame it differently.
-fn strip_hop_by_hop(h: &mut HeaderMap) {
-    let trailers = upgrade::has_token(h, &TE, "trailers");
-    let named: Vec<HeaderName> = h
-        .get_all(http::header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|n| n.trim().parse().ok())
-        .filter(|n| *n != CONTENT_LENGTH && *n != TRANSFER_ENCODING && *n != HOST)
-        .collect();
-    for n in named {
-        h.remove(n);
-    }
-    // Names parsed once, not per request (this runs on every request and response).
-    const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
-    const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
-    for n in [
-        http::header::CONNECTION,
-        KEEP_ALIVE,
-        PROXY_CONNECTION,
-        TE,
-        http::header::TRAILER,
-        UPGRADE,
-    ] {
-        h.remove(n);
-    }
-    if trailers {
-        h.insert(TE, HeaderValue::from_static("trailers"));
-    }
-}
-
 /// The first error of type `T` in `e`'s source chain.
 fn find<'a, T: std::error::Error + 'static>(
     e: &'a (dyn std::error::Error + 'static),
@@ -476,41 +443,6 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn hop_by_hop_headers_go_and_te_trailers_stays() {
-        let mut h = HeaderMap::new();
-        h.insert(
-            "connection",
-            HeaderValue::from_static("keep-alive, x-private, te"),
-        );
-        h.insert("x-private", HeaderValue::from_static("1"));
-        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
-        h.insert("te", HeaderValue::from_static("trailers, deflate"));
-        h.insert("upgrade", HeaderValue::from_static("websocket"));
-        h.insert("x-app", HeaderValue::from_static("kept"));
-        strip_hop_by_hop(&mut h);
-        let names: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
-        assert_eq!(names, ["x-app", "te"]);
-        assert_eq!(h["te"], "trailers");
-    }
-
-    #[test]
-    fn connection_never_removes_framing_or_host() {
-        let mut h = HeaderMap::new();
-        h.insert(
-            "connection",
-            HeaderValue::from_static("content-length, transfer-encoding, host, x-a"),
-        );
-        h.insert("content-length", HeaderValue::from_static("5"));
-        h.insert("transfer-encoding", HeaderValue::from_static("chunked"));
-        h.insert("host", HeaderValue::from_static("app"));
-        h.insert("x-a", HeaderValue::from_static("1"));
-        strip_hop_by_hop(&mut h);
-        let mut names: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
-        names.sort_unstable();
-        assert_eq!(names, ["content-length", "host", "transfer-encoding"]);
-    }
 
     #[test]
     fn only_a_port_named_h2c_asks_for_http2() {

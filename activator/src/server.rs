@@ -22,17 +22,14 @@ use tokio_util::sync::CancellationToken;
 use crate::answer::Body;
 use crate::fast::FastLane;
 use crate::fast::prefixed::Prefixed;
-use crate::forwarded::ClientAddr;
 use crate::parse_errors::{ActiveGuard, ConnState, ErrorBodies};
 use crate::serving_threads::{Threaded, moved_in};
+use crate::wire::forwarded::ClientAddr;
+use crate::wire::framing::HEADER_READ_TIMEOUT;
 use crate::write_stall::WriteStall;
 
 /// How long a client of [`serve`] (the admin port) may take no bytes of a response.
 const WRITE_STALL: Duration = Duration::from_secs(30);
-
-/// How long a client may take to send a request's head before its connection is closed
-/// (hyper's default, which needs a timer to be enforced).
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 fn builder() -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());

@@ -3,8 +3,9 @@
 //! `101 Switching Protocols`, the 101 goes back to the client and a task copies bytes both ways
 //! between the two upgraded connections until either side closes.
 
+use crate::wire::hop_by_hop::has_token;
 use http::header::{CONNECTION, UPGRADE};
-use http::{HeaderMap, HeaderName, HeaderValue, Version};
+use http::{HeaderMap, HeaderValue, Version};
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 
@@ -28,16 +29,6 @@ pub fn requested(version: Version, headers: &HeaderMap) -> Option<HeaderValue> {
 pub fn restore(headers: &mut HeaderMap, protocol: HeaderValue) {
     headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
     headers.insert(UPGRADE, protocol);
-}
-
-/// Whether a comma-separated header lists `token` (case-insensitively).
-pub fn has_token(headers: &HeaderMap, name: &HeaderName, token: &str) -> bool {
-    headers
-        .get_all(name)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| t.trim().eq_ignore_ascii_case(token))
 }
 
 /// A tunnel's life, put in the 101 response's extensions: the request path holds the pod's

@@ -542,7 +542,7 @@ pub fn refusal_bytes(out: &mut Vec<u8>, r: &Refusal, served_by: &[u8]) {
     }
     out.clear();
     out.extend_from_slice(s.as_bytes());
-    out.extend_from_slice(crate::handler::HEADER_SERVED_BY.as_bytes());
+    out.extend_from_slice(crate::wire::names::HEADER_SERVED_BY.as_bytes());
     out.extend_from_slice(b": ");
     out.extend_from_slice(served_by);
     out.extend_from_slice(b"\r\nconnection: close\r\n\r\n");

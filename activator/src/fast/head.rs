@@ -25,8 +25,9 @@ use crds::contract::{
     HEADER_REVISION_NAMESPACE,
 };
 
-use crate::forwarded;
 use crate::routing::{Named, RevisionKey, is_dns_label, is_dns_subdomain};
+use crate::wire::forwarded;
+use crate::wire::framing::content_length;
 
 /// Headers httparse reads per message (as many as hyper's default): a request with more is
 /// left to hyper.
@@ -269,37 +270,6 @@ fn once<'a>(seen: Option<&'a str>, value: &'a [u8]) -> Result<&'a str, &'static 
     std::str::from_utf8(value).map_err(|_| "revision header")
 }
 
-/// The largest body length either lane accepts: nginx's (a signed 64-bit offset). hyper
-/// takes up to 2^64 - 3, and a length near 2^64 wraps any sum a proxy makes with it.
-pub const MAX_CONTENT_LENGTH: u64 = i64::MAX as u64;
-
-/// A `Content-Length` value (RFC 9110 §8.6): `1*DIGIT`, with only the SP and HTAB around it
-/// that httparse leaves (never Unicode whitespace: `str::trim` would take U+00A0, which
-/// hyper and nginx refuse), and at most [`MAX_CONTENT_LENGTH`].
-pub fn content_length(value: &[u8]) -> Option<u64> {
-    let v = trim_ows(value);
-    if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    let n = v.iter().try_fold(0u64, |n, d| {
-        n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
-    })?;
-    (n <= MAX_CONTENT_LENGTH).then_some(n)
-}
-
-/// Optional whitespace (SP, HTAB: RFC 9110 §5.6.3) trimmed from both ends.
-fn trim_ows(v: &[u8]) -> &[u8] {
-    let start = v
-        .iter()
-        .position(|b| !matches!(b, b' ' | b'\t'))
-        .unwrap_or(v.len());
-    let end = v
-        .iter()
-        .rposition(|b| !matches!(b, b' ' | b'\t'))
-        .map_or(start, |e| e + 1);
-    &v[start..end]
-}
-
 /// Whether a head has a line ending in LF alone (or a CR that ends no line).
 pub fn has_bare_lf(head: &[u8]) -> bool {
     let mut prev = 0u8;
@@ -316,7 +286,7 @@ pub fn has_bare_lf(head: &[u8]) -> bool {
 
 /// Writes the request head to send to the pod into `out`: the client's head without its
 /// hop-by-hop headers, with `x-forwarded-*` and `forwarded` added when this is the first
-/// activator (as [`crate::forwarded::add`] does on hyper's path), and a `Host` naming the
+/// activator (as [`crate::wire::forwarded::add`] does on hyper's path), and a `Host` naming the
 /// target when the client sent none. `head` is the client's head, as classified.
 pub fn write_request(
     out: &mut Vec<u8>,
@@ -373,7 +343,7 @@ pub fn write_request(
     out.extend_from_slice(b"\r\n");
 }
 
-/// The forwarding headers of the first activator (as [`crate::forwarded::add`] writes them).
+/// The forwarding headers of the first activator (as [`crate::wire::forwarded::add`] writes them).
 fn add_forwarding(
     out: &mut Vec<u8>,
     xff: Option<String>,
@@ -560,7 +530,7 @@ pub fn parse_response(buf: &[u8], to_head: bool) -> Result<Option<ResponseHead>,
             || is("te")
             || is("trailer")
             || is("upgrade")
-            || is(crate::handler::HEADER_SERVED_BY)
+            || is(crate::wire::names::HEADER_SERVED_BY)
         {
             plain = false;
         }
@@ -621,7 +591,7 @@ pub fn write_response(out: &mut Vec<u8>, head: &[u8], plain: bool, add: &Additio
     out.extend_from_slice(&head[..head.len() - 2]);
     header(
         out,
-        crate::handler::HEADER_SERVED_BY.as_bytes(),
+        crate::wire::names::HEADER_SERVED_BY.as_bytes(),
         add.served_by,
     );
     add_to_response(out, add);
@@ -630,11 +600,15 @@ pub fn write_response(out: &mut Vec<u8>, head: &[u8], plain: bool, add: &Additio
 /// What goes after the app's headers, blank line included.
 fn add_to_response(out: &mut Vec<u8>, add: &Additions<'_>) {
     if let Some(timing) = add.cold {
-        header(out, crate::handler::HEADER_COLD_START.as_bytes(), b"true");
+        header(
+            out,
+            crate::wire::names::HEADER_COLD_START.as_bytes(),
+            b"true",
+        );
         if !timing.is_empty() {
             header(
                 out,
-                crate::cold_start::HEADER_SERVER_TIMING.as_bytes(),
+                crate::wire::names::HEADER_SERVER_TIMING.as_bytes(),
                 timing.as_bytes(),
             );
         }
@@ -693,13 +667,13 @@ fn write_response_reparsed(out: &mut Vec<u8>, head: &[u8], add: &Additions<'_>) 
         {
             continue;
         }
-        served_by |= is(crate::handler::HEADER_SERVED_BY);
+        served_by |= is(crate::wire::names::HEADER_SERVED_BY);
         header(out, h.name.as_bytes(), h.value);
     }
     if !served_by {
         header(
             out,
-            crate::handler::HEADER_SERVED_BY.as_bytes(),
+            crate::wire::names::HEADER_SERVED_BY.as_bytes(),
             add.served_by,
         );
     }

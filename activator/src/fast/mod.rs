@@ -42,7 +42,7 @@ use tokio_util::sync::CancellationToken;
 use crate::answer::Refusal;
 use crate::cache::endpoints::Membership;
 use crate::handler::{
-    CLIENT_GONE, Handler, can_start, request_timeout, too_late, upstream_protocol,
+    API_READ_LIMIT, Handler, can_start, request_timeout, too_late, upstream_protocol,
 };
 use crate::metrics::{Outcome, Phase, Route};
 use crate::pool::{NoSlot, Spec};
@@ -50,6 +50,8 @@ use crate::proxy::UpstreamProtocol;
 use crate::routing::Named;
 use crate::serving_threads::Mover;
 use crate::telemetry;
+use crate::wire::framing::HEADER_READ_TIMEOUT;
+use crate::wire::names::CLIENT_GONE;
 
 use exchange::{Ended, Scratch};
 use head::{Classified, RequestHead};
@@ -62,11 +64,6 @@ const MAX_HEAD: usize = 16 * 1024;
 const MAX_READ_AHEAD: usize = 64 * 1024;
 /// Room for a request head: most fit, a larger one grows the buffer.
 const HEAD_ROOM: usize = 2 * 1024;
-/// As hyper's `header_read_timeout` on the other path (and the same for an idle keep-alive
-/// connection).
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
-/// Upper bound on reading a Revision on the request path.
-const API_READ_LIMIT: Duration = Duration::from_secs(10);
 
 /// What the fast lane shares across its connections (one per serving thread).
 pub struct FastLane {

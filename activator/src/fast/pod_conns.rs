@@ -9,8 +9,8 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use crate::h2c::ConnectError;
 use crate::idle::IdleSet;
+use crate::wire::connect::ConnectError;
 
 /// Idle connections by pod address.
 pub struct PodConns {
@@ -53,11 +53,7 @@ impl PodConns {
 
     /// A new connection to `target`.
     pub async fn connect(&self, target: SocketAddr) -> Result<TcpStream, ConnectError> {
-        let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect(target))
-            .await
-            .map_err(|_| ConnectError::Timeout(self.connect_timeout))?
-            .map_err(ConnectError::Connect)?;
-        let _ = stream.set_nodelay(true);
+        let stream = crate::wire::connect::connect(target, self.connect_timeout).await?;
         Ok(stream)
     }
 
