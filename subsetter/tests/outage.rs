@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use activator::api_count::{ApiRequest, counted};
+use activator::api_health::Heard;
 use anyhow::Result;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
@@ -90,7 +91,9 @@ async fn the_leader_its_watches_and_its_reconciles_resume_after_an_api_server_ou
     // The subsetter's requests are counted as an activator counts its own, so that those it
     // sends to a stopped server (which counts nothing) are seen.
     let counts = Family::<ApiRequest, Counter>::default();
-    let client = counted(c.server.client_as("subsetter"), counts.clone());
+    // Nothing here reads what the client heard (the activator's API health does).
+    let heard = Heard::default();
+    let client = counted(c.server.client_as("subsetter"), counts.clone(), heard);
     let subsetter = Arc::new(Subsetter::new(
         client.clone(),
         Config::default(),
