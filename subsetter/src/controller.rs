@@ -41,6 +41,7 @@ use crate::activators::{self, Activator, Available};
 use crate::error::Result;
 use crate::hosts::HostIndex;
 use crate::index::{Key, MembershipIndex};
+use crate::locks::{lock, read, write};
 use crate::metrics::Metrics;
 use crate::namespaces::{self, Selected};
 use crate::policy::SubsetPolicy;
@@ -325,21 +326,13 @@ impl Caches {
     pub fn directory(&self, q: &crds::directory::DirectoryQuery) -> Option<DirectoryAnswer> {
         use crds::directory::DirectoryQuery;
         let key = match q {
-            DirectoryQuery::Host(h) => self
-                .hosts
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .winner(h)?,
+            DirectoryQuery::Host(h) => lock(&self.hosts).winner(h)?,
             DirectoryQuery::Revision { namespace, name } => Key::new(namespace, name),
         };
         let revision = self
             .rev_reader
             .get(&ObjectRef::new(&key.name).within(&key.namespace))?;
-        let endpoints = self
-            .ae_store
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .current(&key);
+        let endpoints = read(&self.ae_store).current(&key);
         Some(DirectoryAnswer {
             revision: (*revision).clone(),
             endpoints,
@@ -387,7 +380,7 @@ impl Triggers {
         {
             return;
         }
-        if let Some(tx) = &*self.tx.lock().unwrap_or_else(|p| p.into_inner()) {
+        if let Some(tx) = &*lock(&self.tx) {
             // Counted before it is sent: the reconcile that takes it out may start at once.
             let key = Key::new(r.namespace.clone().unwrap_or_default(), r.name.clone());
             self.queued.entered(key.clone());
@@ -398,12 +391,12 @@ impl Triggers {
     }
 
     fn lead(&self, tx: UnboundedSender<ObjectRef<Revision>>) {
-        *self.tx.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
+        *lock(&self.tx) = Some(tx);
     }
 
     /// The controller stopped: its queue is gone with it.
     fn follow(&self) {
-        let mut tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+        let mut tx = lock(&self.tx);
         *tx = None;
         self.queued.clear();
     }
@@ -479,7 +472,7 @@ async fn rebalance_loop(
             continue;
         }
         let moves = {
-            let ix = ctx.index.lock().unwrap_or_else(|p| p.into_inner());
+            let ix = lock(&ctx.index);
             let loads: BTreeMap<String, usize> = ix
                 .loads()
                 .nodes()
@@ -488,7 +481,7 @@ async fn rebalance_loop(
                 .collect();
             rebalance::moves(&loads, |n| ix.revisions_on(n), limits)
         };
-        let mut evictions = ctx.evictions.lock().unwrap_or_else(|p| p.into_inner());
+        let mut evictions = lock(&ctx.evictions);
         // Moves not made since the last interval (a revision deleted meanwhile) are dropped.
         evictions.clear();
         if moves.is_empty() {
@@ -620,7 +613,7 @@ impl HostClaims {
                 .map_or(0, |t| t.0.as_second())
         };
         let affected = {
-            let mut ix = self.index.lock().unwrap_or_else(|p| p.into_inner());
+            let mut ix = lock(&self.index);
             match event {
                 Event::Init => {
                     self.relist = Some(HashSet::new());
@@ -652,11 +645,7 @@ impl HostClaims {
     /// the older claimants' HostConflict (see `reconciler::host_conflicts`). Only contested
     /// hosts have older claimants, so most events trigger nothing.
     fn endpoints_changed(&self, key: &Key) {
-        let older = self
-            .index
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .older_claimants(key);
+        let older = lock(&self.index).older_claimants(key);
         trigger(&self.triggers, older);
     }
 }
@@ -682,7 +671,7 @@ async fn watch_endpoints(
         {
             // The store keeps what a reconcile reads of each object (`store.rs`), not the
             // objects whole.
-            let mut s = store.write().unwrap_or_else(|p| p.into_inner());
+            let mut s = write(&store);
             match &event {
                 Event::Apply(ae) => s.apply(ae),
                 Event::Delete(ae) => s.delete(ae),
@@ -694,7 +683,7 @@ async fn watch_endpoints(
         if let Event::Apply(ae) | Event::Delete(ae) | Event::InitApply(ae) = &event {
             claims.endpoints_changed(&key_of(ae));
         }
-        let mut ix = index.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ix = lock(&index);
         match event {
             Event::Apply(ae) => {
                 // A just-created object has no status yet (the status subresource is written
@@ -715,12 +704,7 @@ async fn watch_endpoints(
                 ix.set(&key_of(&ae), nodes, short);
             }
             Event::InitDone => {
-                let keys: HashSet<Key> = store
-                    .read()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .keys()
-                    .cloned()
-                    .collect();
+                let keys: HashSet<Key> = read(&store).keys().cloned().collect();
                 ix.retain(&keys);
                 synced.send_modify(|s| s.endpoints = true);
             }
@@ -789,7 +773,7 @@ async fn watch_activators(
                 continue;
             }
             settle = None;
-            let published = Arc::clone(&*available.read().unwrap_or_else(|p| p.into_inner()));
+            let published = Arc::clone(&*read(&available));
             let diff = activators::diff(&published, set.available());
             held.clear();
             publish(&diff, &set, &available, &index, &metrics, &triggers);
@@ -845,12 +829,8 @@ async fn watch_activators(
         if first {
             // Publishing the first set before the flag: reconciles start only after it.
             let next = set.available();
-            *available.write().unwrap_or_else(|p| p.into_inner()) =
-                Arc::new(Available::from(next.clone()));
-            index
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .set_available(next);
+            *write(&available) = Arc::new(Available::from(next.clone()));
+            lock(&index).set_available(next);
             metrics.activators.set(next.len() as i64);
             synced.send_modify(|s| {
                 s.pods = true;
@@ -930,7 +910,7 @@ fn publish(
     // Only the nodes that changed. A reconcile holding the previous map (planning with
     // it) makes this a copy; otherwise the map is changed in place.
     let changes: Vec<(&String, Option<Activator>, Option<&Activator>)> = {
-        let mut shared = available.write().unwrap_or_else(|p| p.into_inner());
+        let mut shared = write(available);
         let map = Arc::make_mut(&mut *shared);
         diff.lost
             .iter()
@@ -947,7 +927,7 @@ fn publish(
             .collect()
     };
     let targets: BTreeSet<Key> = {
-        let mut ix = index.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ix = lock(index);
         for (node, old, new) in &changes {
             ix.update_available(node, old.as_ref(), *new);
         }

@@ -15,6 +15,7 @@ pub mod hosts;
 pub mod index;
 pub mod knative_hash;
 pub mod load_index;
+mod locks;
 pub mod metrics;
 pub mod namespaces;
 pub mod plan;

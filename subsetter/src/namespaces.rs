@@ -19,6 +19,7 @@ use kube::{Api, ResourceExt};
 use tracing::{info, warn};
 
 use crate::error::{Error, Result};
+use crate::locks::{read, write};
 
 /// The namespaces selected, as the namespace watch last said.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,14 +81,11 @@ impl Selected {
     }
 
     pub fn allows(&self, namespace: &str) -> bool {
-        self.0
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .allows(namespace)
+        read(&self.0).allows(namespace)
     }
 
     fn update<T>(&self, f: impl FnOnce(&mut Selection) -> T) -> T {
-        f(&mut self.0.write().unwrap_or_else(|p| p.into_inner()))
+        f(&mut write(&self.0))
     }
 }
 

@@ -14,6 +14,7 @@ use foldhash::HashSet as FastSet;
 use rand::rngs::StdRng;
 
 use crate::load_index::{LoadIndex, ring_distance, ring_hash};
+use crate::locks::lock;
 use rand::{RngExt, SeedableRng};
 
 /// One activator the policy may choose.
@@ -223,12 +224,12 @@ impl SubsetPolicy for Random {
         "random"
     }
     fn choose(&self, request: &SubsetRequest<'_>) -> Vec<String> {
-        let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
+        let mut rng = lock(&self.rng);
         keep_and_fill(request, |pool| rng.random_range(0..pool.len()))
     }
 
     fn choose_indexed(&self, request: &IndexedRequest<'_>) -> Option<Vec<String>> {
-        let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
+        let mut rng = lock(&self.rng);
         let nodes = request.index.nodes();
         Some(keep_and_fill_indexed(request, |skip| {
             // Uniform over the nodes not skipped: rejection while that is cheap (few are

@@ -19,6 +19,7 @@ use foldhash::HashSet as FastSet;
 use prometheus_client::metrics::gauge::Gauge;
 
 use crate::index::Key;
+use crate::locks::lock;
 
 /// The set of revisions waiting for a reconcile, mirrored in a gauge.
 #[derive(Debug, Default)]
@@ -39,14 +40,14 @@ impl Queued {
 
     /// `key` was sent to the controller.
     pub fn entered(&self, key: Key) {
-        let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        let mut keys = lock(&self.keys);
         keys.insert(key);
         self.gauge.set(keys.len() as i64);
     }
 
     /// `key`'s reconcile started (or the controller dropped it).
     pub fn left(&self, key: &Key) {
-        let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        let mut keys = lock(&self.keys);
         if keys.remove(key) {
             self.gauge.set(keys.len() as i64);
         }
@@ -54,13 +55,13 @@ impl Queued {
 
     /// The controller stopped: nothing waits any more.
     pub fn clear(&self) {
-        let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        let mut keys = lock(&self.keys);
         keys.clear();
         self.gauge.set(0);
     }
 
     pub fn len(&self) -> usize {
-        self.keys.lock().unwrap_or_else(|p| p.into_inner()).len()
+        lock(&self.keys).len()
     }
 
     pub fn is_empty(&self) -> bool {

@@ -19,6 +19,7 @@ use crate::conditions::NoMembers;
 use crate::error::{Error, Result};
 use crate::hosts::{self, HostIndex};
 use crate::index::{Key, MembershipIndex};
+use crate::locks::{lock, read, write};
 use crate::metrics::Metrics;
 use crate::plan::{self, SubsetInputs, SubsetPlan};
 use crate::policy::SubsetPolicy;
@@ -128,13 +129,13 @@ pub struct Tuned {
 impl Context {
     /// The policy and maxNodeSelection to plan with now.
     pub fn tuned(&self) -> Tuned {
-        self.tuned.read().unwrap_or_else(|p| p.into_inner()).clone()
+        read(&self.tuned).clone()
     }
 
     /// Puts `s` in force: the next reconciles plan with it, the next writes take its rate.
     /// The policy object is kept when its name is unchanged (a seeded random stays seeded).
     pub fn apply(&self, s: &crate::settings::Settings) {
-        let mut t = self.tuned.write().unwrap_or_else(|p| p.into_inner());
+        let mut t = write(&self.tuned);
         if t.policy.name() != s.policy
             && let Some(p) = crate::policy::by_name(&s.policy)
         {
@@ -253,18 +254,6 @@ impl Context {
             ..Default::default()
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn read<T>(m: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
-    m.read().unwrap_or_else(|p| p.into_inner())
-}
-
-fn write<T>(m: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
-    m.write().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Reconciles one Revision.

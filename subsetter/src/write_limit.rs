@@ -14,6 +14,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
+use crate::locks::lock;
 use tokio::time::Instant;
 
 /// `rate` tokens a second, at most `burst` saved up. Each write takes one; a write that
@@ -106,14 +107,13 @@ impl WriteLimiter {
 
     /// A new rate and burst (the ConfigMap changed); writes already waiting keep their turn.
     pub fn reconfigure(&self, qps: f64, burst: u32) {
-        *self.lanes.lock().unwrap_or_else(|p| p.into_inner()) =
-            Lanes::new(qps, burst, Instant::now());
+        *lock(&self.lanes) = Lanes::new(qps, burst, Instant::now());
     }
 
     /// Waits for this write's turn in `lane`; returns how long it waited.
     pub async fn acquire(&self, lane: Lane) -> Duration {
         let wait = {
-            let mut lanes = self.lanes.lock().unwrap_or_else(|p| p.into_inner());
+            let mut lanes = lock(&self.lanes);
             let now = Instant::now();
             if lane == Lane::Urgent
                 && let Some(urgent) = &mut lanes.urgent
