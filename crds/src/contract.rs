@@ -17,6 +17,10 @@ pub const NODE_LABEL: &str = "local-activator.dev/node";
 /// canary's). A subsetter installed with the default `--namespace-selector`
 /// ([`OTHER_SUBSETTERS_EXCLUDED`]) leaves such a namespace alone.
 pub const SUBSETTER_LABEL: &str = "local-activator.dev/subsetter";
+/// On a node: `false` keeps the activator DaemonSet off it (deploy/: a required node affinity
+/// `NotIn [false]`). For nodes that must never take app pods from an activator, and for the
+/// simulated nodes a load test registers in a real cluster, which run no DaemonSet pod.
+pub const NODE_ACTIVATOR_LABEL: &str = "local-activator.dev/activator";
 /// The installed subsetter's default namespace selector: every namespace not claimed by
 /// another subsetter through [`SUBSETTER_LABEL`].
 pub const OTHER_SUBSETTERS_EXCLUDED: &str = "!local-activator.dev/subsetter";

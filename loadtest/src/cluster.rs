@@ -11,7 +11,7 @@ use std::time::Duration;
 use activator::{Activator, ActivatorConfig};
 use crds::contract::{
     ADMIN_PORT, APP_NAME_LABEL, APP_NAME_VALUE, COMPONENT_LABEL, COMPONENT_VALUE, DATA_PORT,
-    SUBSETTER_LABEL,
+    NODE_ACTIVATOR_LABEL, SUBSETTER_LABEL,
 };
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{
@@ -168,7 +168,10 @@ pub struct SimCluster {
     block: NodeBlock,
     activator_namespace: String,
     /// Namespaces this cluster created on a shared API server, deleted when it shuts down.
-    owned_namespaces: std::sync::Mutex<Vec<String>>,
+    owned_namespaces: Arc<std::sync::Mutex<Vec<String>>>,
+    /// Deletes what this cluster added to a real API server if it is dropped without
+    /// [`SimCluster::shutdown`] (a test that failed).
+    leftovers: Leftovers,
     cleanup_timeout: Duration,
     /// Which API server, under which latency model (for reports).
     api_description: String,
@@ -217,11 +220,13 @@ impl SimCluster {
         } else {
             format!("{ACTIVATOR_NAMESPACE}-{}", block.first())
         };
-        let mut owned_namespaces = Vec::new();
+        let mut owned = Vec::new();
         if ensure_namespace(&client, &activator_namespace).await? {
-            owned_namespaces.push(activator_namespace.clone());
+            owned.push(activator_namespace.clone());
         }
+        let owned_namespaces = Arc::new(std::sync::Mutex::new(owned));
 
+        let shared = api.is_none();
         let configs: Vec<NodeConfig> = block
             .indices()
             .map(|i| {
@@ -233,6 +238,13 @@ impl SimCluster {
                         relist: opts.relist.clone(),
                         ..StartDelays::default()
                     });
+                // On a shared API server: no DaemonSet installed there (the product's, or a
+                // CNI's that honours the label) takes these nodes for its own.
+                let cfg = if shared {
+                    cfg.with_label(NODE_ACTIVATOR_LABEL, "false")
+                } else {
+                    cfg
+                };
                 if opts.node_grace < DEFAULT_NODE_GRACE {
                     cfg.with_lease(opts.node_grace, opts.node_grace / 4)
                 } else {
@@ -259,6 +271,7 @@ impl SimCluster {
             .is_some()
             .then(|| NodeLifecycleController::start(client.clone(), opts.node_grace));
 
+        let node_names = fleet.nodes().map(|n| n.name().to_string()).collect();
         let mut cluster = Self {
             api,
             client: client.clone(),
@@ -267,7 +280,12 @@ impl SimCluster {
             lifecycle,
             block,
             activator_namespace,
-            owned_namespaces: std::sync::Mutex::new(owned_namespaces),
+            leftovers: Leftovers {
+                armed: opts.use_kubeconfig && opts.shared_client.is_none(),
+                nodes: node_names,
+                namespaces: Arc::clone(&owned_namespaces),
+            },
+            owned_namespaces,
             cleanup_timeout: opts.cleanup_timeout,
             api_description,
             kubelet_description: kubelet_description(&opts.relist, opts.node_agent),
@@ -566,6 +584,7 @@ impl SimCluster {
             // A shared API server outlives this cluster: take away what it added.
             self.clean_up_shared().await;
         }
+        self.leftovers.armed = false;
         self.fleet.shutdown();
         drop(self.lifecycle);
         if let Some(api) = self.api {
@@ -622,6 +641,58 @@ impl SimCluster {
                 Err(e) => tracing::warn!(node = node.name(), error = %e, "cleaning up"),
             }
         }
+    }
+}
+
+/// What a cluster on the API server of `KUBECONFIG` added there, deleted when it is dropped
+/// without [`SimCluster::shutdown`] — a test that panicked — so that a failed test leaves no
+/// NotReady node behind for a DaemonSet or the next test to wait on. On a thread of its own
+/// with a fresh client and runtime (the test's runtime is going away), bounded.
+struct Leftovers {
+    armed: bool,
+    nodes: Vec<String>,
+    /// The cluster's own namespaces (the same list as `SimCluster::owned_namespaces`).
+    namespaces: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Drop for Leftovers {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let nodes = std::mem::take(&mut self.nodes);
+        let namespaces =
+            std::mem::take(&mut *self.namespaces.lock().unwrap_or_else(|e| e.into_inner()));
+        let cleaner = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(async move {
+                let Ok(client) = Client::try_default().await else {
+                    return;
+                };
+                let work = async {
+                    let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+                    for n in &nodes {
+                        let _ = api.delete(n, &Default::default()).await;
+                    }
+                    let api: Api<Namespace> = Api::all(client);
+                    for ns in &namespaces {
+                        let _ = api.delete(ns, &Default::default()).await;
+                    }
+                };
+                if tokio::time::timeout(Duration::from_secs(20), work)
+                    .await
+                    .is_err()
+                {
+                    tracing::warn!("cleaning up a failed cluster: the API server did not answer");
+                }
+            });
+        });
+        let _ = cleaner.join();
     }
 }
 
