@@ -49,6 +49,7 @@ use crate::queue::Queued;
 use crate::rebalance;
 use crate::reconciler::{self, Config, Context};
 use crate::settings::{self, Settings};
+use crate::shared::SharedCaches;
 use crate::store::AeStore;
 
 /// The subsetter controller: [`Subsetter::run`] alone, or with leader election
@@ -116,9 +117,6 @@ impl Subsetter {
         };
         let nodes: Api<Node> = Api::all(client.clone());
 
-        let index = Arc::new(Mutex::new(MembershipIndex::default()));
-        let hosts = Arc::new(Mutex::new(HostIndex::default()));
-        let available = Arc::new(RwLock::new(Arc::new(Available::default())));
         let (synced_tx, synced_rx) = watch::channel(false);
         let synced = Arc::new(watch::Sender::new(Synced {
             namespaces: self.config.namespace_selector.is_none(),
@@ -141,13 +139,13 @@ impl Subsetter {
             Arc::new(Queued::new(self.metrics.reconciles_queued.clone())),
             selected.clone(),
         );
-        let claims = HostClaims::new(Arc::clone(&hosts), triggers.clone());
+        let shared = SharedCaches::new(synced_rx, Arc::clone(&triggers.queued));
+        let claims = HostClaims::new(Arc::clone(&shared.hosts), triggers.clone());
 
-        let ae_store = Arc::new(RwLock::new(AeStore::default()));
         tasks.push(tokio::spawn(watch_endpoints(
             endpoints,
-            Arc::clone(&ae_store),
-            Arc::clone(&index),
+            Arc::clone(&shared.ae_store),
+            Arc::clone(&shared.index),
             claims.clone(),
             Arc::clone(&synced),
             triggers.clone(),
@@ -156,8 +154,8 @@ impl Subsetter {
         tasks.push(tokio::spawn(watch_activators(
             pods,
             nodes,
-            Arc::clone(&index),
-            Arc::clone(&available),
+            Arc::clone(&shared.index),
+            Arc::clone(&shared.activators),
             Arc::clone(&synced),
             triggers.clone(),
             Arc::clone(&self.metrics),
@@ -187,11 +185,7 @@ impl Subsetter {
             triggers.clone(),
         )));
         Caches {
-            index,
-            hosts,
-            available,
-            synced: synced_rx,
-            ae_store,
+            shared,
             rev_reader,
             triggers,
             tasks,
@@ -213,12 +207,7 @@ impl Subsetter {
             self.config.clone(),
             Arc::clone(&self.policy),
             Arc::clone(&self.metrics),
-            Arc::clone(&caches.index),
-            Arc::clone(&caches.hosts),
-            Arc::clone(&caches.available),
-            Arc::clone(&caches.ae_store),
-            caches.synced.clone(),
-            Arc::clone(&caches.triggers.queued),
+            caches.shared.clone(),
         ));
         let (trigger_tx, trigger_rx) = unbounded::<ObjectRef<Revision>>();
         caches.triggers.lead(trigger_tx);
@@ -297,11 +286,8 @@ impl Subsetter {
 /// The watches and caches a replica keeps whether it leads or not (see
 /// [`Subsetter::start_caches`]).
 pub struct Caches {
-    index: Arc<Mutex<MembershipIndex>>,
-    hosts: Arc<Mutex<HostIndex>>,
-    available: Arc<RwLock<Arc<Available>>>,
-    synced: watch::Receiver<bool>,
-    ae_store: Arc<RwLock<AeStore>>,
+    /// What the reconciler reads too.
+    shared: SharedCaches,
     rev_reader: Store<Revision>,
     triggers: Triggers,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -310,12 +296,12 @@ pub struct Caches {
 impl Caches {
     /// Whether every cache has had its first list.
     pub fn is_synced(&self) -> bool {
-        *self.synced.borrow() && self.rev_reader.wait_until_ready().now_or_never().is_some()
+        *self.shared.synced.borrow() && self.rev_reader.wait_until_ready().now_or_never().is_some()
     }
 
     /// Waits until every cache has had its first list.
     pub async fn wait_synced(&self) {
-        let mut synced = self.synced.clone();
+        let mut synced = self.shared.synced.clone();
         let _ = synced.wait_for(|s| *s).await;
         let _ = self.rev_reader.wait_until_ready().await;
     }
@@ -326,13 +312,13 @@ impl Caches {
     pub fn directory(&self, q: &crds::directory::DirectoryQuery) -> Option<DirectoryAnswer> {
         use crds::directory::DirectoryQuery;
         let key = match q {
-            DirectoryQuery::Host(h) => lock(&self.hosts).winner(h)?,
+            DirectoryQuery::Host(h) => lock(&self.shared.hosts).winner(h)?,
             DirectoryQuery::Revision { namespace, name } => Key::new(namespace, name),
         };
         let revision = self
             .rev_reader
             .get(&ObjectRef::new(&key.name).within(&key.namespace))?;
-        let endpoints = read(&self.ae_store).current(&key);
+        let endpoints = read(&self.shared.ae_store).current(&key);
         Some(DirectoryAnswer {
             revision: (*revision).clone(),
             endpoints,
@@ -468,11 +454,11 @@ async fn rebalance_loop(
     tick.tick().await;
     loop {
         tick.tick().await;
-        if !*ctx.synced.borrow() {
+        if !*ctx.caches.synced.borrow() {
             continue;
         }
         let moves = {
-            let ix = lock(&ctx.index);
+            let ix = lock(&ctx.caches.index);
             let loads: BTreeMap<String, usize> = ix
                 .loads()
                 .nodes()

@@ -1,270 +1,38 @@
 //! The per-Revision reconcile: validate, plan, and perform only the writes the plan needs.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
-use crds::{ActivationEndpoints, ActivatorMember, Revision};
+use crds::{ActivationEndpoints, Revision};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{DeleteParams, Patch, PostParams, Preconditions};
 use kube::runtime::controller::Action;
-
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
-use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use crate::activators::Available;
 use crate::conditions::NoMembers;
 use crate::error::{Error, Result};
-use crate::hosts::{self, HostIndex};
-use crate::index::{Key, MembershipIndex};
+use crate::hosts;
+use crate::index::Key;
 use crate::locks::{lock, read, write};
 use crate::metrics::Metrics;
 use crate::plan::{self, SubsetInputs, SubsetPlan};
-use crate::policy::SubsetPolicy;
-use crate::queue::Queued;
-use crate::store::AeStore;
-use crate::write_limit::{Lane, WriteLimiter};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use crate::write_limit::Lane;
 
-/// Upper bound on writing one Event (the client has no timeout of its own).
-const EVENT_WRITE_LIMIT: Duration = Duration::from_secs(5);
-
-/// What the controller is configured with.
-#[derive(Clone, Debug)]
-pub struct Config {
-    /// Only Revisions of this namespace (None = all namespaces).
-    pub namespace: Option<String>,
-    /// Only Revisions of the namespaces whose labels match this selector (None = all): the
-    /// others are another subsetter's (`namespaces.rs`).
-    pub namespace_selector: Option<String>,
-    /// Only activator pods of this namespace (None = all namespaces).
-    pub activator_namespace: Option<String>,
-    /// N for revisions without `spec.activators`.
-    pub default_activators: usize,
-    /// Field manager of every write.
-    pub field_manager: String,
-    /// How long a stop waits for reconciles in flight before dropping them. Stopping never
-    /// waits on the API server beyond this (a real server's quiet watch sends nothing).
-    pub shutdown_grace: Duration,
-    /// API writes a second, across all reconciles (≤ 0: no limit), and how many may go at
-    /// once after a quiet spell.
-    pub write_qps: f64,
-    pub write_burst: u32,
-    /// Reconciles running at once (0: no bound). Unbounded, a burst of new revisions on a
-    /// busy API server opens a connection per reconcile in flight: thousands of sockets.
-    pub concurrency: u16,
-    /// Also keep an EndpointSlice `{revision}-activationendpoints` per revision, for an
-    /// ingress that wants one (`endpoint_slice.rs`).
-    pub endpoint_slices: bool,
-    /// How often to look for imbalance (`rebalance.rs`); zero: never.
-    pub rebalance_interval: Duration,
-    pub rebalance: crate::rebalance::Limits,
-    /// A ConfigMap (name, namespace) whose keys override the policy, maxNodeSelection and the
-    /// write rate while it exists (`settings.rs`); re-read when it changes.
-    pub settings_config_map: Option<(String, String)>,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            namespace: None,
-            namespace_selector: None,
-            activator_namespace: None,
-            default_activators: 3,
-            field_manager: "local-activator-subsetter".into(),
-            shutdown_grace: Duration::from_secs(10),
-            write_qps: 100.0,
-            write_burst: 200,
-            concurrency: DEFAULT_CONCURRENCY,
-            settings_config_map: None,
-            endpoint_slices: false,
-            rebalance_interval: Duration::from_secs(60),
-            rebalance: crate::rebalance::Limits {
-                threshold: 1.2,
-                max_moves: 10,
-            },
-        }
-    }
-}
-
-/// Reconciles at once by default: with a write's round trip of a few ms, 32 keep well ahead of
-/// the default write rate (100/s) and of a large cluster's (a few hundred a second).
-pub const DEFAULT_CONCURRENCY: u16 = 32;
-
-/// Shared state of the reconciler.
-pub struct Context {
-    pub client: Client,
-    pub config: Config,
-    /// The policy and maxNodeSelection in force (flags, or the settings ConfigMap).
-    tuned: RwLock<Tuned>,
-    pub metrics: Arc<Metrics>,
-    pub(crate) index: Arc<Mutex<MembershipIndex>>,
-    pub(crate) hosts: Arc<Mutex<HostIndex>>,
-    pub(crate) activators: Arc<RwLock<Arc<Available>>>,
-    /// The ActivationEndpoints as the watch shows them, and what this reconciler wrote while
-    /// the watch lags (`store.rs`).
-    pub(crate) ae_store: Arc<RwLock<AeStore>>,
-    pub(crate) synced: watch::Receiver<bool>,
-    /// Revisions triggered and not started yet (`queue.rs`).
-    queued: Arc<Queued>,
-    failures: Mutex<HashMap<Key, u32>>,
-    writes: WriteLimiter,
-    /// Members the rebalancer wants moved off, by revision (taken by its next reconcile).
-    pub(crate) evictions: Mutex<HashMap<Key, String>>,
-    /// The EndpointSlice last applied per revision (`Config::endpoint_slices`), to apply
-    /// only what changed.
-    slices: Mutex<HashMap<Key, Vec<ActivatorMember>>>,
-}
-
-/// What the settings ConfigMap can change while running.
-#[derive(Clone)]
-pub struct Tuned {
-    pub policy: Arc<dyn SubsetPolicy>,
-    pub max_node_selection: usize,
-}
-
-impl Context {
-    /// The policy and maxNodeSelection to plan with now.
-    pub fn tuned(&self) -> Tuned {
-        read(&self.tuned).clone()
-    }
-
-    /// Puts `s` in force: the next reconciles plan with it, the next writes take its rate.
-    /// The policy object is kept when its name is unchanged (a seeded random stays seeded).
-    pub fn apply(&self, s: &crate::settings::Settings) {
-        let mut t = write(&self.tuned);
-        if t.policy.name() != s.policy
-            && let Some(p) = crate::policy::by_name(&s.policy)
-        {
-            t.policy = Arc::from(p);
-        }
-        t.max_node_selection = s.max_node_selection;
-        self.writes.reconfigure(s.write_qps, s.write_burst);
-    }
-
-    /// Waits for this write's turn under the write rate limit (`Config::write_qps`).
-    async fn write_turn(&self, lane: Lane) {
-        let waited = self.writes.acquire(lane).await;
-        if !waited.is_zero() {
-            self.metrics.write_wait_seconds.inc_by(waited.as_secs_f64());
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn new(
-        client: Client,
-        config: Config,
-        policy: Arc<dyn SubsetPolicy>,
-        metrics: Arc<Metrics>,
-        index: Arc<Mutex<MembershipIndex>>,
-        hosts: Arc<Mutex<HostIndex>>,
-        activators: Arc<RwLock<Arc<Available>>>,
-        ae_store: Arc<RwLock<AeStore>>,
-        synced: watch::Receiver<bool>,
-        queued: Arc<Queued>,
-    ) -> Self {
-        let writes = WriteLimiter::new(config.write_qps, config.write_burst);
-        let tuned = RwLock::new(Tuned {
-            policy,
-            max_node_selection: config.default_activators,
-        });
-        Self {
-            client,
-            config,
-            tuned,
-            metrics,
-            index,
-            hosts,
-            activators,
-            ae_store,
-            synced,
-            queued,
-            writes,
-            failures: Mutex::default(),
-            evictions: Mutex::default(),
-            slices: Mutex::default(),
-        }
-    }
-
-    fn current(&self, key: &Key) -> Option<ActivationEndpoints> {
-        read(&self.ae_store).current(key)
-    }
-
-    /// A Warning Event on `rev` saying why its subset is Degraded. Best effort, bounded: a
-    /// reconcile never fails or hangs on an Event.
-    async fn degraded_event(&self, rev: &Revision, reason: &str, message: &str) {
-        let recorder = Recorder::new(
-            self.client.clone(),
-            Reporter {
-                controller: self.config.field_manager.clone(),
-                instance: std::env::var("POD_NAME").ok(),
-            },
-        );
-        let event = Event {
-            type_: EventType::Warning,
-            reason: reason.to_owned(),
-            note: Some(message.to_owned()),
-            action: "AssignActivators".into(),
-            secondary: None,
-        };
-        self.write_turn(Lane::Bulk).await;
-        let regarding = rev.object_ref(&());
-        let publish = recorder.publish(&event, &regarding);
-        match tokio::time::timeout(EVENT_WRITE_LIMIT, publish).await {
-            Ok(Ok(())) => {
-                self.metrics.degraded_events.inc();
-            }
-            Ok(Err(e)) => debug!(error = %e, "writing a Degraded event"),
-            Err(_) => debug!("writing a Degraded event timed out"),
-        }
-    }
-
-    /// Applies `rev`'s EndpointSlice (server-side apply) unless the members are those last
-    /// applied. The first reconcile of each revision after a start applies it once.
-    async fn apply_endpoint_slice(
-        &self,
-        key: &Key,
-        rev: &Revision,
-        members: &[ActivatorMember],
-    ) -> Result<()> {
-        if lock(&self.slices).get(key).is_some_and(|m| m == members) {
-            return Ok(());
-        }
-        let slice = crate::endpoint_slice::build(rev, members);
-        let api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &key.namespace);
-        let pp = PatchParams::apply(&self.config.field_manager).force();
-        self.write_turn(Lane::Bulk).await;
-        api.patch(
-            &crate::endpoint_slice::name(&key.name),
-            &pp,
-            &Patch::Apply(&slice),
-        )
-        .await?;
-        self.metrics.writes.inc();
-        lock(&self.slices).insert(key.clone(), members.to_vec());
-        Ok(())
-    }
-
-    fn patch_params(&self) -> PatchParams {
-        PatchParams {
-            field_manager: Some(self.config.field_manager.clone()),
-            ..Default::default()
-        }
-    }
-}
+// Their paths from before they had files of their own.
+pub use crate::config::{Config, DEFAULT_CONCURRENCY};
+pub use crate::context::{Context, Tuned};
 
 /// Reconciles one Revision.
 pub async fn reconcile(rev: Arc<Revision>, ctx: Arc<Context>) -> Result<Action> {
-    ctx.queued.left(&Key::new(
+    ctx.caches.queued.left(&Key::new(
         rev.namespace().unwrap_or_default(),
         rev.name_any(),
     ));
     // Before the activator, node and ActivationEndpoints caches are synced, an empty cache
     // would look like "no activators" and wipe every subset.
-    let mut synced = ctx.synced.clone();
+    let mut synced = ctx.caches.synced.clone();
     // The sender lives as long as the controller; if it is gone the controller is stopping.
     if synced.wait_for(|s| *s).await.is_err() {
         return Ok(Action::await_change());
@@ -405,11 +173,11 @@ fn plan_and_reserve(
     now: Timestamp,
 ) -> SubsetPlan {
     let host_conflicts = host_conflicts(ctx, key);
-    let available = Arc::clone(&*read(&ctx.activators));
+    let available = Arc::clone(&*read(&ctx.caches.activators));
     let key_str = key.to_string();
     let tuned = ctx.tuned();
     let evict = lock(&ctx.evictions).remove(key);
-    let mut index = lock(&ctx.index);
+    let mut index = lock(&ctx.caches.index);
     let plan = plan::subset(&SubsetInputs {
         key: &key_str,
         revision: rev,
@@ -538,7 +306,7 @@ async fn record_written(
     written: Written,
     plan: &SubsetPlan,
 ) {
-    write(&ctx.ae_store).wrote(key, written.stale, &written.object);
+    write(&ctx.caches.ae_store).wrote(key, written.stale, &written.object);
     count_churn(&ctx.metrics, plan);
     if let Some((reason, message)) = &plan.degraded {
         ctx.degraded_event(rev, reason, message).await;
@@ -575,12 +343,12 @@ fn count_churn(metrics: &Metrics, plan: &SubsetPlan) {
 /// marking this revision would leave the host with no route. The AE watch triggers this
 /// revision again when the newer one's object changes.
 fn host_conflicts(ctx: &Context, key: &Key) -> Vec<hosts::Conflict> {
-    let newer = lock(&ctx.hosts).newer_claimants(key);
+    let newer = lock(&ctx.caches.hosts).newer_claimants(key);
     if newer.is_empty() {
         return Vec::new();
     }
     let conflicts = hosts::conflicts(&newer, |winner, host| {
-        read(&ctx.ae_store).has_label(winner, &hosts::label_of_normalized(host))
+        read(&ctx.caches.ae_store).has_label(winner, &hosts::label_of_normalized(host))
     });
     if !conflicts.is_empty() {
         debug!(revision = %key, ?conflicts, "hosts claimed by newer revisions");
@@ -618,12 +386,12 @@ pub fn error_policy(rev: Arc<Revision>, error: &Error, ctx: Arc<Context>) -> Act
     let key = Key::new(rev.namespace().unwrap_or_default(), rev.name_any());
     // What we believed we wrote may not have happened: trust the store again.
     let stored = {
-        let mut store = write(&ctx.ae_store);
+        let mut store = write(&ctx.caches.ae_store);
         store.forget_written(&key);
         store.stored(&key)
     };
     {
-        let mut index = lock(&ctx.index);
+        let mut index = lock(&ctx.caches.index);
         match stored {
             Some(ae) => {
                 let (nodes, short) = crate::index::entry_of(&ae);

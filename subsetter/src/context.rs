@@ -1,0 +1,174 @@
+//! What every reconcile shares: the client and configuration, the caches, the settings in
+//! force, the write rate limit, and the Events and EndpointSlices written beside the subset.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use crds::{ActivationEndpoints, ActivatorMember, Revision};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::{Api, Client, Resource};
+use tracing::debug;
+
+use crate::config::Config;
+use crate::error::Result;
+use crate::index::Key;
+use crate::locks::{lock, read, write};
+use crate::metrics::Metrics;
+use crate::policy::SubsetPolicy;
+use crate::shared::SharedCaches;
+use crate::write_limit::{Lane, WriteLimiter};
+
+/// Upper bound on writing one Event (the client has no timeout of its own).
+const EVENT_WRITE_LIMIT: Duration = Duration::from_secs(5);
+
+/// Shared state of the reconciler.
+pub struct Context {
+    pub client: Client,
+    pub config: Config,
+    /// The policy and maxNodeSelection in force (flags, or the settings ConfigMap).
+    tuned: RwLock<Tuned>,
+    pub metrics: Arc<Metrics>,
+    /// What the watches keep and the reconciler plans from (`shared.rs`).
+    pub(crate) caches: SharedCaches,
+    /// Consecutive failures by revision, for the backoff (`reconciler::error_policy`).
+    pub(crate) failures: Mutex<HashMap<Key, u32>>,
+    writes: WriteLimiter,
+    /// Members the rebalancer wants moved off, by revision (taken by its next reconcile).
+    pub(crate) evictions: Mutex<HashMap<Key, String>>,
+    /// The EndpointSlice last applied per revision (`Config::endpoint_slices`), to apply
+    /// only what changed.
+    slices: Mutex<HashMap<Key, Vec<ActivatorMember>>>,
+}
+
+/// What the settings ConfigMap can change while running.
+#[derive(Clone)]
+pub struct Tuned {
+    pub policy: Arc<dyn SubsetPolicy>,
+    pub max_node_selection: usize,
+}
+
+impl Context {
+    /// The context of one leadership: `policy` is in force until the settings ConfigMap
+    /// says otherwise; `caches` are the replica's, kept from before it led.
+    pub(crate) fn new(
+        client: Client,
+        config: Config,
+        policy: Arc<dyn SubsetPolicy>,
+        metrics: Arc<Metrics>,
+        caches: SharedCaches,
+    ) -> Self {
+        let writes = WriteLimiter::new(config.write_qps, config.write_burst);
+        let tuned = RwLock::new(Tuned {
+            policy,
+            max_node_selection: config.default_activators,
+        });
+        Self {
+            client,
+            config,
+            tuned,
+            metrics,
+            caches,
+            writes,
+            failures: Mutex::default(),
+            evictions: Mutex::default(),
+            slices: Mutex::default(),
+        }
+    }
+
+    /// The policy and maxNodeSelection to plan with now.
+    pub fn tuned(&self) -> Tuned {
+        read(&self.tuned).clone()
+    }
+
+    /// Puts `s` in force: the next reconciles plan with it, the next writes take its rate.
+    /// The policy object is kept when its name is unchanged (a seeded random stays seeded).
+    pub fn apply(&self, s: &crate::settings::Settings) {
+        let mut t = write(&self.tuned);
+        if t.policy.name() != s.policy
+            && let Some(p) = crate::policy::by_name(&s.policy)
+        {
+            t.policy = Arc::from(p);
+        }
+        t.max_node_selection = s.max_node_selection;
+        self.writes.reconfigure(s.write_qps, s.write_burst);
+    }
+
+    /// Waits for this write's turn under the write rate limit (`Config::write_qps`).
+    pub(crate) async fn write_turn(&self, lane: Lane) {
+        let waited = self.writes.acquire(lane).await;
+        if !waited.is_zero() {
+            self.metrics.write_wait_seconds.inc_by(waited.as_secs_f64());
+        }
+    }
+
+    /// `key`'s ActivationEndpoints as last seen or written (`store.rs`).
+    pub(crate) fn current(&self, key: &Key) -> Option<ActivationEndpoints> {
+        read(&self.caches.ae_store).current(key)
+    }
+
+    /// A Warning Event on `rev` saying why its subset is Degraded. Best effort, bounded: a
+    /// reconcile never fails or hangs on an Event.
+    pub(crate) async fn degraded_event(&self, rev: &Revision, reason: &str, message: &str) {
+        let recorder = Recorder::new(
+            self.client.clone(),
+            Reporter {
+                controller: self.config.field_manager.clone(),
+                instance: std::env::var("POD_NAME").ok(),
+            },
+        );
+        let event = Event {
+            type_: EventType::Warning,
+            reason: reason.to_owned(),
+            note: Some(message.to_owned()),
+            action: "AssignActivators".into(),
+            secondary: None,
+        };
+        self.write_turn(Lane::Bulk).await;
+        let regarding = rev.object_ref(&());
+        let publish = recorder.publish(&event, &regarding);
+        match tokio::time::timeout(EVENT_WRITE_LIMIT, publish).await {
+            Ok(Ok(())) => {
+                self.metrics.degraded_events.inc();
+            }
+            Ok(Err(e)) => debug!(error = %e, "writing a Degraded event"),
+            Err(_) => debug!("writing a Degraded event timed out"),
+        }
+    }
+
+    /// Applies `rev`'s EndpointSlice (server-side apply) unless the members are those last
+    /// applied. The first reconcile of each revision after a start applies it once.
+    pub(crate) async fn apply_endpoint_slice(
+        &self,
+        key: &Key,
+        rev: &Revision,
+        members: &[ActivatorMember],
+    ) -> Result<()> {
+        if lock(&self.slices).get(key).is_some_and(|m| m == members) {
+            return Ok(());
+        }
+        let slice = crate::endpoint_slice::build(rev, members);
+        let api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &key.namespace);
+        let pp = PatchParams::apply(&self.config.field_manager).force();
+        self.write_turn(Lane::Bulk).await;
+        api.patch(
+            &crate::endpoint_slice::name(&key.name),
+            &pp,
+            &Patch::Apply(&slice),
+        )
+        .await?;
+        self.metrics.writes.inc();
+        lock(&self.slices).insert(key.clone(), members.to_vec());
+        Ok(())
+    }
+
+    /// A merge patch's parameters: this controller's field manager.
+    pub(crate) fn patch_params(&self) -> PatchParams {
+        PatchParams {
+            field_manager: Some(self.config.field_manager.clone()),
+            ..Default::default()
+        }
+    }
+}

@@ -1,0 +1,48 @@
+//! The caches a replica keeps whether it leads or not, as one value: the watches fill them
+//! (`controller.rs`), the reconciler plans from them, and it writes ahead of the watch into the
+//! index and the store (what it reserved and wrote, until the watch shows it).
+
+use std::sync::{Arc, Mutex, RwLock};
+
+use tokio::sync::watch;
+
+use crate::activators::Available;
+use crate::hosts::HostIndex;
+use crate::index::MembershipIndex;
+use crate::queue::Queued;
+use crate::store::AeStore;
+
+/// Handles to the shared caches; a clone shares them.
+#[derive(Clone)]
+pub(crate) struct SharedCaches {
+    /// Who is in which subset, and each activator's load (`index.rs`).
+    pub(crate) index: Arc<Mutex<MembershipIndex>>,
+    /// The hosts each revision claims (`hosts.rs`).
+    pub(crate) hosts: Arc<Mutex<HostIndex>>,
+    /// The usable activators. A reconcile plans with the set it took; a change meanwhile
+    /// copies it rather than changing it under the plan (`controller::publish`).
+    pub(crate) activators: Arc<RwLock<Arc<Available>>>,
+    /// The ActivationEndpoints as the watch shows them, and what the reconciler wrote while
+    /// the watch lags (`store.rs`).
+    pub(crate) ae_store: Arc<RwLock<AeStore>>,
+    /// True once the activator, node, namespace and ActivationEndpoints watches have each had
+    /// their first list: before that an empty cache would read as "no activators".
+    pub(crate) synced: watch::Receiver<bool>,
+    /// Revisions triggered and not started yet (`queue.rs`).
+    pub(crate) queued: Arc<Queued>,
+}
+
+impl SharedCaches {
+    /// Empty caches that `synced` says are ready once filled, counting the triggers in
+    /// `queued`.
+    pub(crate) fn new(synced: watch::Receiver<bool>, queued: Arc<Queued>) -> Self {
+        Self {
+            index: Arc::default(),
+            hosts: Arc::default(),
+            activators: Arc::default(),
+            ae_store: Arc::default(),
+            synced,
+            queued,
+        }
+    }
+}
