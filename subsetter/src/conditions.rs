@@ -109,10 +109,10 @@ impl Default for NoMembers {
     }
 }
 
-/// Ready and Degraded of an ActivationEndpoints with `members` of a wanted `wanted`; `none`
-/// says why when there are no members.
-pub fn subset(members: usize, wanted: usize, none: &NoMembers) -> Vec<Desired> {
-    let ready = if members == 0 {
+/// Ready with `members`, the same on the ActivationEndpoints and on its Revision (whose spec
+/// is valid): `none` says why when there are none.
+fn ready(members: usize, none: &NoMembers) -> Desired {
+    if members == 0 {
         Desired {
             type_: READY,
             status: false,
@@ -126,7 +126,13 @@ pub fn subset(members: usize, wanted: usize, none: &NoMembers) -> Vec<Desired> {
             reason: reason::SUBSET_ASSIGNED,
             message: format!("{members} activator(s) assigned"),
         }
-    };
+    }
+}
+
+/// Ready and Degraded of an ActivationEndpoints with `members` of a wanted `wanted`; `none`
+/// says why when there are no members.
+pub fn subset(members: usize, wanted: usize, none: &NoMembers) -> Vec<Desired> {
+    let ready = ready(members, none);
     let degraded = if members < wanted {
         Desired {
             type_: DEGRADED,
@@ -195,20 +201,8 @@ pub fn revision(problems: &[String], members: usize, none: &NoMembers) -> Vec<De
             reason: reason::INVALID_SPEC,
             message: problems.join("; "),
         }
-    } else if members == 0 {
-        Desired {
-            type_: READY,
-            status: false,
-            reason: none.reason,
-            message: none.message.clone(),
-        }
     } else {
-        Desired {
-            type_: READY,
-            status: true,
-            reason: reason::SUBSET_ASSIGNED,
-            message: format!("{members} activator(s) assigned"),
-        }
+        ready(members, none)
     };
     vec![ready]
 }
