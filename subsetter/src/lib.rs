@@ -4,7 +4,6 @@
 
 pub mod activators;
 pub mod admin;
-pub mod bench;
 pub mod cli;
 pub mod conditions;
 mod config;
@@ -15,7 +14,6 @@ pub mod endpoint_slice;
 pub mod error;
 pub mod hosts;
 pub mod index;
-pub mod knative_hash;
 pub mod load_index;
 mod locks;
 pub mod metrics;

@@ -10,6 +10,13 @@ use subsetter::leader::{LeaseConfig, run_as_leader};
 use subsetter::reconciler::Config;
 use tracing_subscriber::EnvFilter;
 
+/// The binary's own commands beside the controller, kept out of the library (whose surface is
+/// the controller): `subsetter bench` and the baseline it measures against.
+mod tools {
+    pub mod bench;
+    pub mod knative_hash;
+}
+
 #[allow(clippy::print_stdout)] // the breaches are the command's output
 async fn verify_contract(kubeconfig: Option<std::path::PathBuf>) -> anyhow::Result<()> {
     let client = match kubeconfig {
@@ -43,11 +50,8 @@ async fn verify_contract(kubeconfig: Option<std::path::PathBuf>) -> anyhow::Resu
 }
 
 #[allow(clippy::print_stdout)] // the bench's report is the command's output
-fn bench(
-    opts: subsetter::bench::BenchOptions,
-    json: Option<std::path::PathBuf>,
-) -> anyhow::Result<()> {
-    let report = subsetter::bench::run(&opts).map_err(anyhow::Error::msg)?;
+fn bench(opts: tools::bench::BenchOptions, json: Option<std::path::PathBuf>) -> anyhow::Result<()> {
+    let report = tools::bench::run(&opts).map_err(anyhow::Error::msg)?;
     let text = serde_json::to_string_pretty(&report)?;
     println!("{text}");
     if let Some(path) = json {
@@ -73,7 +77,7 @@ async fn main() -> anyhow::Result<()> {
         json,
     }) = args.command
     {
-        let opts = subsetter::bench::BenchOptions {
+        let opts = tools::bench::BenchOptions {
             revisions,
             activators,
             members,

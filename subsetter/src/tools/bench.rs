@@ -12,12 +12,13 @@ use crds::{ActivationEndpoints, Revision};
 use k8s_openapi::jiff::Timestamp;
 use serde::Serialize;
 
-use crate::activators::{Activator, Available};
-use crate::index::{Key, MembershipIndex};
-use crate::knative_hash;
-use crate::plan::{self, SubsetInputs};
-use crate::policy::{self, SubsetPolicy};
-use crate::store::AeStore;
+use subsetter::activators::{Activator, Available};
+use subsetter::index::{Key, MembershipIndex};
+use subsetter::plan::{self, SubsetInputs};
+use subsetter::policy::{self, SubsetPolicy};
+use subsetter::store::AeStore;
+
+use super::knative_hash;
 
 /// What to run.
 #[derive(Clone, Debug)]

@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use crate::policy::{SubsetPolicy, SubsetRequest};
+use subsetter::policy::{SubsetPolicy, SubsetRequest};
 
 /// Knative's universe of angles (buckets).
 pub const UNIVERSE: u64 = 1 << 11;
