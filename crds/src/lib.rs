@@ -5,6 +5,7 @@
 //!   subsetter (or a replacement) and read by activators.
 //! - [`contract`]: the labels, headers, names and hashes shared between the parts
 //!   (DESIGN.md §3), so every component derives them the same way.
+//! - [`ObjectKey`]: a namespaced object's namespace and name, the one key type of both parts.
 //! - [`backoff`]: the retry policy every watch of the activator and the subsetter shares, so
 //!   all of them resume within a second or so of the API server answering again.
 
@@ -13,11 +14,13 @@ pub mod backoff;
 pub mod contract;
 pub mod crdgen;
 pub mod directory;
+pub mod key;
 pub mod revision;
 
 pub use activation_endpoints::{
     ActivationEndpoints, ActivationEndpointsSpec, ActivationEndpointsStatus, ActivatorMember,
 };
+pub use key::ObjectKey;
 pub use revision::{PodTemplate, Revision, RevisionSpec, RevisionStatus};
 
 /// The API group of both kinds.

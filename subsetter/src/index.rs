@@ -15,27 +15,9 @@ use hashbrown::hash_map::{EntryRef, RawEntryMut};
 use crate::activators::Activator;
 use crate::load_index::LoadIndex;
 
-/// A revision (and its ActivationEndpoints): namespace and name.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Key {
-    pub namespace: String,
-    pub name: String,
-}
-
-impl Key {
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
-        Self {
-            namespace: namespace.into(),
-            name: name.into(),
-        }
-    }
-}
-
-impl std::fmt::Display for Key {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
-    }
-}
+/// A revision (and its ActivationEndpoints): namespace and name. The name the subsetter has
+/// always used for the one key type of `crds`.
+pub use crds::ObjectKey as Key;
 
 /// What the index records of an ActivationEndpoints: member nodes, and whether it is short.
 pub fn entry_of(ae: &crds::ActivationEndpoints) -> (Vec<String>, bool) {
