@@ -10,7 +10,7 @@ use std::time::Duration;
 /// than 16 on each of two).
 pub const DEFAULT_CONNS_PER_THREAD: usize = 16;
 
-pub use crate::pool::PoolConfig;
+pub use crate::node::pool::PoolConfig;
 
 /// Configuration of one activator.
 #[derive(Debug, Clone)]
@@ -49,7 +49,7 @@ pub struct ActivatorConfig {
     /// many activators in one process). The binary uses one per core.
     pub io_threads: usize,
     /// Connections a serving thread takes before the next thread is used (fewer wake-ups
-    /// per request under light load); 0: the kernel spreads them ([`crate::placement`]).
+    /// per request under light load); 0: the kernel spreads them ([`crate::accept::placement`]).
     pub conns_per_thread: usize,
     /// A serving thread busy at least this share of the time takes no new connections while
     /// another is not, and moves some of its own, between two requests, to a thread busy less
@@ -66,10 +66,10 @@ pub struct ActivatorConfig {
     /// Whether plain HTTP/1.1 requests for revisions this node serves are carried by the fast
     /// lane (`fast`), with hyper serving everything else; off, hyper serves every request.
     pub fast_lane: bool,
-    /// The cluster's hop secret ([`crate::hop`]): forwarded requests from peers that prove it
+    /// The cluster's hop secret ([`crate::pipeline::hop`]): forwarded requests from peers that prove it
     /// are not forwarded again. None: no hop is honoured.
-    pub hop: crate::hop::HopAuth,
-    /// The node agent's socket ([`crate::node_addr`]): a starting pod's address from the
+    pub hop: crate::pipeline::hop::HopAuth,
+    /// The node agent's socket ([`crate::node::node_addr`]): a starting pod's address from the
     /// container runtime as soon as its sandbox has one. None: from the pod watch only.
     pub node_agent: Option<std::path::PathBuf>,
     /// Where a Host or revision the API server does not answer is looked up
@@ -102,11 +102,11 @@ impl ActivatorConfig {
             pool: PoolConfig::default(),
             io_threads: 0,
             conns_per_thread: DEFAULT_CONNS_PER_THREAD,
-            thread_hot: crate::placement::HOT as f64 / 1000.0,
-            thread_cool: crate::placement::COOL as f64 / 1000.0,
+            thread_hot: crate::accept::placement::HOT as f64 / 1000.0,
+            thread_cool: crate::accept::placement::COOL as f64 / 1000.0,
             body_idle_timeout: Duration::from_secs(30),
             fast_lane: true,
-            hop: crate::hop::HopAuth::none(),
+            hop: crate::pipeline::hop::HopAuth::none(),
             node_agent: None,
             directory: crate::cache::directory::DirectorySource::Off,
         }

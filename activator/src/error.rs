@@ -1,5 +1,5 @@
 //! The crate's error type for its public API (starting and running an activator). Errors of a
-//! single request are answers, not errors: see [`crate::answer`].
+//! single request are answers, not errors: see [`crate::wire::answer`].
 
 /// Why an activator could not start or stopped.
 #[derive(Debug, thiserror::Error)]

@@ -2,49 +2,29 @@
 //! on its own node when they are asleep, and proxies to the pod IPs.
 //!
 //! A library with a thin `main`, so tests and the load test run many activators in one
-//! process. Start one with [`Activator::start`]; the request path is in [`handler`].
+//! process. Start one with [`Activator::start`]; the request path is in [`pipeline`].
 
-pub mod admin;
-pub mod adopt;
-pub mod answer;
-pub mod api_count;
-pub mod api_health;
-pub mod body_timeout;
+// The activator's rooms, from the bottom up: the wire (names, framing, connections), the
+// upstream pools, the node's pods, the caches of the API, the decision and hyper's adapter,
+// the fast lane, accepting connections, and operations.
+pub mod accept;
 pub mod cache;
 pub mod cli;
-pub mod cold_start;
 pub mod config;
-pub mod conn_check;
 pub mod error;
-pub mod events;
 pub mod fast;
-pub mod h1;
-pub mod h2c;
-pub mod handler;
-pub mod hop;
-pub mod idle;
-pub mod metrics;
-pub mod node_addr;
-pub mod parse_errors;
-pub mod placement;
-pub mod pod_spec;
-pub mod pool;
-pub mod primary;
-pub mod proxy;
-pub mod readiness;
-pub mod routing;
-pub mod scale;
-pub mod scaler;
-pub mod scheduler;
-pub mod server;
-pub mod serving_threads;
-pub mod streaming;
-pub mod suspects;
-pub mod telemetry;
-pub mod throttle;
-pub mod upgrade;
+pub mod node;
+pub mod ops;
+pub mod pipeline;
+pub mod upstream;
 pub mod wire;
-pub mod write_stall;
+
+// The rooms' modules by their own names, for the wiring below.
+use accept::{placement, server, serving_threads};
+use cache::api_health;
+use node::{adopt, node_addr, pool};
+use ops::{api_count, metrics};
+use pipeline::suspects;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -58,14 +38,14 @@ pub use config::ActivatorConfig;
 pub use error::Error;
 pub use metrics::Metrics;
 
-use crate::admin::Admin;
 use crate::cache::endpoints::EndpointsCache;
 use crate::cache::hosts::HostCache;
 use crate::cache::pods::PodCache;
 use crate::cache::revisions::RevisionCache;
-use crate::handler::Handler;
-use crate::pool::{Pools, Shared};
-use crate::proxy::Upstream;
+use crate::node::pool::{Pools, Shared};
+use crate::ops::admin::Admin;
+use crate::pipeline::handler::Handler;
+use crate::upstream::proxy::Upstream;
 
 /// A running activator.
 pub struct Activator {
@@ -133,10 +113,10 @@ impl Activator {
             endpoints.clone(),
             pods.clone(),
         );
-        let events = crate::events::EventSink::new(
+        let events = crate::ops::events::EventSink::new(
             client.clone(),
             cfg.pod_name.clone(),
-            crate::events::EventConfig::default(),
+            crate::ops::events::EventConfig::default(),
         );
         let pools = Pools::new(Shared {
             client,

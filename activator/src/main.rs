@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use activator::Activator;
 use activator::cli::Args;
-use activator::telemetry::{self, Identity};
+use activator::ops::telemetry::{self, Identity};
 use clap::Parser;
 
 /// Longest wait for the trace exporter's last flush on exit.
@@ -40,7 +40,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         Some(path) if path.exists() => {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| anyhow::anyhow!("reading the hop secret {}: {e}", path.display()))?;
-            cfg.hop = activator::hop::HopAuth::new(&text)?;
+            cfg.hop = activator::pipeline::hop::HopAuth::new(&text)?;
         }
         Some(path) => tracing::warn!(
             path = %path.display(),

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use activator::events::{
+use activator::ops::events::{
     EventConfig, EventSink, REASON_COLD_START_FAILED, REASON_NODE_FULL, REPORTING_CONTROLLER,
 };
 use anyhow::Context as _;

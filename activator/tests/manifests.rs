@@ -37,8 +37,14 @@ fn probes_hit_the_admin_ports_paths_and_the_grace_period_covers_the_drain() {
         .unwrap();
     assert_eq!(admin_port, u64::from(crds::contract::ADMIN_PORT));
     let probe = |kind: &str| c[kind]["httpGet"].clone();
-    assert_eq!(probe("readinessProbe")["path"], activator::admin::READYZ);
-    assert_eq!(probe("livenessProbe")["path"], activator::admin::HEALTHZ);
+    assert_eq!(
+        probe("readinessProbe")["path"],
+        activator::ops::admin::READYZ
+    );
+    assert_eq!(
+        probe("livenessProbe")["path"],
+        activator::ops::admin::HEALTHZ
+    );
     for kind in ["readinessProbe", "livenessProbe"] {
         assert_eq!(probe(kind)["port"], "admin", "{kind}");
     }

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use activator::metrics::{Metrics, Outcome, Phase, PodReason, Route};
+use activator::ops::metrics::{Metrics, Outcome, Phase, PodReason, Route};
 use metrics_check::{Family, check_all, check_queries, check_reference, families, promql_names};
 
 /// The activator's exposition with every labelled family used once, so its labels show.
@@ -26,7 +26,7 @@ fn exposition() -> String {
     m.pod_created(PodReason::Cold);
     m.pod_deleted(PodReason::Idle);
     m.api_requests
-        .get_or_create(&activator::api_count::ApiRequest {
+        .get_or_create(&activator::ops::api_count::ApiRequest {
             verb: "create".into(),
             resource: "pods".into(),
             from: "etcd",
@@ -34,8 +34,8 @@ fn exposition() -> String {
         .inc();
     m.observe_ready_lead(None);
     m.pod_address
-        .get_or_create(&activator::metrics::AddressFrom {
-            source: activator::metrics::AddressSource::Agent,
+        .get_or_create(&activator::ops::metrics::AddressFrom {
+            source: activator::ops::metrics::AddressSource::Agent,
         })
         .inc();
     let mut out = String::new();

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use activator::metrics::Metrics;
+use activator::ops::metrics::Metrics;
 
 /// The samples of `name` (a full sample name: `activator_api_requests_total`,
 /// `activator_cold_start_phase_seconds_count`) with their labels, integer values only.

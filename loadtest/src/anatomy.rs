@@ -1,7 +1,9 @@
 //! Cold-start anatomy: the phases each cold response carries in its `Server-Timing` header
 //! (the activator's own clock), split into consecutive segments and summarised. Pure logic.
 
-use activator::cold_start::{ENTRY, FORWARDED, POD_ADDR, POD_BOUND, POD_POST, POD_READY, WAIT};
+use activator::node::cold_start::{
+    ENTRY, FORWARDED, POD_ADDR, POD_BOUND, POD_POST, POD_READY, WAIT,
+};
 use serde::Serialize;
 
 use crate::stats::Percentiles;
@@ -18,7 +20,7 @@ pub struct ColdPhases {
     pub wait: f64,
     /// When an entry forwarded the request: its time from the request's arrival there until
     /// it sent the request on, and until the member's answer came back (see
-    /// `activator::cold_start::ENTRY`).
+    /// `activator::node::cold_start::ENTRY`).
     pub entry: Option<f64>,
     pub forwarded: Option<f64>,
 }
@@ -142,7 +144,7 @@ mod tests {
 
     #[test]
     fn parses_what_the_activator_writes() {
-        let t = activator::cold_start::ColdTimings {
+        let t = activator::node::cold_start::ColdTimings {
             post: Duration::from_micros(1_500),
             bound: Duration::from_millis(8),
             addr: Duration::from_millis(140),
@@ -167,7 +169,7 @@ mod tests {
         let with_entry = format!(
             "{}, {}",
             t.server_timing(Duration::from_millis(307)),
-            activator::cold_start::entry_timing(
+            activator::node::cold_start::entry_timing(
                 Duration::from_millis(4),
                 Duration::from_millis(315)
             )

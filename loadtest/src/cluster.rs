@@ -182,7 +182,7 @@ pub struct SimCluster {
     /// Where the in-process subsetter answers directory lookups (`crds::directory`).
     directory: Option<SocketAddr>,
     /// The hop secret every activator of this cluster shares (as the DaemonSet mounts one).
-    hop: activator::hop::HopAuth,
+    hop: activator::pipeline::hop::HopAuth,
 }
 
 impl SimCluster {
@@ -292,8 +292,11 @@ impl SimCluster {
             stop_subsetter: CancellationToken::new(),
             subsetter: tokio::spawn(async {}),
             directory: None,
-            hop: activator::hop::HopAuth::new(&format!("{:032x}", rand::random::<u128>()))
-                .expect("hex is a valid hop secret"),
+            hop: activator::pipeline::hop::HopAuth::new(&format!(
+                "{:032x}",
+                rand::random::<u128>()
+            ))
+            .expect("hex is a valid hop secret"),
         };
         let sub = subsetter::Subsetter::new(
             client,
@@ -480,7 +483,7 @@ impl SimCluster {
     }
 
     /// The cluster's hop secret: a test can send what a peer activator forwards.
-    pub fn hop(&self) -> &activator::hop::HopAuth {
+    pub fn hop(&self) -> &activator::pipeline::hop::HopAuth {
         &self.hop
     }
 

@@ -217,7 +217,7 @@ pub fn json_with_kubelet(summary: &Summary, kubelet: &str) -> serde_json::Value 
 
 /// The nodes of a revision's members, from its ActivationEndpoints' status (none before the
 /// subsetter wrote it), in the order entries try them: the revision's primary first
-/// (`activator::primary`), so `[0]` is the member that serves a trickle.
+/// (`activator::pipeline::primary`), so `[0]` is the member that serves a trickle.
 pub async fn member_nodes(
     client: &Client,
     namespace: &str,
@@ -226,8 +226,8 @@ pub async fn member_nodes(
     let api: Api<ActivationEndpoints> = Api::namespaced(client.clone(), namespace);
     let aep = api.get(name).await?;
     let members = aep.status.map(|s| s.activators).unwrap_or_default();
-    let key = activator::routing::RevisionKey::new(namespace, name);
-    Ok(activator::primary::ranked(&key, members)
+    let key = activator::pipeline::routing::RevisionKey::new(namespace, name);
+    Ok(activator::pipeline::primary::ranked(&key, members)
         .into_iter()
         .map(|m| m.node)
         .collect())

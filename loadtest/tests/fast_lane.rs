@@ -82,7 +82,7 @@ async fn setup_with(
 }
 
 /// The metrics of the activator on `node`.
-fn metrics_of<'a>(c: &'a SimCluster, node: &str) -> &'a activator::metrics::Metrics {
+fn metrics_of<'a>(c: &'a SimCluster, node: &str) -> &'a activator::ops::metrics::Metrics {
     c.activators
         .iter()
         .find(|a| a.node == node)
@@ -93,7 +93,7 @@ fn metrics_of<'a>(c: &'a SimCluster, node: &str) -> &'a activator::metrics::Metr
 
 /// The activator's `activator_requests_total{route="warm",code}` on `node`.
 fn warm(c: &SimCluster, node: &str, code: u16) -> u64 {
-    use activator::metrics::{Outcome, Route};
+    use activator::ops::metrics::{Outcome, Route};
     metrics_of(c, node)
         .requests
         .get_or_create(&Outcome {

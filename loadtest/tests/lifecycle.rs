@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use activator::metrics::{PodReason, ReasonLabel};
+use activator::ops::metrics::{PodReason, ReasonLabel};
 use crds::contract::REVISION_LABEL;
 use futures::StreamExt;
 use futures::future::join_all;
@@ -340,11 +340,11 @@ async fn an_exec_probe_waits_for_the_kubelets_ready_and_no_probe_does_not() {
         let a = c.activators.iter().find(|a| a.node == m).unwrap();
         let metrics = a.activator.metrics().clone();
         let by = if ready_when_answered {
-            activator::metrics::FirstBy::Watch
+            activator::ops::metrics::FirstBy::Watch
         } else {
-            activator::metrics::FirstBy::Probe
+            activator::ops::metrics::FirstBy::Probe
         };
-        let label = activator::metrics::UsableFirst { by };
+        let label = activator::ops::metrics::UsableFirst { by };
         tokio::time::timeout(LIMIT, async {
             while metrics.usable_first.get_or_create(&label).get() == 0 {
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -542,7 +542,7 @@ async fn a_host_is_resolved_by_label_and_follows_a_newer_revision() {
 }
 
 /// `activator_cold_start_phase_seconds_count{phase=...}` of `m`, per phase.
-fn phase_counts(m: &std::sync::Arc<activator::metrics::Metrics>) -> BTreeMap<String, u64> {
+fn phase_counts(m: &std::sync::Arc<activator::ops::metrics::Metrics>) -> BTreeMap<String, u64> {
     samples(m, "activator_cold_start_phase_seconds_count")
         .into_iter()
         .map(|(l, n)| (l["phase"].clone(), n))
@@ -663,7 +663,7 @@ async fn every_cold_start_records_each_phase_once() {
 /// `activator_api_requests_total` of `m`, by (verb, resource), whether etcd or the API
 /// server's cache answered.
 fn api_requests(
-    m: &std::sync::Arc<activator::metrics::Metrics>,
+    m: &std::sync::Arc<activator::ops::metrics::Metrics>,
 ) -> BTreeMap<(String, String), u64> {
     let mut out = BTreeMap::new();
     for (l, n) in samples(m, "activator_api_requests_total") {
@@ -675,7 +675,7 @@ fn api_requests(
 
 /// `activator_api_requests_total` of `m`, by (verb, resource, from).
 fn api_requests_from(
-    m: &std::sync::Arc<activator::metrics::Metrics>,
+    m: &std::sync::Arc<activator::ops::metrics::Metrics>,
 ) -> BTreeMap<(String, String, String), u64> {
     samples(m, "activator_api_requests_total")
         .into_iter()
@@ -733,7 +733,7 @@ async fn a_members_cold_start_makes_one_api_request_the_pod_create() {
 
 /// A request's deltas of `activator_api_requests_total` around `f`.
 async fn api_made<F: std::future::Future>(
-    m: &std::sync::Arc<activator::metrics::Metrics>,
+    m: &std::sync::Arc<activator::ops::metrics::Metrics>,
     f: F,
 ) -> (F::Output, BTreeMap<(String, String, String), u64>) {
     let before = api_requests_from(m);

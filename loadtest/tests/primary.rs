@@ -1,5 +1,5 @@
 //! One pod per wake-up: every entry sends a revision's requests to the same member first (its
-//! primary, `activator::primary`), so a trickle through many entries wakes one pod; the other
+//! primary, `activator::pipeline::primary`), so a trickle through many entries wakes one pod; the other
 //! members take requests only when the primary refuses them (here: a burst past its share of
 //! maxScale). Real HTTP through kubesim's simulated nodes; with `KUBECONFIG` set, against that
 //! API server.
@@ -81,8 +81,8 @@ async fn a_trickle_through_every_entry_wakes_one_pod_on_the_primary() {
     )
     .await;
     assert_eq!(members.len(), 3, "{members:?}");
-    let key = activator::routing::RevisionKey::new(&ns, "trickle");
-    let primary = activator::primary::ranked(&key, members.clone())[0]
+    let key = activator::pipeline::routing::RevisionKey::new(&ns, "trickle");
+    let primary = activator::pipeline::primary::ranked(&key, members.clone())[0]
         .node
         .clone();
     let driver = Driver::new();
@@ -142,8 +142,8 @@ async fn a_burst_past_the_primarys_share_spills_to_the_other_members() {
     let members = create(&c, &ns, &rev).await;
     assert_eq!(members.len(), 3, "{members:?}");
     assert!(members.iter().all(|m| m.max_pods == 1), "{members:?}");
-    let key = activator::routing::RevisionKey::new(&ns, "spill");
-    let ranked = activator::primary::ranked(&key, members.clone());
+    let key = activator::pipeline::routing::RevisionKey::new(&ns, "spill");
+    let ranked = activator::pipeline::primary::ranked(&key, members.clone());
     let outsider = c
         .entries()
         .into_iter()

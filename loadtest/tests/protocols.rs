@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use activator::ActivatorConfig;
-use activator::answer::full;
-use activator::proxy::{Upstream, UpstreamProtocol};
+use activator::upstream::proxy::{Upstream, UpstreamProtocol};
+use activator::wire::answer::full;
 use bytes::Bytes;
 use crds::contract::{HEADER_REVISION_NAME, HEADER_REVISION_NAMESPACE, REVISION_LABEL};
 use futures::SinkExt;

@@ -14,8 +14,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use activator::api_count::{ApiRequest, counted};
-use activator::api_health::Heard;
+use activator::cache::api_health::Heard;
+use activator::ops::api_count::{ApiRequest, counted};
 use anyhow::Result;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;

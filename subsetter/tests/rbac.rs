@@ -711,7 +711,7 @@ async fn run_paths() -> Result<BTreeSet<UserRequestKey>> {
     };
     wait_list(events, "", "an event from each component", |list| {
         let r = reporters(list);
-        r.contains(activator::events::REPORTING_CONTROLLER) && r.len() >= 2
+        r.contains(activator::ops::events::REPORTING_CONTROLLER) && r.len() >= 2
     })
     .await?;
 

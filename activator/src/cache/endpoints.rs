@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::read::get_cache_first;
-use crate::routing::RevisionKey;
+use crds::ObjectKey as RevisionKey;
 
 /// Where a request for a revision should be served.
 #[derive(Debug, Clone, PartialEq)]

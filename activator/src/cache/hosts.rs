@@ -17,7 +17,7 @@ use futures::future::{BoxFuture, Shared};
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 
-use crate::routing::RevisionKey;
+use crds::ObjectKey as RevisionKey;
 
 /// Hosts kept before expired entries are swept (Host headers come from clients).
 const ENTRIES_KEPT: usize = 10_000;
@@ -65,6 +65,17 @@ impl HostCache {
 
     /// The revision serving `host` (any spelling: port, case and trailing dot are ignored).
     pub async fn resolve(&self, host: &str) -> Result<Option<RevisionKey>, Arc<kube::Error>> {
+        match self.cached(host) {
+            Some(known) => Ok(known),
+            None => self.lookup(normalize_host(host)).await,
+        }
+    }
+
+    /// What an earlier lookup says about `host`, without IO: `Some(Some(_))` the revision (an
+    /// old answer is refreshed in the background), `Some(None)` a recent "no revision",
+    /// `None` when only a lookup can tell. The request path asks this first, so that a
+    /// cached answer arms no timeout.
+    pub fn cached(&self, host: &str) -> Option<Option<RevisionKey>> {
         let host = normalize_host(host);
         if let Some(hit) = self.entries.get(&host).map(|e| e.clone()) {
             let age = hit.at.elapsed();
@@ -80,13 +91,13 @@ impl HostCache {
                             }
                         });
                     }
-                    return Ok(Some(key.clone()));
+                    return Some(Some(key.clone()));
                 }
-                None if age < self.negative_ttl => return Ok(None),
+                None if age < self.negative_ttl => return Some(None),
                 None => {}
             }
         }
-        self.lookup(host).await
+        None
     }
 
     /// Remembers `host` → `revision` as found elsewhere (the directory, while the API server

@@ -7,6 +7,7 @@
 //! - [`pods`]: app pods on this node (a `spec.nodeName` field-selected watch).
 //! - [`read`]: reads by name from the API server's cache first, not from etcd.
 
+pub mod api_health;
 pub mod directory;
 pub mod endpoints;
 pub mod hosts;

@@ -13,7 +13,7 @@ use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::routing::RevisionKey;
+use crds::ObjectKey as RevisionKey;
 
 /// What the activator needs to know of one app pod.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -14,7 +14,7 @@ use futures::future::{BoxFuture, Shared};
 use kube::{Api, Client};
 
 use super::read::get_cache_first;
-use crate::routing::RevisionKey;
+use crds::ObjectKey as RevisionKey;
 
 /// How long a revision found missing is not looked up again.
 const MISS_TTL: Duration = Duration::from_secs(1);

@@ -17,7 +17,7 @@ use tokio::time::{Instant, Sleep};
 use super::chunked::ChunkedEnd;
 use super::head::{self, Additions, BodyFraming, RequestHead, ResponseHead};
 use super::pod_conns::{PodConn, PodConns};
-use crate::answer::Refusal;
+use crate::wire::answer::Refusal;
 
 /// A response head larger than this is refused (502): hyper's client allows about as much.
 const MAX_RESPONSE_HEAD: usize = 64 * 1024;
@@ -41,12 +41,12 @@ pub struct Scratch {
     /// Revision's template: not on every request of a keep-alive connection).
     pub protocol: Option<(
         std::sync::Arc<crds::Revision>,
-        crate::proxy::UpstreamProtocol,
+        crate::upstream::proxy::UpstreamProtocol,
     )>,
     /// The request counter this connection last counted on (nearly always the same one: a
     /// warm 200): the metric family's lookup is a lock and a hash per request otherwise.
     pub counted: Option<(
-        crate::metrics::Outcome,
+        crate::ops::metrics::Outcome,
         prometheus_client::metrics::counter::Counter,
     )>,
 }
@@ -534,7 +534,7 @@ pub fn refusal_bytes(out: &mut Vec<u8>, r: &Refusal, served_by: &[u8]) {
         "HTTP/1.1 {} {}\r\ncontent-type: {}\r\ncontent-length: {}\r\n",
         r.status.as_u16(),
         r.status.canonical_reason().unwrap_or(""),
-        crate::answer::CONTENT_TYPE,
+        crate::wire::answer::CONTENT_TYPE,
         body.len()
     );
     if let Some(secs) = r.retry_after_secs {

@@ -25,7 +25,7 @@ use crds::contract::{
     HEADER_REVISION_NAMESPACE,
 };
 
-use crate::routing::{Named, RevisionKey, is_dns_label, is_dns_subdomain};
+use crate::pipeline::routing::{Named, RevisionKey, is_dns_label, is_dns_subdomain};
 use crate::wire::forwarded;
 use crate::wire::framing::content_length;
 
@@ -243,7 +243,7 @@ impl<'a> Parsed<'a> {
         Ok(())
     }
 
-    /// The revision the headers name, by the rules of [`crate::routing::named`]: None for
+    /// The revision the headers name, by the rules of [`crate::pipeline::routing::named`]: None for
     /// no pair, Err for an invalid one (hyper answers those 400).
     fn key(&self) -> Result<Option<RevisionKey>, ()> {
         let Some((ns, name)) = self
@@ -458,7 +458,7 @@ pub struct ResponseHead {
     /// HTTP/1.1 with no header to drop and no `x-activator-node`: it goes to the client as it
     /// is, with headers only added.
     pub plain: bool,
-    /// Streaming by design ([`crate::streaming`]): not bounded by the revision's timeout,
+    /// Streaming by design ([`crate::wire::streaming`]): not bounded by the revision's timeout,
     /// only by the body idle timeout.
     pub streaming: bool,
 }
@@ -524,7 +524,7 @@ pub fn parse_response(buf: &[u8], to_head: bool) -> Result<Option<ResponseHead>,
                 }
             }
         } else if is("content-type") {
-            streaming = crate::streaming::is_streaming_type(h.value);
+            streaming = crate::wire::streaming::is_streaming_type(h.value);
         } else if is("keep-alive")
             || is("proxy-connection")
             || is("te")

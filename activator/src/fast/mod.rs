@@ -9,7 +9,7 @@
 //! relays the response's bytes back, with no other task involved.
 //!
 //! It carries only the common case and leaves everything else to hyper's path
-//! ([`crate::handler`]), which has the whole protocol: a connection starts here and is handed
+//! ([`crate::pipeline::handler`]), which has the whole protocol: a connection starts here and is handed
 //! to hyper, with the bytes read so far put back in front ([`prefixed`]), as soon as a
 //! request is anything but a plain HTTP/1.1 request for a revision (named by headers or by
 //! a Host that resolves) whose subset this node belongs to with a share, whose app speaks
@@ -33,23 +33,22 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use crds::contract::normalize_host;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::answer::Refusal;
-use crate::cache::endpoints::Membership;
-use crate::handler::{
-    API_READ_LIMIT, Handler, can_start, request_timeout, too_late, upstream_protocol,
-};
-use crate::metrics::{Outcome, Phase, Route};
-use crate::pool::{NoSlot, Spec};
-use crate::proxy::UpstreamProtocol;
-use crate::routing::Named;
-use crate::serving_threads::Mover;
-use crate::telemetry;
+use crate::accept::serving_threads::Mover;
+use crate::node::pool::NoSlot;
+use crate::ops::metrics::{Outcome, Phase, Route};
+use crate::ops::telemetry;
+use crate::pipeline::decide::RouteTo;
+use crate::pipeline::handler::Handler;
+use crate::pipeline::retries::PodRetries;
+use crate::pipeline::routing::Named;
+use crate::pipeline::rules::{can_start, request_timeout, too_late, upstream_protocol};
+use crate::upstream::proxy::UpstreamProtocol;
+use crate::wire::answer::Refusal;
 use crate::wire::framing::HEADER_READ_TIMEOUT;
 use crate::wire::names::CLIENT_GONE;
 
@@ -105,7 +104,7 @@ impl FastLane {
     /// Serves `stream` while its requests are for the fast lane. Returns the connection, and
     /// the bytes read from it but not consumed, when hyper must serve the rest. With
     /// `mover`, the connection moves to another serving thread between two requests when
-    /// this one is hot ([`crate::placement`]).
+    /// this one is hot ([`crate::accept::placement`]).
     pub async fn serve(
         &self,
         mut stream: TcpStream,
@@ -211,38 +210,14 @@ impl FastLane {
         if telemetry::request_spans() {
             return Next::Hyper("spans");
         }
-        // 1. resolve: cached answers come at once; a read is bounded. Anything but a
-        // revision found (and, by Host, still claiming it) is hyper's to answer.
+        // 1. resolve and 2. route: the decision hyper's path makes, from the same code.
+        // Anything but "serve here, nobody ahead" (an unknown revision, a read that failed, a
+        // subset to read or forward to, a member without a share, the primary elsewhere) is
+        // hyper's to carry out: nothing of the request has been consumed.
         let name = std::mem::replace(&mut head.name, Named::Host(String::new()));
-        let (key, host) = match name {
-            Named::Revision(key) => (key, None),
-            Named::Host(host) => {
-                let Some(hosts) = &h.hosts else {
-                    return Next::Hyper("host routing off");
-                };
-                match tokio::time::timeout(API_READ_LIMIT, hosts.resolve(&host)).await {
-                    Ok(Ok(Some(key))) => (key, Some(host)),
-                    _ => return Next::Hyper("host"),
-                }
-            }
+        let Ok((key, rev)) = h.resolve(Ok(name), arrived).await else {
+            return Next::Hyper("resolve");
         };
-        let rev = match h.revisions.cached(&key, arrived.into_std()) {
-            Some(Some(rev)) => rev,
-            Some(None) => return Next::Hyper("revision"),
-            None => {
-                let read = tokio::time::timeout(API_READ_LIMIT, h.revisions.get_or_fetch(&key));
-                let Ok(Ok(Some(rev))) = read.await else {
-                    return Next::Hyper("revision");
-                };
-                rev
-            }
-        };
-        if let Some(host) = &host {
-            let host = normalize_host(host);
-            if !rev.spec.hosts.iter().any(|c| normalize_host(c) == host) {
-                return Next::Hyper("host moved");
-            }
-        }
         let protocol = match &scratch.protocol {
             Some((r, p)) if Arc::ptr_eq(r, &rev) => *p,
             _ => {
@@ -254,23 +229,14 @@ impl FastLane {
         if protocol != UpstreamProtocol::Http1 {
             return Next::Hyper("h2c app");
         }
-        // 2. route: only a member with a share serves here; the rest is hyper's.
-        let Some(Membership::Member { me, peers }) = h.endpoints.member_entry(&key) else {
-            return Next::Hyper("not a member");
-        };
-        if !can_start(&rev, &me) {
-            return Next::Hyper("no share");
-        }
-        // Not the revision's primary and no pod here: hyper's path asks the primary first.
-        let starters = peers.iter().filter(|m| can_start(&rev, m));
-        if !crate::primary::is_primary(&key, &h.node, starters) && !h.pools.has_usable_pod(&key) {
-            return Next::Hyper("not the primary");
-        }
         let deadline = arrived + request_timeout(&rev);
+        let (spec, peers) = match h.route(&key, &rev, false, deadline).await {
+            Ok(RouteTo::Here { spec, peers, ahead }) if ahead.is_empty() => (spec, peers),
+            _ => return Next::Hyper("route"),
+        };
         // No request here carries a hop (those go to hyper's path, which checks them).
-        let can_forward = peers.iter().any(|m| can_start(&rev, m));
-        let spec = Spec { rev, me };
-        let mut retries_left = h.upstream.retries();
+        let can_forward = peers.iter().any(|m| can_start(&spec.rev, m));
+        let mut retries = PodRetries::new(h.upstream.retries(), &h.metrics);
         // 3. admit, and a connection to the pod.
         let (mut lease, conn) = loop {
             let admitted = tokio::select! {
@@ -301,16 +267,12 @@ impl FastLane {
                 Ok(conn) => break (lease, conn),
                 Err(e) => {
                     let addr = lease.addr();
-                    lease.unreachable();
-                    if retries_left == 0 {
+                    if !retries.after_refused(lease) {
                         let r = Refusal::bad_gateway(format!(
-                            "revision {}: pod at {addr} is unreachable: {e}",
-                            key
+                            "revision {key}: pod at {addr} is unreachable: {e}"
                         ));
                         return self.refuse(stream, scratch, r).await;
                     }
-                    h.metrics.retries.inc();
-                    retries_left -= 1;
                 }
             }
         };

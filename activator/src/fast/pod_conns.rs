@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use crate::idle::IdleSet;
+use crate::upstream::idle::IdleSet;
 use crate::wire::connect::ConnectError;
 
 /// Idle connections by pod address.
@@ -68,7 +68,7 @@ impl PodConns {
         // one request — would otherwise be read as the next client's response.
         while let Some(i) = list.pop() {
             let age = now.duration_since(i.since);
-            if age >= self.idle_timeout || !crate::conn_check::clean(&i.conn) {
+            if age >= self.idle_timeout || !crate::upstream::conn_check::clean(&i.conn) {
                 continue;
             }
             return Some(i.conn);
@@ -109,7 +109,7 @@ mod tests {
         drop(server_side);
         let closed = c.stream;
         closed.readable().await.unwrap();
-        assert!(!crate::conn_check::clean(&closed));
+        assert!(!crate::upstream::conn_check::clean(&closed));
         // Put back just now: checked all the same.
         pool.put(target, closed);
         let c = pool.get(target).await.unwrap();

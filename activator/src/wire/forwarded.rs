@@ -7,7 +7,7 @@ use std::net::{IpAddr, SocketAddr};
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 /// The peer address of the client connection a request arrived on, put in the request's
-/// extensions by [`crate::server`] at accept.
+/// extensions by [`crate::accept::server`] at accept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClientAddr(pub SocketAddr);
 

@@ -49,6 +49,15 @@ pub fn strip(h: &mut HeaderMap) {
     }
 }
 
+/// Removes the activators' hop headers (before a request goes to an app, or on to a peer,
+/// which gets fresh ones).
+pub fn strip_activator_hops(headers: &mut HeaderMap) {
+    use super::names::{HOP, PROOF, SPILL};
+    headers.remove(&HOP);
+    headers.remove(&PROOF);
+    headers.remove(&SPILL);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,7 +17,7 @@
 
 use crds::ActivatorMember;
 
-use crate::routing::RevisionKey;
+use crate::pipeline::routing::RevisionKey;
 
 /// FNV-1a 64 over the parts, with a separator byte that cannot occur in a Kubernetes name.
 fn fnv1a(parts: &[&str]) -> u64 {

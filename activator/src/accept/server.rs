@@ -1,7 +1,7 @@
 //! Accepting connections (HTTP/1.1 and h2c, with upgrades) until told to stop, then letting
 //! in-flight requests finish. Each request carries its client's address ([`ClientAddr`]) for
 //! the forwarding headers, and requests hyper cannot parse are answered with a short body
-//! ([`crate::parse_errors`]).
+//! ([`crate::accept::parse_errors`]).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -19,14 +19,14 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::answer::Body;
+use crate::accept::parse_errors::{ActiveGuard, ConnState, ErrorBodies};
+use crate::accept::serving_threads::{Threaded, moved_in};
+use crate::accept::write_stall::WriteStall;
 use crate::fast::FastLane;
 use crate::fast::prefixed::Prefixed;
-use crate::parse_errors::{ActiveGuard, ConnState, ErrorBodies};
-use crate::serving_threads::{Threaded, moved_in};
+use crate::wire::answer::Body;
 use crate::wire::forwarded::ClientAddr;
 use crate::wire::framing::HEADER_READ_TIMEOUT;
-use crate::write_stall::WriteStall;
 
 /// How long a client of [`serve`] (the admin port) may take no bytes of a response.
 const WRITE_STALL: Duration = Duration::from_secs(30);
@@ -227,12 +227,12 @@ struct Tracked {
 
 impl hyper::body::Body for Tracked {
     type Data = bytes::Bytes;
-    type Error = crate::answer::BodyError;
+    type Error = crate::wire::answer::BodyError;
 
     fn poll_frame(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<Frame<bytes::Bytes>, crate::answer::BodyError>>> {
+    ) -> std::task::Poll<Option<Result<Frame<bytes::Bytes>, crate::wire::answer::BodyError>>> {
         std::pin::Pin::new(&mut self.body).poll_frame(cx)
     }
 
@@ -248,7 +248,7 @@ impl hyper::body::Body for Tracked {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::answer::{Refusal, full};
+    use crate::wire::answer::{Refusal, full};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     /// What a client writing `request` on one connection reads back until it is closed.

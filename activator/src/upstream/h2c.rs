@@ -15,8 +15,8 @@ use hyper::client::conn::http2::{Builder, SendRequest};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::time::Instant;
 
-use crate::answer::Body;
-use crate::body_timeout::IdleTimeout;
+use crate::upstream::body_timeout::IdleTimeout;
+use crate::wire::answer::Body;
 use crate::wire::connect::{ConnectError, connect};
 
 /// The request body type sent upstream.

@@ -26,15 +26,15 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use crate::h2c::UpBody;
-use crate::idle::IdleSet;
+use crate::upstream::h2c::UpBody;
+use crate::upstream::idle::IdleSet;
 use crate::wire::connect::ConnectError;
 
 /// What the pool knows of a connection's socket besides hyper's handle: how many bytes it has
 /// read from its target (whether an exchange that failed got any answer: a request the pod
 /// answered nothing to may go again if it is idempotent; one it began to answer may not), and
 /// the socket itself, shared with hyper's connection, to check before reuse that nothing
-/// unasked is waiting on it ([`crate::conn_check`]).
+/// unasked is waiting on it ([`crate::upstream::conn_check`]).
 /// Only hyper's connection owns the socket (the pool's is a weak reference): when hyper
 /// drops a connection, its socket closes at once.
 #[derive(Clone, Debug)]
@@ -51,7 +51,7 @@ impl Heard {
     fn clean(&self) -> bool {
         self.socket
             .upgrade()
-            .is_some_and(|s| crate::conn_check::clean(&*s))
+            .is_some_and(|s| crate::upstream::conn_check::clean(&*s))
     }
 }
 
@@ -295,8 +295,8 @@ impl hyper::body::Body for Returning {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::answer::full;
-    use crate::body_timeout::IdleTimeout;
+    use crate::upstream::body_timeout::IdleTimeout;
+    use crate::wire::answer::full;
     use http::{Request, Response};
     use http_body_util::BodyExt;
     use hyper::service::service_fn;

@@ -216,10 +216,11 @@ mod tests {
     async fn tls_server(statuses: Vec<u16>) -> SocketAddr {
         use rustls::pki_types::pem::PemObject;
         use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-        let cert = CertificateDer::from_pem_slice(include_bytes!("../../testdata/probe-cert.pem"))
+        let cert =
+            CertificateDer::from_pem_slice(include_bytes!("../../../testdata/probe-cert.pem"))
+                .unwrap();
+        let key = PrivateKeyDer::from_pem_slice(include_bytes!("../../../testdata/probe-key.pem"))
             .unwrap();
-        let key =
-            PrivateKeyDer::from_pem_slice(include_bytes!("../../testdata/probe-key.pem")).unwrap();
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let config = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()

@@ -11,10 +11,14 @@ use std::fmt::Write as _;
 use http::{Method, Request, Uri};
 use kube::Client;
 
-use crate::api_health::Heard;
+use crate::cache::api_health::Heard;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+
+/// `from`: answered by etcd (a write, a quorum read) or by the API server's watch cache.
+const ETCD: &str = "etcd";
+const CACHE: &str = "cache";
 
 /// The labels of `activator_api_requests_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -27,18 +31,21 @@ pub struct ApiRequest {
     pub from: &'static str,
 }
 
-/// `client`, with every request it sends counted in `counts` first, and every response
-/// marked in `heard` (`api_health`: an API server that answers something is not gone).
+/// `client`, with every request it sends counted in `counts` first, and every success of a
+/// write or quorum read marked in `heard` (`api_health`: an API server that gets work done
+/// through etcd is slow, not gone).
 pub fn counted(client: Client, counts: Family<ApiRequest, Counter>, heard: Heard) -> Client {
     let default_ns = client.default_namespace().to_string();
     let svc = tower::service_fn(move |req: Request<kube::client::Body>| {
         let (client, counts, heard) = (client.clone(), counts.clone(), heard.clone());
         async move {
-            counts
-                .get_or_create(&classify(req.method(), req.uri()))
-                .inc();
+            let what = classify(req.method(), req.uri());
+            counts.get_or_create(&what).inc();
             let resp = client.send(req).await;
-            if resp.is_ok() {
+            // Only a success that went through etcd says the API server can do its work: the
+            // watch cache keeps answering reads and watches while etcd is down, and a write
+            // then fails with a 5xx after seconds.
+            if what.from == ETCD && resp.as_ref().is_ok_and(|r| r.status().is_success()) {
                 heard.mark();
             }
             resp
@@ -91,9 +98,9 @@ pub fn classify(method: &Method, uri: &Uri) -> ApiRequest {
         _ => "other",
     };
     let from = match verb {
-        "watch" => "cache",
-        "get" | "list" if names_version => "cache",
-        _ => "etcd",
+        "watch" => CACHE,
+        "get" | "list" if names_version => CACHE,
+        _ => ETCD,
     };
     ApiRequest {
         verb: verb.into(),
@@ -201,5 +208,57 @@ mod tests {
             p("get", "namespaces")
         );
         assert_eq!(c(Method::GET, "/version"), p("list", "unknown"));
+    }
+
+    use std::time::Duration;
+
+    /// A client whose API server answers every request with `status`.
+    fn answering(status: u16) -> Client {
+        let svc = tower::service_fn(move |_req: Request<kube::client::Body>| async move {
+            let resp = http::Response::builder()
+                .status(status)
+                .body(kube::client::Body::from(b"{}".to_vec()))
+                .expect("a response");
+            Ok::<_, std::convert::Infallible>(resp)
+        });
+        Client::new(svc, "default")
+    }
+
+    async fn send(client: &Client, method: Method, uri: &str) {
+        let req = Request::builder()
+            .method(method)
+            .uri(uri)
+            .body(Vec::new())
+            .expect("a request");
+        let _ = client.request_text(req).await;
+    }
+
+    /// Only a success through etcd says the API server works: a cache read or a watch while
+    /// etcd is down still answers, and a write that fails answers 5xx.
+    #[tokio::test]
+    async fn heard_is_marked_by_successes_through_etcd_only() {
+        let pods = "/api/v1/namespaces/a/pods";
+        let ok_heard = Heard::default();
+        let ok = counted(answering(201), Family::default(), ok_heard.clone());
+        send(&ok, Method::GET, &format!("{pods}/p?resourceVersion=0")).await;
+        send(&ok, Method::GET, &format!("{pods}?watch=true")).await;
+        assert!(
+            !ok_heard.within(Duration::from_secs(60)),
+            "cache answers do not count"
+        );
+        send(&ok, Method::POST, pods).await;
+        assert!(
+            ok_heard.within(Duration::from_secs(60)),
+            "a write that succeeded counts"
+        );
+
+        let failed_heard = Heard::default();
+        let failed = counted(answering(500), Family::default(), failed_heard.clone());
+        send(&failed, Method::POST, pods).await;
+        send(&failed, Method::GET, &format!("{pods}/p")).await;
+        assert!(
+            !failed_heard.within(Duration::from_secs(60)),
+            "a 5xx does not count"
+        );
     }
 }

@@ -1,5 +1,5 @@
 //! Idle keep-alive connections by target address, for the pools to pods and peers
-//! ([`crate::h1`], [`crate::fast::pod_conns`]): bounded per target, expired after an idle
+//! ([`crate::upstream::h1`], [`crate::fast::pod_conns`]): bounded per target, expired after an idle
 //! timeout, and swept as a whole now and then — targets are pods, which come and go, and a
 //! pod that went away must not leave entries behind.
 

@@ -1,6 +1,6 @@
 //! The scaler: one task per [`Pool`], the only writer of its revision's pods on this node.
 //! It turns the pod watch (and its own readiness probes) into usable slots in the throttle,
-//! asks [`crate::scale::decide`] how many pods the demand needs, and creates or deletes pods
+//! asks [`crate::node::pod_count::decide`] how many pods the demand needs, and creates or deletes pods
 //! to match — within the member's share of maxScale. A pod the node cannot run marks the
 //! node full for the revision, and waiting requests go to another member. An idle pool at
 //! zero pods retires.
@@ -18,14 +18,14 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::cache::pods::{LocalPod, RevisionPods};
-use crate::cold_start::ColdStart;
-use crate::metrics::{AddressFrom, AddressSource, PodReason};
-use crate::pool::{Pool, deliver};
-use crate::readiness::Check;
-use crate::routing::RevisionKey;
-use crate::scale::{self, Decision, Observed, Policy};
-use crate::scheduler::{CreateError, LocalScheduler};
-use crate::throttle::PodRef;
+use crate::node::cold_start::ColdStart;
+use crate::node::pod_count::{self, Decision, Observed, Policy};
+use crate::node::pod_writer::{CreateError, LocalScheduler};
+use crate::node::pool::{Pool, deliver};
+use crate::node::readiness::Check;
+use crate::node::throttle::PodRef;
+use crate::ops::metrics::{AddressFrom, AddressSource, PodReason};
+use crds::ObjectKey as RevisionKey;
 
 /// An empty pool lingers this long before retiring, so a request that just looked it up
 /// does not race its retirement on every cold start.
@@ -416,12 +416,12 @@ impl Scaler {
             stable_window: sh.cfg.scale_in_window,
             node_cap: sh.cfg.max_pods_per_revision,
         };
-        if scale::below(&observed, &policy) {
+        if pod_count::below(&observed, &policy) {
             self.below_since.get_or_insert(now);
         } else {
             self.below_since = None;
         }
-        match scale::decide(&observed, &policy) {
+        match pod_count::decide(&observed, &policy) {
             Decision::Hold => {}
             Decision::Add(n) => self.add(pods, n, live_count == 0).await,
             Decision::RemoveOne => {

@@ -9,12 +9,13 @@
 //! One probe at a time, its answer reused for [`PROBE_TTL`]: a burst of stalled calls costs
 //! the API server one `/readyz`, not one each.
 //!
-//! A `/readyz` that is not answered within [`PROBE_LIMIT`] says "down" only if nothing else
-//! has come back from the API server for [`QUIET`] either ([`Heard`], marked by the counting
-//! client on every response): an API server that is overloaded — a thousand first requests at
-//! once on a 2-core control plane — still answers some calls and is waited for, where one
-//! whose packets are dropped answers none. A refused connection or a `/readyz` that is not OK
-//! is an answer, and says "down" at once.
+//! A `/readyz` that is not answered within [`PROBE_LIMIT`] says "down" only if no write or
+//! quorum read has succeeded for [`QUIET`] either ([`Heard`], marked by the counting client):
+//! an API server that is overloaded — a thousand first requests at once on a 2-core control
+//! plane — still gets work done through etcd and is waited for; one whose packets are
+//! dropped answers nothing, and one whose etcd is down answers only from its watch cache
+//! (reads naming a resourceVersion, watches: those do not count) while its `/readyz` hangs on
+//! the etcd check. A refused connection or a `/readyz` that is not OK says "down" at once.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -28,7 +29,7 @@ use tokio::time::Instant;
 /// With `/readyz` unanswered: down only if no response came back for this long.
 pub const QUIET: Duration = Duration::from_secs(2);
 
-/// When the API server last answered anything (the counting client marks every response).
+/// When a write or quorum read last succeeded (the counting client marks them).
 #[derive(Clone, Default)]
 pub struct Heard(Arc<Mutex<Option<Instant>>>);
 

@@ -11,27 +11,8 @@ use crds::contract::{
 };
 use http::{HeaderMap, HeaderName};
 
-/// A revision, as `namespace/name`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RevisionKey {
-    pub namespace: String,
-    pub name: String,
-}
-
-impl RevisionKey {
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
-        Self {
-            namespace: namespace.into(),
-            name: name.into(),
-        }
-    }
-}
-
-impl std::fmt::Display for RevisionKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
-    }
-}
+/// A revision, as `namespace/name`: the one object key of `crds`.
+pub use crds::ObjectKey as RevisionKey;
 
 /// What a request names.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -8,7 +8,7 @@ use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use prometheus_client::registry::Registry;
 
-use crate::answer::{Body, full};
+use crate::wire::answer::{Body, full};
 
 /// The admin port's paths (the DaemonSet's probes name them; a test checks they agree).
 pub const HEALTHZ: &str = "/healthz";

@@ -194,7 +194,7 @@ pub struct Metrics {
     /// New pods, by what made them usable first: the activator's probe or the kubelet's Ready.
     pub usable_first: Family<UsableFirst, Counter>,
     /// Requests this activator sent to the API server, by verb and resource (`api_count`).
-    pub api_requests: Family<crate::api_count::ApiRequest, Counter>,
+    pub api_requests: Family<crate::ops::api_count::ApiRequest, Counter>,
     /// Requests refused 503 + Retry-After because the buffer was full (the revision's
     /// `--queue-limit` or the node's `--queue-limit-total`).
     pub buffer_full: Counter,

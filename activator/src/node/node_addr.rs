@@ -7,7 +7,7 @@
 //! readiness probe could never start before the kubelet's Ready. The node agent (a sidecar
 //! holding the container runtime's socket, crate `node-agent`) answers "which IP has pod
 //! <uid>" as soon as the sandbox has one; the scaler then probes the app itself
-//! ([`crate::readiness`]) and routes the waiting requests on the first success.
+//! ([`crate::node::readiness`]) and routes the waiting requests on the first success.
 //!
 //! The agent is asked by the pod's UID, not its name: names are deterministic per (revision,
 //! node, ordinal) and come back for a new pod, whose old sandbox may still exist.
@@ -21,7 +21,7 @@ use node_agent::client::AgentClient;
 use node_agent::protocol::PodUid;
 use tokio::sync::mpsc;
 
-use crate::metrics::Metrics;
+use crate::ops::metrics::Metrics;
 
 /// How often a starting pod's address is asked for: the sandbox gets it about 140 ms after
 /// the kubelet starts, and every millisecond it is learnt late is a millisecond of the cold

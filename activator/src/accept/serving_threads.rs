@@ -10,8 +10,8 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::metrics::Metrics;
-use crate::placement::{Placed, Placement};
+use crate::accept::placement::{Placed, Placement};
+use crate::ops::metrics::Metrics;
 
 /// A connection moved to the thread that serves it.
 pub type Handoff = (std::net::TcpStream, SocketAddr);
@@ -173,7 +173,7 @@ pub(crate) async fn moved_in(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::server::serve_with;
+    use crate::accept::server::serve_with;
     use http::{Request, Response};
     use hyper::body::Incoming;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -210,7 +210,7 @@ mod tests {
                             let l = TcpListener::bind(addr).await.unwrap();
                             let handle = |_req: Request<Incoming>| async {
                                 let name = std::thread::current().name().unwrap_or("").to_string();
-                                Response::new(crate::answer::full(name))
+                                Response::new(crate::wire::answer::full(name))
                             };
                             serve_with(
                                 l,

@@ -13,7 +13,7 @@ use crds::ActivatorMember;
 use crate::cache::endpoints::{EndpointsCache, Membership};
 use crate::cache::pods::PodCache;
 use crate::cache::revisions::RevisionCache;
-use crate::pool::{Pools, Spec};
+use crate::node::pool::{Pools, Spec};
 
 /// Gives each revision with a live pod on this node a pool. Called once the pod and subset
 /// caches have synced; returns how many revisions were adopted.

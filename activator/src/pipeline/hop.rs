@@ -14,18 +14,13 @@
 //! A hop that is not proven is treated as a client header: removed, the request routed as
 //! any other. Neither header ever reaches an app, and a hop never changes what the app
 //! learns about the client: the forwarding headers always get the real peer address
-//! appended ([`crate::proxy`]).
+//! appended ([`crate::upstream::proxy`]).
 
-use crds::contract::{
-    HEADER_ACTIVATOR_HOP, HEADER_ACTIVATOR_HOP_PROOF, HEADER_ACTIVATOR_HOP_SPILL,
-};
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::error::Error;
 
-pub const HOP: HeaderName = HeaderName::from_static(HEADER_ACTIVATOR_HOP);
-pub const PROOF: HeaderName = HeaderName::from_static(HEADER_ACTIVATOR_HOP_PROOF);
-pub const SPILL: HeaderName = HeaderName::from_static(HEADER_ACTIVATOR_HOP_SPILL);
+pub use crate::wire::names::{HOP, PROOF, SPILL};
 
 /// The cluster's hop secret, if this activator has one.
 #[derive(Clone, Default)]
@@ -104,18 +99,12 @@ impl HopAuth {
 }
 
 /// Whether a proven hop says the request may spill to another member (see
-/// [`HEADER_ACTIVATOR_HOP_SPILL`]); only asked once [`HopAuth::verified`] held.
+/// [`crds::contract::HEADER_ACTIVATOR_HOP_SPILL`]); only asked once [`HopAuth::verified`] held.
 pub fn may_spill(headers: &HeaderMap) -> bool {
     headers.get(&SPILL).is_some_and(|v| v.as_bytes() == b"1")
 }
 
-/// Removes the hop headers (before a request goes to an app or on to a peer, which gets
-/// fresh ones).
-pub fn strip(headers: &mut HeaderMap) {
-    headers.remove(&HOP);
-    headers.remove(&PROOF);
-    headers.remove(&SPILL);
-}
+pub use crate::wire::hop_by_hop::strip_activator_hops as strip;
 
 /// Equality whose time does not depend on where the first difference is (the length of the
 /// secret is not hidden; it is not the secret).

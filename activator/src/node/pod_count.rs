@@ -1,5 +1,5 @@
 //! How many pods a revision should have on this node. Pure logic, no IO: the scaler in
-//! [`crate::pool`] observes, asks [`decide`], and acts.
+//! [`crate::node::pool`] observes, asks [`decide`], and acts.
 //!
 //! - **Out**: when in-flight + queued exceeds the target utilisation (70 % by default) of
 //!   the capacity of the pods it has (starting ones included), enough pods to bring it back

@@ -1,6 +1,6 @@
 //! One revision's pods on this node as the request path sees them: the [`Throttle`] that
 //! hands out slots, the buffer of requests waiting for one, and the scaler task
-//! ([`crate::scaler`]) that creates and deletes pods to match. A pool exists while the
+//! ([`crate::node::scaler`]) that creates and deletes pods to match. A pool exists while the
 //! revision has pods or requests here; an idle one at zero pods retires, and the next
 //! request makes a new one (a cold start).
 //!
@@ -22,10 +22,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::cache::pods::PodCache;
-use crate::cold_start::{ColdStart, ColdTimings};
-use crate::metrics::{Metrics, Phase};
-use crate::routing::RevisionKey;
-use crate::throttle::{Admit, PodRef, Slot, Throttle, Ticket};
+use crate::node::cold_start::{ColdStart, ColdTimings};
+use crate::node::throttle::{Admit, PodRef, Slot, Throttle, Ticket};
+use crate::ops::metrics::{Metrics, Phase};
+use crds::ObjectKey as RevisionKey;
 
 /// Tuning of buffering and local scaling (part of [`crate::ActivatorConfig`]).
 #[derive(Debug, Clone)]
@@ -68,7 +68,7 @@ impl Default for PoolConfig {
 pub struct Shared {
     pub client: Client,
     /// Whether the API server answers: a pod create it does not is given up at once.
-    pub api: crate::api_health::ApiHealth,
+    pub api: crate::cache::api_health::ApiHealth,
     pub node: String,
     pub pods: PodCache,
     pub metrics: Arc<Metrics>,
@@ -80,12 +80,12 @@ pub struct Shared {
     /// When the activator started (timestamps are stored as milliseconds since).
     pub epoch: Instant,
     /// Kubernetes Events about Revisions (failed cold starts, a full node).
-    pub events: crate::events::EventSink,
+    pub events: crate::ops::events::EventSink,
     /// Revisions this node could not start a pod for, until when and why. Outlives the
     /// pools (an empty pool retires; the mark must not).
     pub full: DashMap<RevisionKey, (Instant, String)>,
     /// The node agent, when there is one: a starting pod's address from its sandbox.
-    pub node_addresses: Option<crate::node_addr::NodeAddresses>,
+    pub node_addresses: Option<crate::node::node_addr::NodeAddresses>,
 }
 
 /// Full marks kept before expired ones are swept.
@@ -141,7 +141,7 @@ impl Pools {
         // a request never finds the retired pool again.
         let fresh = || {
             let pool = Pool::new(key.clone(), rev.clone(), me.clone(), self.shared.clone());
-            crate::scaler::spawn(pool.clone(), self.map.clone());
+            crate::node::scaler::spawn(pool.clone(), self.map.clone());
             pool
         };
         match self.map.entry(key.clone()) {
@@ -156,7 +156,7 @@ impl Pools {
     }
 
     /// Whether the revision has a pod here that takes requests now (a member that is not
-    /// the revision's primary serves only then; [`crate::primary`]).
+    /// the revision's primary serves only then; [`crate::pipeline::primary`]).
     pub fn has_usable_pod(&self, key: &RevisionKey) -> bool {
         self.map
             .get(key)

@@ -1,6 +1,6 @@
 //! A client connection on hyper's path that stops reading is closed after a while: hyper
 //! waits on a socket that cannot take more without a timer of its own, and while it waits it
-//! polls nothing else — not the response body, whose own timers ([`crate::handler`]'s `Held`)
+//! polls nothing else — not the response body, whose own timers ([`crate::pipeline::handler`]'s `Held`)
 //! would otherwise end the exchange. The fast lane bounds the same writes itself
 //! (`fast/exchange.rs`, `send`).
 //!

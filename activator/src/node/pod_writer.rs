@@ -10,10 +10,10 @@ use kube::{Api, Client};
 
 use std::time::Duration;
 
-use crate::api_health::{ApiHealth, GaveUp};
+use crate::cache::api_health::{ApiHealth, GaveUp};
 use crate::cache::pods::{PodCache, RevisionPods};
-use crate::pod_spec::build_pod;
-use crate::routing::RevisionKey;
+use crate::node::pod_spec::build_pod;
+use crds::ObjectKey as RevisionKey;
 
 /// Why a pod could not be created.
 #[derive(Debug, Clone, PartialEq, Eq)]

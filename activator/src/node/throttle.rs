@@ -1,5 +1,5 @@
 //! The per-revision throttle: which pod a request goes to, and the FIFO of requests waiting
-//! for a free slot. Pure logic, no IO: the caller ([`crate::pool`]) owns the lock, the
+//! for a free slot. Pure logic, no IO: the caller ([`crate::node::pool`]) owns the lock, the
 //! wake-ups and the clock.
 //!
 //! A pod takes at most `containerConcurrency` requests at once (0 = unlimited: the least busy

@@ -1,14 +1,14 @@
 //! Sending a request to a pod or a peer activator, with streaming bodies both ways. Everything
 //! protocol-specific about proxying lives here and in the modules it uses:
 //!
-//! - HTTP/1.1 on pooled keep-alive connections ([`crate::h1`]) by default; HTTP/2 with prior
-//!   knowledge ([`crate::h2c`]) when the revision's port is named `h2c`, so gRPC's trailers
+//! - HTTP/1.1 on pooled keep-alive connections ([`crate::upstream::h1`]) by default; HTTP/2 with prior
+//!   knowledge ([`crate::upstream::h2c`]) when the revision's port is named `h2c`, so gRPC's trailers
 //!   survive;
 //! - hop-by-hop headers stripped (RFC 9110 §7.6.1), except an upgrade's own, which
-//!   [`crate::upgrade`] passes on and tunnels after a 101;
+//!   [`crate::upstream::upgrade`] passes on and tunnels after a 101;
 //! - `x-forwarded-*` and `forwarded` added by the first activator ([`crate::wire::forwarded`]);
 //! - a request body that stops arriving fails after `body_idle_timeout`
-//!   ([`crate::body_timeout`]), answered 408.
+//!   ([`crate::upstream::body_timeout`]), answered 408.
 //!
 //! A send is two steps: [`Upstream::connect`], then [`Upstream::send`]. A target that refuses
 //! the connection never sees the request, so the caller still holds it — with its body — for
@@ -24,12 +24,12 @@ use http_body_util::BodyExt;
 use hyper::body::Body as _;
 use hyper::upgrade::OnUpgrade;
 
-use crate::answer::{Body, Refusal, box_error};
-use crate::body_timeout::{BodyIdle, IdleTimeout};
 use crate::config::ActivatorConfig;
-use crate::h1::{H1Conn, H1Pool, Returning};
-use crate::h2c::{H2Pool, UpBody};
-use crate::upgrade;
+use crate::upstream::body_timeout::{BodyIdle, IdleTimeout};
+use crate::upstream::h1::{H1Conn, H1Pool, Returning};
+use crate::upstream::h2c::{H2Pool, UpBody};
+use crate::upstream::upgrade;
+use crate::wire::answer::{Body, Refusal, box_error};
 use crate::wire::connect::ConnectError;
 use crate::wire::forwarded::{self, ClientAddr};
 use crate::wire::hop_by_hop;
@@ -153,7 +153,7 @@ impl Upstream {
         hop_by_hop::strip(&mut parts.headers);
         // The hop headers are for a peer only (the handler removed unproven ones; a proven
         // one ends here): `extra` carries this activator's own when it forwards.
-        crate::hop::strip(&mut parts.headers);
+        hop_by_hop::strip_activator_hops(&mut parts.headers);
         // The real peer address, always: a peer activator's own address follows the
         // client's, which the first activator appended (a hop never hides a client).
         forwarded::add(
@@ -236,7 +236,7 @@ impl Upstream {
         // hyper says it was not written. The copy is made only for a pooled connection.
         let replay = match &to.conn {
             Conn::H1(c) if c.reused && body.is_end_stream() && parts.method.is_idempotent() => {
-                let mut copy = Request::new(crate::answer::full(bytes::Bytes::new()));
+                let mut copy = Request::new(crate::wire::answer::full(bytes::Bytes::new()));
                 *copy.method_mut() = parts.method.clone();
                 *copy.uri_mut() = parts.uri.clone();
                 *copy.version_mut() = parts.version;

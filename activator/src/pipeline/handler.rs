@@ -18,8 +18,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use crds::contract::normalize_host;
-use crds::directory::DirectoryQuery;
 use crds::{ActivatorMember, Revision};
 use futures::future::Either;
 use http::{HeaderValue, Request, Response};
@@ -30,27 +28,23 @@ use tokio_util::sync::CancellationToken;
 use tracing::instrument::Instrumented;
 use tracing::{Instrument, Span};
 
-use crate::answer::{Body, BodyError, Refusal, box_error, full};
-use crate::cache::endpoints::{EndpointsCache, Membership};
+use crate::cache::endpoints::EndpointsCache;
 use crate::cache::hosts::HostCache;
 use crate::cache::revisions::RevisionCache;
-use crate::metrics::{Metrics, Outcome, Phase, Route};
-use crate::pool::{Lease, NoSlot, Pools, Spec};
-use crate::proxy::{Upstream, UpstreamProtocol};
-use crate::routing::{Named, RevisionKey, Unnamed, named};
-use crate::telemetry;
-use crate::upgrade;
+use crate::node::pool::{Lease, NoSlot, Pools, Spec};
+use crate::ops::metrics::{Metrics, Outcome, Phase, Route};
+use crate::ops::telemetry;
+use crate::pipeline::decide::RouteTo;
+use crate::pipeline::retries::PodRetries;
+use crate::pipeline::routing::{RevisionKey, named};
+use crate::pipeline::rules::{can_start, request_timeout, too_late, upstream_protocol};
+use crate::upstream::proxy::Upstream;
+use crate::upstream::upgrade;
+use crate::wire::answer::{Body, BodyError, Refusal, box_error, full};
 use crate::wire::framing::framing_problem;
 use crate::wire::names::{CLIENT_GONE, HEADER_COLD_START, SERVED_BY, SERVER_TIMING};
 
 // Header names parsed once, not on every request.
-
-/// How long a request waits for a new revision's subset to be published before a 503.
-const SUBSET_WAIT: Duration = Duration::from_secs(10);
-/// Upper bound on one API read on the request path (the client has no read timeout of its own).
-pub(crate) const API_READ_LIMIT: Duration = Duration::from_secs(10);
-/// The schema's maximum `timeoutSeconds`.
-const MAX_TIMEOUT_SECONDS: i64 = 3600;
 
 /// What the request path needs; shared by all connections.
 pub struct Handler {
@@ -65,35 +59,14 @@ pub struct Handler {
     pub metrics: Arc<Metrics>,
     /// Cancelled when the activator starts draining.
     pub draining: CancellationToken,
-    /// Which forwarded requests are a peer's ([`crate::hop`]).
-    pub hop: crate::hop::HopAuth,
+    /// Which forwarded requests are a peer's ([`crate::pipeline::hop`]).
+    pub hop: crate::pipeline::hop::HopAuth,
     /// Whether the API server answers: a read it does not is given up at once.
-    pub api: crate::api_health::ApiHealth,
+    pub api: crate::cache::api_health::ApiHealth,
     /// Where lookups the API server does not answer are asked (None: nowhere).
     pub directory: Option<crate::cache::directory::Directory>,
     /// Members whose connect failed lately, shared by the serving threads: tried last.
-    pub suspects: Arc<crate::suspects::Suspects>,
-}
-
-/// Where stage 2 sends the request.
-enum RouteTo {
-    /// This node serves it, as this member; `peers` take it if this node cannot.
-    Here {
-        spec: Spec,
-        peers: Arc<[ActivatorMember]>,
-        /// Members ranked ahead of this one that are tried first (this node is not the
-        /// revision's primary and has no pod of its own: one pod per wake-up).
-        ahead: Vec<ActivatorMember>,
-    },
-    /// Other members serve it.
-    Elsewhere(Vec<ActivatorMember>),
-}
-
-/// What the directory answered, kept in the caches.
-struct Found {
-    key: RevisionKey,
-    rev: Arc<Revision>,
-    membership: Membership,
+    pub suspects: Arc<crate::pipeline::suspects::Suspects>,
 }
 
 /// Who sent a request this node serves: a client, or a peer activator (a proven hop) that
@@ -153,12 +126,14 @@ impl Handler {
         // A hop only a peer proved counts; anyone else's is removed, as if never sent.
         let hopped = self.hop.verified(req.headers());
         if !hopped {
-            crate::hop::strip(req.headers_mut());
+            crate::pipeline::hop::strip(req.headers_mut());
         }
         // The forwarding peer has another member to try if this one cannot serve at once.
-        let spill = hopped && crate::hop::may_spill(req.headers());
+        let spill = hopped && crate::pipeline::hop::may_spill(req.headers());
         // 1. resolve
-        let (key, rev) = in_span(stage("resolve"), self.resolve(&req)).await?;
+        let authority = req.uri().authority().map(|a| a.as_str());
+        let named = named(req.headers(), authority);
+        let (key, rev) = in_span(stage("resolve"), self.resolve(named, arrived)).await?;
         let timeout = request_timeout(&rev);
         let deadline = arrived + timeout;
         let late = || too_late(&key, timeout);
@@ -221,283 +196,12 @@ impl Handler {
         let mut resp = sent.await.map_err(|_| (too_late(key, timeout), None))??;
         // A cold answer says where the entry's share of its time went too.
         if resp.headers().contains_key(HEADER_COLD_START) {
-            let t = crate::cold_start::entry_timing(sent_on, arrived.elapsed());
+            let t = crate::node::cold_start::entry_timing(sent_on, arrived.elapsed());
             if let Ok(v) = HeaderValue::try_from(t) {
                 resp.headers_mut().append(SERVER_TIMING, v);
             }
         }
         Ok(resp)
-    }
-
-    /// Stage 1: the revision a request names, and the Revision itself. What the API server
-    /// does not answer is asked of the directory (`cache::directory`).
-    async fn resolve(&self, req: &Request<Body>) -> Result<(RevisionKey, Arc<Revision>), Refusal> {
-        let authority = req.uri().authority().map(|a| a.as_str());
-        let (key, host) = match named(req.headers(), authority) {
-            Ok(Named::Revision(key)) => (key, None),
-            Ok(Named::Host(host)) => {
-                let Some(hosts) = &self.hosts else {
-                    return Err(Refusal::unknown_revision(format!(
-                        "Host routing is off on this activator: name the revision with the \
-                         x-revision-namespace and x-revision-name headers (host {host})"
-                    )));
-                };
-                match self.api.within(API_READ_LIMIT, hosts.resolve(&host)).await {
-                    Ok(Ok(Some(key))) => (key, Some((host, hosts))),
-                    Ok(Ok(None)) => {
-                        return Err(Refusal::unknown_revision(format!(
-                            "no revision serves host {host}"
-                        )));
-                    }
-                    failed => {
-                        let why = match failed {
-                            Ok(Err(e)) => e.to_string(),
-                            _ => "the API server did not answer".to_string(),
-                        };
-                        let q = DirectoryQuery::Host(normalize_host(&host));
-                        return match self.ask_directory(&q).await {
-                            Some(Some(found)) => {
-                                hosts.seed(&host, found.key.clone());
-                                Ok((found.key, found.rev))
-                            }
-                            Some(None) => Err(Refusal::unknown_revision(format!(
-                                "no revision serves host {host}"
-                            ))),
-                            None => Err(Refusal::unavailable(format!(
-                                "looking up host {host}: {why}"
-                            ))),
-                        };
-                    }
-                }
-            }
-            Err(Unnamed::BadName(why)) => return Err(Refusal::bad_request(why)),
-            Err(Unnamed::Nothing) => {
-                return Err(Refusal::unknown_revision(
-                    "the request names no revision and no host",
-                ));
-            }
-        };
-        let rev = match self
-            .api
-            .within(API_READ_LIMIT, self.revisions.get_or_fetch(&key))
-            .await
-        {
-            Ok(Ok(Some(rev))) => rev,
-            Ok(Ok(None)) => {
-                if let Some((h, hosts)) = &host {
-                    hosts.forget(h);
-                }
-                return Err(Refusal::unknown_revision(&key));
-            }
-            failed => {
-                let why = match failed {
-                    Ok(Err(e)) => e.to_string(),
-                    _ => "the API server did not answer".to_string(),
-                };
-                let q = DirectoryQuery::Revision {
-                    namespace: key.namespace.clone(),
-                    name: key.name.clone(),
-                };
-                match self.ask_directory(&q).await {
-                    Some(Some(found)) => found.rev,
-                    Some(None) => return Err(Refusal::unknown_revision(&key)),
-                    None => {
-                        return Err(Refusal::unavailable(format!(
-                            "reading revision {key}: {why}"
-                        )));
-                    }
-                }
-            }
-        };
-        // A cached host whose revision no longer claims it (hosts moved): look again next time.
-        if let Some((h, hosts)) = &host {
-            let h = normalize_host(h);
-            if !rev.spec.hosts.iter().any(|c| normalize_host(c) == h) {
-                hosts.forget(&h);
-                return Err(Refusal::unknown_revision(format!(
-                    "no revision serves host {h}"
-                )));
-            }
-        }
-        Ok((key, rev))
-    }
-
-    /// Asks the directory what the API server did not answer, and keeps the answer in the
-    /// caches a lookup fills (the revision, its subset). None: no directory, or no replica
-    /// answered; `Some(None)`: it knows no such host or revision.
-    async fn ask_directory(&self, q: &DirectoryQuery) -> Option<Option<Found>> {
-        let directory = self.directory.as_ref()?;
-        match directory.lookup(q).await {
-            Ok(Some(found)) => {
-                self.metrics.directory_answered.inc();
-                let rev = Arc::new(found.revision);
-                let key = RevisionKey::new(
-                    rev.metadata.namespace.clone().unwrap_or_default(),
-                    rev.metadata.name.clone().unwrap_or_default(),
-                );
-                self.revisions.seed(&key, rev.clone());
-                let membership = self.endpoints.seed(&key, found.endpoints.map(Arc::new));
-                Some(Some(Found {
-                    key,
-                    rev,
-                    membership,
-                }))
-            }
-            Ok(None) => {
-                self.metrics.directory_answered.inc();
-                Some(None)
-            }
-            Err(e) => {
-                self.metrics.directory_failed.inc();
-                tracing::warn!(error = %e, "the directory did not answer a lookup either");
-                None
-            }
-        }
-    }
-
-    /// Stage 2: serve here, or which members to forward to.
-    async fn route(
-        &self,
-        key: &RevisionKey,
-        rev: &Arc<Revision>,
-        hopped: bool,
-        deadline: Instant,
-    ) -> Result<RouteTo, Refusal> {
-        let can_start = |m: &ActivatorMember| can_start(rev, m);
-        // The subsets this node belongs to are watched: answered at once. Anything else
-        // is read from the API server, boxed so that a request's state stays small.
-        let membership = match self.endpoints.member_entry(key) {
-            Some(m) => m,
-            None => Box::pin(self.membership(key, rev, hopped, deadline)).await?,
-        };
-        let no_share = || {
-            Refusal::unavailable(format!(
-                "no member of revision {key} has a share of its maxScale"
-            ))
-        };
-        match membership {
-            Membership::Member { me, peers } if can_start(&me) => {
-                // A forwarded request, or a revision with a pod here, is served here; else
-                // the members ranked ahead of this one (the primary first) are asked first.
-                let ahead = if hopped || self.pools.has_usable_pod(key) {
-                    Vec::new()
-                } else {
-                    let starters = peers.iter().filter(|m| can_start(m)).cloned();
-                    crate::primary::ahead_of(key, &self.node, starters)
-                };
-                Ok(RouteTo::Here {
-                    spec: Spec {
-                        rev: rev.clone(),
-                        me,
-                    },
-                    peers,
-                    ahead,
-                })
-            }
-            // A member without a share of maxScale may not create pods: the members with
-            // one serve (DESIGN §3: shares sum to at most maxScale). A forwarded request
-            // that lands here anyway is served if a pod is running (none can be).
-            Membership::Member { me, peers } => {
-                let with_share: Vec<ActivatorMember> =
-                    peers.iter().filter(|m| can_start(m)).cloned().collect();
-                if hopped || with_share.is_empty() {
-                    if hopped {
-                        return Ok(RouteTo::Here {
-                            spec: Spec {
-                                rev: rev.clone(),
-                                me,
-                            },
-                            peers: Arc::from(Vec::new()),
-                            ahead: Vec::new(),
-                        });
-                    }
-                    return Err(no_share());
-                }
-                Ok(RouteTo::Elsewhere(with_share))
-            }
-            // A peer forwarded it here because its copy of the subset lists this node: while
-            // the subset moves (a node back from a fault, a rebalance), a pod still here
-            // serves it. No new pod is made for it, and it is not sent on (one hop).
-            Membership::Unassigned | Membership::Others(_)
-                if hopped && let Some(spec) = self.pools.usable_spec(key) =>
-            {
-                self.metrics.served_as_former_member.inc();
-                Ok(RouteTo::Here {
-                    spec,
-                    peers: Arc::from(Vec::new()),
-                    ahead: Vec::new(),
-                })
-            }
-            Membership::Unassigned => Err(Refusal::unavailable(format!(
-                "revision {key} has no activators assigned yet"
-            ))),
-            Membership::Others(_) if hopped => Err(Refusal::unavailable(format!(
-                "forwarded request for revision {key} reached node {}, which is not a member",
-                self.node
-            ))),
-            Membership::Others(members) => {
-                let members: Vec<ActivatorMember> = members.into_iter().filter(can_start).collect();
-                if members.is_empty() {
-                    return Err(no_share());
-                }
-                Ok(RouteTo::Elsewhere(members))
-            }
-        }
-    }
-
-    /// Stage 2, not a watched subset: the revision's subset read from the API server, or
-    /// awaited when it has not been published yet.
-    async fn membership(
-        &self,
-        key: &RevisionKey,
-        rev: &Arc<Revision>,
-        hopped: bool,
-        deadline: Instant,
-    ) -> Result<Membership, Refusal> {
-        let limit = deadline
-            .saturating_duration_since(Instant::now())
-            .min(API_READ_LIMIT);
-        let read = self
-            .api
-            .within(limit, self.endpoints.membership(key, hopped));
-        let read = match read.await {
-            Ok(Ok(m)) => Ok(Ok(m)),
-            // What the API server does not answer, the directory may.
-            failed => {
-                let q = DirectoryQuery::Revision {
-                    namespace: key.namespace.clone(),
-                    name: key.name.clone(),
-                };
-                match self.ask_directory(&q).await {
-                    Some(Some(found)) => Ok(Ok(found.membership)),
-                    _ => failed,
-                }
-            }
-        };
-        match read {
-            // The subsetter gives an invalid revision no subset: say why instead of waiting.
-            Ok(Ok(Membership::Unassigned)) if !rev.problems().is_empty() => {
-                Err(Refusal::bad_gateway(format!(
-                    "revision {key} is invalid: {}",
-                    rev.problems().join("; ")
-                )))
-            }
-            // A revision created a moment ago: its subset is being written.
-            Ok(Ok(Membership::Unassigned)) => {
-                let left = deadline.saturating_duration_since(Instant::now());
-                Ok(self
-                    .endpoints
-                    .await_assigned(key, left.min(SUBSET_WAIT))
-                    .await)
-            }
-            Ok(Ok(m)) => Ok(m),
-            Ok(Err(e)) => Err(Refusal::unavailable(format!(
-                "reading the activators of revision {key}: {e}"
-            ))),
-            Err(_) => Err(Refusal::unavailable(format!(
-                "reading the activators of revision {key}: the API server did not answer"
-            ))),
-        }
     }
 
     /// Stages 3 and 4: a slot on a pod here, then the pod. A request that cannot be served
@@ -523,7 +227,7 @@ impl Handler {
                 .cloned()
                 .collect()
         };
-        let mut retries_left = self.upstream.retries();
+        let mut retries = PodRetries::new(self.upstream.retries(), &self.metrics);
         let protocol = upstream_protocol(&spec.rev);
         loop {
             // 3. admit
@@ -566,15 +270,8 @@ impl Handler {
             let connected = in_span(proxy.clone(), connect).await;
             let to = match connected {
                 Ok(to) => to,
-                Err(refusal) => {
-                    lease.unreachable();
-                    if retries_left == 0 {
-                        return Err(of_revision(key, refusal));
-                    }
-                    self.metrics.retries.inc();
-                    retries_left -= 1;
-                    continue;
-                }
+                Err(_) if retries.after_refused(lease) => continue,
+                Err(refusal) => return Err(of_revision(key, refusal)),
             };
             proxy.in_scope(|| telemetry::inject_traceparent(req.headers_mut()));
             // Boxed: the send future is the largest part of the request's state, and a
@@ -612,7 +309,7 @@ impl Handler {
                     let streaming = resp
                         .headers()
                         .get(http::header::CONTENT_TYPE)
-                        .is_some_and(|v| crate::streaming::is_streaming_type(v.as_bytes()));
+                        .is_some_and(|v| crate::wire::streaming::is_streaming_type(v.as_bytes()));
                     let deadline = (!streaming).then_some(arrived + request_timeout(&spec.rev));
                     let idle = self.upstream.body_idle_timeout();
                     Ok((
@@ -663,7 +360,7 @@ impl Handler {
     }
 
     /// Stage 2b: forward to the members in their ranked order (the revision's primary
-    /// first, [`crate::primary`]), trying the next one when a member is unreachable or, for a
+    /// first, [`crate::pipeline::primary`]), trying the next one when a member is unreachable or, for a
     /// request that can be replayed, answers 503 (e.g. it is no longer a member, its node is
     /// full, or its share of the revision's pods is busy). When no member was sent the
     /// request, or all refused one that can be replayed, it comes back with the refusal.
@@ -687,7 +384,7 @@ impl Handler {
         // Every entry tries the members in the same order, so a trickle wakes one pod; one
         // that did not take a connection lately goes last (`suspects`).
         let members = self.suspects.reorder(
-            crate::primary::ranked(key, members),
+            crate::pipeline::primary::ranked(key, members),
             std::time::Instant::now(),
         );
         let mut req = Some(req);
@@ -769,11 +466,6 @@ impl Drop for Unanswered<'_> {
     }
 }
 
-/// Whether member `m` may create pods of `rev`: with maxScale set, only with a share of it.
-pub(crate) fn can_start(rev: &Revision, m: &ActivatorMember) -> bool {
-    rev.spec.max_scale == 0 || m.max_pods > 0
-}
-
 /// `f` inside `span` — or `f` itself while spans are off (`span` is none): the warm path
 /// does not pay for entering and leaving a span that records nothing on every poll.
 fn in_span<F: Future>(span: Span, f: F) -> Either<Instrumented<F>, F> {
@@ -798,24 +490,6 @@ fn stage(name: &'static str) -> Span {
     }
 }
 
-/// The revision's request timeout, clamped as the schema does in case it got past it.
-pub(crate) fn request_timeout(rev: &Revision) -> Duration {
-    Duration::from_secs(
-        rev.spec
-            .timeout_seconds
-            .clamp(1, MAX_TIMEOUT_SECONDS)
-            .unsigned_abs(),
-    )
-}
-
-/// 504: the revision's `timeoutSeconds` passed before its answer began.
-pub(crate) fn too_late(key: &RevisionKey, timeout: Duration) -> Refusal {
-    Refusal::timeout(format!(
-        "revision {key}: no answer within its timeout of {}s",
-        timeout.as_secs()
-    ))
-}
-
 /// Names the revision in a refusal about its pod.
 fn of_revision(key: &RevisionKey, mut r: Refusal) -> Refusal {
     r.reason = format!("revision {key}: {}", r.reason);
@@ -834,17 +508,8 @@ fn replay_of(r: &Request<Body>) -> Request<Body> {
     copy
 }
 
-/// HTTP/2 to the app (and between activators, so trailers survive the hop) when the
-/// revision's first container port is named `h2c`, as Knative decides. Read from the
-/// template's JSON directly: parsing the whole PodTemplateSpec per request would cost more
-/// than the proxying.
-pub(crate) fn upstream_protocol(rev: &Revision) -> UpstreamProtocol {
-    let name = rev.spec.template.0["spec"]["containers"][0]["ports"][0]["name"].as_str();
-    UpstreamProtocol::for_port_name(name)
-}
-
 /// A response body that holds its slot until it has been sent, and is bounded: past the
-/// revision's timeout (unless it streams by design, [`crate::streaming`]) or after the body
+/// revision's timeout (unless it streams by design, [`crate::wire::streaming`]) or after the body
 /// idle timeout with nothing from the app, it fails — so hyper closes the client connection
 /// instead of ending the message as if it were whole. Its timers are made only once the app
 /// keeps the body waiting: a body that is already there costs none.
@@ -936,27 +601,6 @@ impl hyper::body::Body for Held {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_port_named_h2c_selects_http2_upstream() {
-        let rev = |port: &str| -> Revision {
-            serde_json::from_value(serde_json::json!({
-                "apiVersion": "local-activator.dev/v1alpha1",
-                "kind": "Revision",
-                "metadata": {"name": "r", "namespace": "n"},
-                "spec": {"template": {"spec": {"containers": [{
-                    "name": "app", "ports": [{"containerPort": 8080, "name": port}],
-                }]}}},
-            }))
-            .unwrap()
-        };
-        assert_eq!(upstream_protocol(&rev("h2c")), UpstreamProtocol::H2c);
-        assert_eq!(upstream_protocol(&rev("http")), UpstreamProtocol::Http1);
-    }
-}
 /// A request waiting in the buffer holds its whole request-path future: its size is a part of
 /// what each of 10,000 waiting requests costs (docs/benchmarks.md, `bench buffer`). Sizes
 /// from a debug build, which lays futures out no smaller than a release build.

@@ -1,0 +1,16 @@
+//! The node's pods of each revision: the pool a request takes a slot from and its throttle,
+//! the scaler task that owns the pods (how many: `pod_count`; creating and deleting them:
+//! `pod_writer`, with the pod built by `pod_spec`), readiness probes, the pod's address from
+//! the node agent (`node_addr`), adopting pods a previous process left, and the timing marks
+//! of a cold start.
+
+pub mod adopt;
+pub mod cold_start;
+pub mod node_addr;
+pub mod pod_count;
+pub mod pod_spec;
+pub mod pod_writer;
+pub mod pool;
+pub mod readiness;
+pub mod scaler;
+pub mod throttle;

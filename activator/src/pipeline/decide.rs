@@ -1,0 +1,326 @@
+//! Stages 1 and 2 of the request path, for both transports: resolve (the revision a request
+//! names, and the Revision) and route (serve here, with the members ahead of this one, or
+//! forward to other members). hyper's adapter (`crate::pipeline::handler`) answers every outcome; the
+//! fast lane (`crate::fast`) carries a request only when the route is "here, nobody ahead"
+//! and hands everything else to hyper's adapter, which decides again from warm caches.
+
+use std::sync::Arc;
+
+use crds::contract::normalize_host;
+use crds::directory::DirectoryQuery;
+use crds::{ActivatorMember, Revision};
+use tokio::time::Instant;
+
+use super::rules::{API_READ_LIMIT, SUBSET_WAIT, can_start};
+use crate::cache::endpoints::Membership;
+use crate::node::pool::Spec;
+use crate::pipeline::handler::Handler;
+use crate::pipeline::routing::{Named, RevisionKey, Unnamed};
+use crate::wire::answer::Refusal;
+
+/// Where stage 2 sends the request.
+pub(crate) enum RouteTo {
+    /// This node serves it, as this member; `peers` take it if this node cannot.
+    Here {
+        spec: Spec,
+        peers: Arc<[ActivatorMember]>,
+        /// Members ranked ahead of this one that are tried first (this node is not the
+        /// revision's primary and has no pod of its own: one pod per wake-up).
+        ahead: Vec<ActivatorMember>,
+    },
+    /// Other members serve it.
+    Elsewhere(Vec<ActivatorMember>),
+}
+
+/// What the directory answered, kept in the caches.
+struct Found {
+    key: RevisionKey,
+    rev: Arc<Revision>,
+    membership: Membership,
+}
+
+impl Handler {
+    /// Stage 1: the revision a request names (`named`, from its headers or its Host), and
+    /// the Revision itself. Cached answers come without a timer; what the API server does not
+    /// answer is asked of the directory (`cache::directory`).
+    pub(crate) async fn resolve(
+        &self,
+        named: Result<Named, Unnamed>,
+        arrived: Instant,
+    ) -> Result<(RevisionKey, Arc<Revision>), Refusal> {
+        let (key, host) = match named {
+            Ok(Named::Revision(key)) => (key, None),
+            Ok(Named::Host(host)) => {
+                let Some(hosts) = &self.hosts else {
+                    return Err(Refusal::unknown_revision(format!(
+                        "Host routing is off on this activator: name the revision with the \
+                         x-revision-namespace and x-revision-name headers (host {host})"
+                    )));
+                };
+                let found = match hosts.cached(&host) {
+                    Some(known) => Ok(Ok(known)),
+                    None => self.api.within(API_READ_LIMIT, hosts.resolve(&host)).await,
+                };
+                match found {
+                    Ok(Ok(Some(key))) => (key, Some((host, hosts))),
+                    Ok(Ok(None)) => {
+                        return Err(Refusal::unknown_revision(format!(
+                            "no revision serves host {host}"
+                        )));
+                    }
+                    failed => {
+                        let why = match failed {
+                            Ok(Err(e)) => e.to_string(),
+                            _ => "the API server did not answer".to_string(),
+                        };
+                        let q = DirectoryQuery::Host(normalize_host(&host));
+                        return match self.ask_directory(&q).await {
+                            Some(Some(found)) => {
+                                hosts.seed(&host, found.key.clone());
+                                Ok((found.key, found.rev))
+                            }
+                            Some(None) => Err(Refusal::unknown_revision(format!(
+                                "no revision serves host {host}"
+                            ))),
+                            None => Err(Refusal::unavailable(format!(
+                                "looking up host {host}: {why}"
+                            ))),
+                        };
+                    }
+                }
+            }
+            Err(Unnamed::BadName(why)) => return Err(Refusal::bad_request(why)),
+            Err(Unnamed::Nothing) => {
+                return Err(Refusal::unknown_revision(
+                    "the request names no revision and no host",
+                ));
+            }
+        };
+        // Nearly always cached: no timeout armed, no clock read (the arrival time serves).
+        let read = match self.revisions.cached(&key, arrived.into_std()) {
+            Some(known) => Ok(Ok(known)),
+            None => {
+                self.api
+                    .within(API_READ_LIMIT, self.revisions.get_or_fetch(&key))
+                    .await
+            }
+        };
+        let rev = match read {
+            Ok(Ok(Some(rev))) => rev,
+            Ok(Ok(None)) => {
+                if let Some((h, hosts)) = &host {
+                    hosts.forget(h);
+                }
+                return Err(Refusal::unknown_revision(&key));
+            }
+            failed => {
+                let why = match failed {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => "the API server did not answer".to_string(),
+                };
+                let q = DirectoryQuery::Revision {
+                    namespace: key.namespace.clone(),
+                    name: key.name.clone(),
+                };
+                match self.ask_directory(&q).await {
+                    Some(Some(found)) => found.rev,
+                    Some(None) => return Err(Refusal::unknown_revision(&key)),
+                    None => {
+                        return Err(Refusal::unavailable(format!(
+                            "reading revision {key}: {why}"
+                        )));
+                    }
+                }
+            }
+        };
+        // A cached host whose revision no longer claims it (hosts moved): look again next time.
+        if let Some((h, hosts)) = &host {
+            let h = normalize_host(h);
+            if !rev.spec.hosts.iter().any(|c| normalize_host(c) == h) {
+                hosts.forget(&h);
+                return Err(Refusal::unknown_revision(format!(
+                    "no revision serves host {h}"
+                )));
+            }
+        }
+        Ok((key, rev))
+    }
+
+    /// Asks the directory what the API server did not answer, and keeps the answer in the
+    /// caches a lookup fills (the revision, its subset). None: no directory, or no replica
+    /// answered; `Some(None)`: it knows no such host or revision.
+    async fn ask_directory(&self, q: &DirectoryQuery) -> Option<Option<Found>> {
+        let directory = self.directory.as_ref()?;
+        match directory.lookup(q).await {
+            Ok(Some(found)) => {
+                self.metrics.directory_answered.inc();
+                let rev = Arc::new(found.revision);
+                let key = RevisionKey::new(
+                    rev.metadata.namespace.clone().unwrap_or_default(),
+                    rev.metadata.name.clone().unwrap_or_default(),
+                );
+                self.revisions.seed(&key, rev.clone());
+                let membership = self.endpoints.seed(&key, found.endpoints.map(Arc::new));
+                Some(Some(Found {
+                    key,
+                    rev,
+                    membership,
+                }))
+            }
+            Ok(None) => {
+                self.metrics.directory_answered.inc();
+                Some(None)
+            }
+            Err(e) => {
+                self.metrics.directory_failed.inc();
+                tracing::warn!(error = %e, "the directory did not answer a lookup either");
+                None
+            }
+        }
+    }
+
+    /// Stage 2: serve here, or which members to forward to.
+    pub(crate) async fn route(
+        &self,
+        key: &RevisionKey,
+        rev: &Arc<Revision>,
+        hopped: bool,
+        deadline: Instant,
+    ) -> Result<RouteTo, Refusal> {
+        let can_start = |m: &ActivatorMember| can_start(rev, m);
+        // The subsets this node belongs to are watched: answered at once. Anything else
+        // is read from the API server, boxed so that a request's state stays small.
+        let membership = match self.endpoints.member_entry(key) {
+            Some(m) => m,
+            None => Box::pin(self.membership(key, rev, hopped, deadline)).await?,
+        };
+        let no_share = || {
+            Refusal::unavailable(format!(
+                "no member of revision {key} has a share of its maxScale"
+            ))
+        };
+        match membership {
+            Membership::Member { me, peers } if can_start(&me) => {
+                // A forwarded request, or a revision with a pod here, is served here; else
+                // the members ranked ahead of this one (the primary first) are asked first.
+                let ahead = if hopped || self.pools.has_usable_pod(key) {
+                    Vec::new()
+                } else {
+                    let starters = peers.iter().filter(|m| can_start(m)).cloned();
+                    crate::pipeline::primary::ahead_of(key, &self.node, starters)
+                };
+                Ok(RouteTo::Here {
+                    spec: Spec {
+                        rev: rev.clone(),
+                        me,
+                    },
+                    peers,
+                    ahead,
+                })
+            }
+            // A member without a share of maxScale may not create pods: the members with
+            // one serve (DESIGN §3: shares sum to at most maxScale). A forwarded request
+            // that lands here anyway is served if a pod is running (none can be).
+            Membership::Member { me, peers } => {
+                let with_share: Vec<ActivatorMember> =
+                    peers.iter().filter(|m| can_start(m)).cloned().collect();
+                if hopped || with_share.is_empty() {
+                    if hopped {
+                        return Ok(RouteTo::Here {
+                            spec: Spec {
+                                rev: rev.clone(),
+                                me,
+                            },
+                            peers: Arc::from(Vec::new()),
+                            ahead: Vec::new(),
+                        });
+                    }
+                    return Err(no_share());
+                }
+                Ok(RouteTo::Elsewhere(with_share))
+            }
+            // A peer forwarded it here because its copy of the subset lists this node: while
+            // the subset moves (a node back from a fault, a rebalance), a pod still here
+            // serves it. No new pod is made for it, and it is not sent on (one hop).
+            Membership::Unassigned | Membership::Others(_)
+                if hopped && let Some(spec) = self.pools.usable_spec(key) =>
+            {
+                self.metrics.served_as_former_member.inc();
+                Ok(RouteTo::Here {
+                    spec,
+                    peers: Arc::from(Vec::new()),
+                    ahead: Vec::new(),
+                })
+            }
+            Membership::Unassigned => Err(Refusal::unavailable(format!(
+                "revision {key} has no activators assigned yet"
+            ))),
+            Membership::Others(_) if hopped => Err(Refusal::unavailable(format!(
+                "forwarded request for revision {key} reached node {}, which is not a member",
+                self.node
+            ))),
+            Membership::Others(members) => {
+                let members: Vec<ActivatorMember> = members.into_iter().filter(can_start).collect();
+                if members.is_empty() {
+                    return Err(no_share());
+                }
+                Ok(RouteTo::Elsewhere(members))
+            }
+        }
+    }
+
+    /// Stage 2, not a watched subset: the revision's subset read from the API server, or
+    /// awaited when it has not been published yet.
+    async fn membership(
+        &self,
+        key: &RevisionKey,
+        rev: &Arc<Revision>,
+        hopped: bool,
+        deadline: Instant,
+    ) -> Result<Membership, Refusal> {
+        let limit = deadline
+            .saturating_duration_since(Instant::now())
+            .min(API_READ_LIMIT);
+        let read = self
+            .api
+            .within(limit, self.endpoints.membership(key, hopped));
+        let read = match read.await {
+            Ok(Ok(m)) => Ok(Ok(m)),
+            // What the API server does not answer, the directory may.
+            failed => {
+                let q = DirectoryQuery::Revision {
+                    namespace: key.namespace.clone(),
+                    name: key.name.clone(),
+                };
+                match self.ask_directory(&q).await {
+                    Some(Some(found)) => Ok(Ok(found.membership)),
+                    _ => failed,
+                }
+            }
+        };
+        match read {
+            // The subsetter gives an invalid revision no subset: say why instead of waiting.
+            Ok(Ok(Membership::Unassigned)) if !rev.problems().is_empty() => {
+                Err(Refusal::bad_gateway(format!(
+                    "revision {key} is invalid: {}",
+                    rev.problems().join("; ")
+                )))
+            }
+            // A revision created a moment ago: its subset is being written.
+            Ok(Ok(Membership::Unassigned)) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                Ok(self
+                    .endpoints
+                    .await_assigned(key, left.min(SUBSET_WAIT))
+                    .await)
+            }
+            Ok(Ok(m)) => Ok(m),
+            Ok(Err(e)) => Err(Refusal::unavailable(format!(
+                "reading the activators of revision {key}: {e}"
+            ))),
+            Err(_) => Err(Refusal::unavailable(format!(
+                "reading the activators of revision {key}: the API server did not answer"
+            ))),
+        }
+    }
+}
