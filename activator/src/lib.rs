@@ -13,6 +13,7 @@ pub mod cli;
 pub mod config;
 pub mod error;
 pub mod fast;
+mod locks;
 pub mod node;
 pub mod ops;
 pub mod pipeline;

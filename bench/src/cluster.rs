@@ -161,7 +161,7 @@ pub fn host_of(name: &str) -> String {
 }
 
 /// Creates the Revision `name` (kubesim's echo app) and its ActivationEndpoints listing
-/// `members`, labelled as DESIGN §3 says (one member label per member, one host label per
+/// `members`, labelled as the contracts, docs/architecture.md says (one member label per member, one host label per
 /// host), owned by the Revision. Three writes: the Revision, the object, its status.
 pub async fn create_revision(
     client: &Client,

@@ -13,7 +13,7 @@ use tokio::net::TcpStream;
 
 use crate::Error;
 
-/// Headers that name a revision, as an ingress sets them (DESIGN §3).
+/// Headers that name a revision, as an ingress sets them (the contracts, docs/architecture.md).
 pub fn revision_headers(namespace: &str, name: &str) -> Vec<(String, String)> {
     vec![
         (

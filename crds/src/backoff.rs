@@ -1,6 +1,6 @@
 //! One retry policy for every watch of the activator and the subsetter (and the subsetter's
 //! Lease), so that all of them come back within about a second of the API server answering
-//! again, whatever the outage's length (DESIGN.md §4: "when it returns, every watch resumes in
+//! again, whatever the outage's length (docs/architecture.md, "The scale it must hold": "when it returns, every watch resumes in
 //! seconds").
 //!
 //! kube-runtime's `default_backoff()` grows to 30 s (client-go's reflector policy, meant to

@@ -1,11 +1,11 @@
-//! Names shared by every part of the system (DESIGN.md §3). Keeping them in the API crate means
+//! Names shared by every part of the system (docs/architecture.md, "The contracts"). Keeping them in the API crate means
 //! the subsetter, the activators and a replacement subsetter written against this crate cannot
 //! drift apart on a label spelling or a hash.
 
 /// Prefix of the per-member label on ActivationEndpoints: `member.local-activator.dev/<h>`.
 pub const MEMBER_LABEL_PREFIX: &str = "member.local-activator.dev/";
 /// Prefix of the per-host label on ActivationEndpoints: `host.local-activator.dev/<h>`, `<h>`
-/// the [`node_hash`] of the host as [`normalize_host`] writes it (DESIGN.md §3).
+/// the [`node_hash`] of the host as [`normalize_host`] writes it (docs/architecture.md, "The contracts").
 pub const HOST_LABEL_PREFIX: &str = "host.local-activator.dev/";
 /// App pod label: the revision's name.
 pub const REVISION_LABEL: &str = "local-activator.dev/revision";

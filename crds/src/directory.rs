@@ -1,5 +1,5 @@
 //! The directory: where an activator that cannot reach the API server looks up a Host or a
-//! revision it has not seen (DESIGN.md §4: warm traffic does not need the control plane).
+//! revision it has not seen (docs/architecture.md, "The scale it must hold": warm traffic does not need the control plane).
 //!
 //! Every subsetter replica, leader or standby, already keeps every Revision and every
 //! ActivationEndpoints in memory for its reconciles, and keeps them through an API server

@@ -4,7 +4,7 @@
 //! - [`ActivationEndpoints`]: the subset of activators serving a revision, written by the
 //!   subsetter (or a replacement) and read by activators.
 //! - [`contract`]: the labels, headers, names and hashes shared between the parts
-//!   (DESIGN.md §3), so every component derives them the same way.
+//!   (docs/architecture.md, "The contracts"), so every component derives them the same way.
 //! - [`ObjectKey`]: a namespaced object's namespace and name, the one key type of both parts.
 //! - [`backoff`]: the retry policy every watch of the activator and the subsetter shares, so
 //!   all of them resume within a second or so of the API server answering again.

@@ -6,7 +6,7 @@
 //! agree on the winner without coordinating.
 //!
 //! The index is kept from the Revision watch, one event at a time: a change of one revision's
-//! hosts touches only the claimants of those hosts, never all revisions (DESIGN.md §4).
+//! hosts touches only the claimants of those hosts, never all revisions (docs/architecture.md, "The scale it must hold").
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 

@@ -1,5 +1,5 @@
 //! The subsetter: gives each Revision a subset of N activators, recorded in its
-//! ActivationEndpoints (DESIGN.md §3). Policies, shares, conditions and the plan of each
+//! ActivationEndpoints (docs/architecture.md, "The contracts"). Policies, shares, conditions and the plan of each
 //! reconcile are pure code; `controller` wires them to the API with kube-runtime.
 
 pub mod activators;

@@ -1,4 +1,4 @@
-//! How many activators a revision gets (its N), from its spec alone (DESIGN §3). Pure.
+//! How many activators a revision gets (its N), from its spec alone (the contracts, docs/architecture.md). Pure.
 //!
 //! - `spec.activators`, when set, is the operator's choice, taken as it is — even above
 //!   `maxScale`: members without a share of pods still take requests and forward them to the

@@ -21,6 +21,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::locks::Locked;
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use kube::Client;
@@ -35,15 +36,12 @@ pub struct Heard(Arc<Mutex<Option<Instant>>>);
 
 impl Heard {
     pub fn mark(&self) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        *self.0.locked() = Some(Instant::now());
     }
 
     /// Whether something was heard within `d`.
     pub fn within(&self, d: Duration) -> bool {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_some_and(|at| at.elapsed() < d)
+        self.0.locked().is_some_and(|at| at.elapsed() < d)
     }
 }
 
@@ -104,7 +102,7 @@ impl ApiHealth {
             return true;
         };
         let probe = {
-            let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            let mut st = self.state.locked();
             if let Some((at, up)) = st.last
                 && at.elapsed() < PROBE_TTL
             {
@@ -120,7 +118,7 @@ impl ApiHealth {
                             Probe::NotOk => false,
                             Probe::NoAnswer => heard.within(QUIET),
                         };
-                        let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
+                        let mut st = state.locked();
                         st.last = Some((Instant::now(), up));
                         st.pending = None;
                         up
@@ -135,7 +133,7 @@ impl ApiHealth {
 
     /// Whether a probe less than [`PROBE_TTL`] old found the API server not answering.
     pub fn known_down(&self) -> bool {
-        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let st = self.state.locked();
         st.last
             .is_some_and(|(at, up)| !up && at.elapsed() < PROBE_TTL)
     }

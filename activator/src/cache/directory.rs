@@ -1,7 +1,7 @@
 //! The directory client (`crds::directory`): when the API server gives no answer, a Host or a
 //! revision this activator has not seen is looked up at the subsetter's replicas, which keep
 //! every Revision and subset in memory through an outage. Warm traffic then needs no API
-//! server on any activator, member or not (DESIGN.md §4), without each activator watching
+//! server on any activator, member or not (docs/architecture.md, "The scale it must hold"), without each activator watching
 //! every Revision: the steady state still reads the API server, and only an outage's misses
 //! come here.
 //!
@@ -17,6 +17,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use crate::locks::RwLocked;
 use bytes::Bytes;
 use crds::contract::normalize_host;
 use crds::directory::{DirectoryAnswer, DirectoryQuery, MAX_ANSWER_BYTES};
@@ -70,9 +71,7 @@ impl Directory {
         let replicas = Arc::new(RwLock::new(Vec::new()));
         match source {
             DirectorySource::Off => return None,
-            DirectorySource::Static(addrs) => {
-                *replicas.write().unwrap_or_else(|p| p.into_inner()) = addrs.clone()
-            }
+            DirectorySource::Static(addrs) => *replicas.write_locked() = addrs.clone(),
             DirectorySource::Pods {
                 namespace,
                 selector,
@@ -84,10 +83,7 @@ impl Directory {
 
     /// The replicas known now.
     pub fn replicas(&self) -> Vec<SocketAddr> {
-        self.replicas
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.replicas.read_locked().clone()
     }
 
     /// Asks the replicas in turn (from a random one) until one answers: `Ok(None)` when it
@@ -222,7 +218,7 @@ fn watch_replicas(
                 known.remove(&pod.name_any());
             }
         }
-        *replicas.write().unwrap_or_else(|p| p.into_inner()) = known.values().copied().collect();
+        *replicas.write_locked() = known.values().copied().collect();
     });
 }
 

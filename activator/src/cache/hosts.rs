@@ -1,4 +1,4 @@
-//! Host routing without a cluster-wide watch (DESIGN.md §3): a Host this activator has not
+//! Host routing without a cluster-wide watch (docs/architecture.md, "The contracts"): a Host this activator has not
 //! seen is looked up with one label-selected LIST of ActivationEndpoints across namespaces
 //! (`host.local-activator.dev/<h>`, `resourceVersion=0` so the API server answers from its
 //! cache), and the answer is kept: a revision for `positive_ttl` (then read again in the

@@ -1,4 +1,4 @@
-//! What the activator keeps in memory: only what its own node needs (DESIGN.md §4).
+//! What the activator keeps in memory: only what its own node needs (docs/architecture.md, "The scale it must hold").
 //!
 //! - [`revisions`]: the Revisions requests name, read on demand and kept briefly.
 //! - [`hosts`]: Host → revision, looked up by host label on ActivationEndpoints and cached.

@@ -1,7 +1,7 @@
 //! Revisions, read on demand: only those requests name (by header, or by a Host resolved
 //! through [`super::hosts`]). No activator watches every Revision: with 5,000 activators a
 //! cluster-wide watch costs each change 5,000 events and every activator a copy of every
-//! Revision (DESIGN §4).
+//! Revision (the scale rules, docs/architecture.md).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use crate::locks::Locked;
 use crate::upstream::idle::IdleSet;
 use crate::wire::connect::ConnectError;
 
@@ -58,7 +59,7 @@ impl PodConns {
     }
 
     fn take_idle(&self, target: SocketAddr) -> Option<TcpStream> {
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let mut idle = self.idle.locked();
         let now = Instant::now();
         // A sweep drops only expired ones: checking every idle connection is a syscall each.
         let list = idle.of(target, now, |_| true)?;
@@ -78,13 +79,13 @@ impl PodConns {
 
     /// Puts a connection whose response has been read to its end back.
     pub fn put(&self, target: SocketAddr, stream: TcpStream) {
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let mut idle = self.idle.locked();
         idle.put(target, stream, Instant::now(), |_| true);
     }
 
     /// Idle connections held (for tests).
     pub fn idle(&self) -> usize {
-        self.idle.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.idle.locked().len()
     }
 }
 

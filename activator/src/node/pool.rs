@@ -22,6 +22,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::cache::pods::PodCache;
+use crate::locks::Locked;
 use crate::node::cold_start::{ColdStart, ColdTimings};
 use crate::node::throttle::{Admit, PodRef, Slot, Throttle, Ticket};
 use crate::ops::metrics::{Metrics, Phase};
@@ -297,7 +298,7 @@ impl Pool {
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock leaves plain counters behind, still consistent
         // enough to serve; poisoning would take the revision down on this node for good.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.locked()
     }
 
     /// Marks activity now (idle time counts from the last arrival or completion).

@@ -18,6 +18,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::cache::pods::{LocalPod, RevisionPods};
+use crate::locks::Locked;
 use crate::node::cold_start::ColdStart;
 use crate::node::pod_count::{self, Decision, Observed, Policy};
 use crate::node::pod_writer::{CreateError, LocalScheduler};
@@ -133,12 +134,7 @@ impl Scaler {
         let pool = self.pool.clone();
         let sh = pool.shared.clone();
         let mut pods_rx = sh.pods.subscribe(&pool.key);
-        let Some(mut unreachable) = pool
-            .unreachable_rx
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        else {
+        let Some(mut unreachable) = pool.unreachable_rx.locked().take() else {
             return;
         };
         loop {

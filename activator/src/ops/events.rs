@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::locks::Locked;
 use crds::Revision;
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -185,7 +186,7 @@ impl EventSink {
             reason: event.reason.clone(),
         };
         let regarding = regarding(rev);
-        let mut limits = inner.limits.lock().unwrap_or_else(|e| e.into_inner());
+        let mut limits = inner.limits.locked();
         match limits.admit(&key, Instant::now()) {
             Admit::Duplicate => return false,
             Admit::OverRate => {

@@ -219,7 +219,7 @@ impl Handler {
                 })
             }
             // A member without a share of maxScale may not create pods: the members with
-            // one serve (DESIGN §3: shares sum to at most maxScale). A forwarded request
+            // one serve (the contracts, docs/architecture.md: shares sum to at most maxScale). A forwarded request
             // that lands here anyway is served if a pod is running (none can be).
             Membership::Member { me, peers } => {
                 let with_share: Vec<ActivatorMember> =

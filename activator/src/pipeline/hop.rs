@@ -1,4 +1,4 @@
-//! Telling a peer activator's forwarded request from a client's (DESIGN: `x-activator-hop` is
+//! Telling a peer activator's forwarded request from a client's (the contract: `x-activator-hop` is
 //! honoured only from a peer activator). Pure: no IO.
 //!
 //! The proof is a shared secret, the same for every activator of a cluster (a Secret mounted

@@ -26,6 +26,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use crate::locks::Locked;
 use crate::upstream::h2c::UpBody;
 use crate::upstream::idle::IdleSet;
 use crate::wire::connect::ConnectError;
@@ -128,7 +129,7 @@ impl H1Pool {
     }
 
     fn take_idle(&self, target: SocketAddr) -> Option<Pooled> {
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let mut idle = self.idle.locked();
         let now = Instant::now();
         let list = idle.of(target, now, open)?;
         list.retain(|i| open(&i.conn) && now.duration_since(i.since) < self.idle_timeout);
@@ -150,7 +151,7 @@ impl H1Pool {
         if conn.0.is_closed() {
             return;
         }
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let mut idle = self.idle.locked();
         idle.put(target, conn, Instant::now(), open);
     }
 }

@@ -15,6 +15,7 @@ use hyper::client::conn::http2::{Builder, SendRequest};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::time::Instant;
 
+use crate::locks::Locked;
 use crate::upstream::body_timeout::IdleTimeout;
 use crate::wire::answer::Body;
 use crate::wire::connect::{ConnectError, connect};
@@ -59,7 +60,7 @@ impl H2Pool {
     pub async fn get(&self, target: SocketAddr) -> Result<SendRequest<UpBody>, ConnectError> {
         let now = Instant::now();
         {
-            let mut conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
+            let mut conns = self.conns.locked();
             let idle = self.idle;
             conns.retain(|_, e| !e.send.is_closed() && now.duration_since(e.last_used) < idle);
             if let Some(e) = conns.get_mut(&target) {
@@ -88,7 +89,7 @@ impl H2Pool {
                 tracing::debug!(%target, error = %e, "HTTP/2 connection ended with an error");
             }
         });
-        let mut conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
+        let mut conns = self.conns.locked();
         conns.insert(
             target,
             Entry {

@@ -1,4 +1,4 @@
-//! The answers the activator makes itself (DESIGN.md §3): a status code, a short plain-text
+//! The answers the activator makes itself (docs/architecture.md, "The contracts"): a status code, a short plain-text
 //! body saying why, and `Retry-After` where retrying later can help.
 
 use bytes::Bytes;
