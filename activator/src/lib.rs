@@ -23,7 +23,7 @@ pub mod wire;
 // The rooms' modules by their own names, for the wiring below.
 use accept::{placement, server, serving_threads};
 use cache::api_health;
-use node::{adopt, node_addr, pool};
+use node::{adopt, node_addr};
 use ops::{api_count, metrics};
 use pipeline::suspects;
 
@@ -94,7 +94,7 @@ impl Activator {
         let hosts = cfg
             .host_routing
             .then(|| HostCache::new(client.clone(), cfg.host_ttl, cfg.host_miss_ttl));
-        let (member_of_tx, mut member_of) = tokio::sync::mpsc::unbounded_channel();
+        let (member_of_tx, member_of) = tokio::sync::mpsc::unbounded_channel();
         let endpoints = EndpointsCache::start(
             client.clone(),
             &cfg.node_name,
@@ -136,51 +136,12 @@ impl Activator {
                 .as_ref()
                 .map(|path| node_addr::NodeAddresses::new(path, metrics.clone())),
         });
-        // The revisions of this node's subsets are read ahead of their first request (a
-        // member's cold start then makes one API request, the pod create). Those with a share
-        // of minScale here also get a pool (and so their pods) without waiting for a request;
-        // the pool keeps them while the share lasts.
-        let (warm_pools, warm_revisions, warm_stop) =
-            (pools.clone(), revisions.clone(), stop_caches.child_token());
-        tokio::spawn(async move {
-            loop {
-                let event = tokio::select! {
-                    _ = warm_stop.cancelled() => return,
-                    m = member_of.recv() => match m { Some(m) => m, None => return },
-                };
-                let (key, me) = match event {
-                    cache::endpoints::MemberEvent::Left(key) => {
-                        warm_revisions.unpin(&key);
-                        continue;
-                    }
-                    cache::endpoints::MemberEvent::Member {
-                        key,
-                        me,
-                        generation,
-                    } => {
-                        warm_revisions.prefetch(&key, generation);
-                        if me.min_pods == 0 {
-                            continue;
-                        }
-                        (key, me)
-                    }
-                };
-                match warm_revisions.get_or_fetch(&key).await {
-                    Ok(Some(rev)) => {
-                        let me = std::sync::Arc::new(me);
-                        let spec = pool::Spec {
-                            rev: rev.clone(),
-                            me: me.clone(),
-                        };
-                        warm_pools.get(&key, &rev, &me).set_spec(&spec);
-                    }
-                    Ok(None) => {}
-                    Err(e) => {
-                        tracing::warn!(revision = %key, error = %e, "reading a revision to keep its minScale share")
-                    }
-                }
-            }
-        });
+        tokio::spawn(node::warm::keep_members_warm(
+            member_of,
+            pools.clone(),
+            revisions.clone(),
+            stop_caches.child_token(),
+        ));
         let node_header = http::HeaderValue::from_str(&cfg.node_name).map_err(|_| {
             Error::Config(format!(
                 "node name {:?} is not a header value",
@@ -249,92 +210,25 @@ impl Activator {
                 None,
             )));
         } else {
-            // Thread per core, as nginx runs a worker per core: each thread runs its own
-            // single-threaded runtime with its own listener on the port (SO_REUSEPORT, so the
-            // kernel spreads connections), and a connection, its request and the upstream
-            // connection never change threads. The caches and the kube client stay on the
-            // caller's runtime.
-            let mut listeners = vec![data.into_std().map_err(|source| Error::Bind {
-                what: "data port",
-                addr: data_addr,
-                source,
-            })?];
-            for _ in 1..cfg.io_threads {
-                let l = bind_shared("data port", data_addr, true)?;
-                listeners.push(l.into_std().map_err(|source| Error::Bind {
-                    what: "data port",
-                    addr: data_addr,
-                    source,
-                })?);
-            }
-            let placement = placement::Placement::with_thresholds(
-                cfg.io_threads,
-                cfg.conns_per_thread,
-                (cfg.thread_hot * 1000.0).round() as u32,
-                (cfg.thread_cool * 1000.0).round() as u32,
-            );
-            let threaded = serving_threads::Threaded::all(&placement, &metrics);
-            for ((i, listener), threaded) in listeners.into_iter().enumerate().zip(threaded) {
-                let (h, stop, drain) = (make_handler(), stop.child_token(), cfg.drain_timeout);
-                let write_stall = cfg.body_idle_timeout;
-                let fast = make_fast(&h, &stop);
-                let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
-                std::thread::Builder::new()
-                    .name(format!("activator-io-{i}"))
-                    .spawn(move || {
-                        let rt = match tokio::runtime::Builder::new_current_thread()
-                            .enable_all()
-                            .build()
-                        {
-                            Ok(rt) => rt,
-                            Err(e) => {
-                                tracing::error!(error = %e, "starting a serving thread");
-                                return;
-                            }
-                        };
-                        rt.block_on(async move {
-                            match TcpListener::from_std(listener) {
-                                Ok(l) => {
-                                    server::serve_with(
-                                        l,
-                                        stop,
-                                        drain,
-                                        write_stall,
-                                        move |req| h.clone().handle(req),
-                                        fast,
-                                        Some(threaded),
-                                    )
-                                    .await
-                                }
-                                Err(e) => tracing::error!(error = %e, "serving thread listener"),
-                            }
-                        });
-                        drop(done_tx);
-                    })
-                    .map_err(|e| Error::Config(format!("starting serving thread {i}: {e}")))?;
-                tasks.push(tokio::spawn(async move {
-                    let _ = done_rx.await;
-                }));
-            }
+            tasks.extend(serve_on_threads(
+                &cfg,
+                data,
+                data_addr,
+                &metrics,
+                &make_handler,
+                &make_fast,
+                &stop,
+            )?);
         }
-        let a = admin.clone();
-        let ready_stop = stop.child_token();
-        let (adopt_pools, adopt_revisions, node) =
-            (pools.clone(), revisions.clone(), cfg.node_name.clone());
-        tasks.push(tokio::spawn(async move {
-            tokio::select! {
-                _ = ready_stop.cancelled() => {}
-                _ = async { tokio::join!(endpoints.synced(), pods.synced()) } => {
-                    a.ready.store(true, Ordering::Release);
-                    tracing::info!("caches synced; ready");
-                    // Pods a previous process left get their scalers (idle-out, minScale).
-                    tokio::select! {
-                        _ = ready_stop.cancelled() => {}
-                        _ = adopt::adopt_pods(&node, &pods, &endpoints, &adopt_revisions, &adopt_pools) => {}
-                    }
-                }
-            }
-        }));
+        tasks.push(tokio::spawn(adopt::ready_then_adopt(
+            admin.clone(),
+            cfg.node_name.clone(),
+            pods.clone(),
+            endpoints.clone(),
+            revisions.clone(),
+            pools.clone(),
+            stop.child_token(),
+        )));
         tracing::info!(node = %cfg.node_name, %data_addr, %admin_addr, "activator started");
         Ok(Self {
             caches,
@@ -432,4 +326,90 @@ async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, Error
     TcpListener::bind(addr)
         .await
         .map_err(|source| Error::Bind { what, addr, source })
+}
+
+/// The fast lane of a serving thread, made from its handler (None: the fast lane is off).
+type MakeFast<'a> =
+    dyn Fn(&Arc<Handler>, &CancellationToken) -> Option<Arc<crate::fast::FastLane>> + 'a;
+
+/// Serves the data port on `cfg.io_threads` threads; returns a task per thread that ends
+/// with it.
+fn serve_on_threads(
+    cfg: &ActivatorConfig,
+    data: TcpListener,
+    data_addr: SocketAddr,
+    metrics: &Arc<Metrics>,
+    make_handler: &dyn Fn() -> Arc<Handler>,
+    make_fast: &MakeFast<'_>,
+    stop: &CancellationToken,
+) -> Result<Vec<JoinHandle<()>>, Error> {
+    let mut tasks = Vec::new();
+    // Thread per core, as nginx runs a worker per core: each thread runs its own
+    // single-threaded runtime with its own listener on the port (SO_REUSEPORT, so the
+    // kernel spreads connections), and a connection, its request and the upstream
+    // connection never change threads. The caches and the kube client stay on the
+    // caller's runtime.
+    let mut listeners = vec![data.into_std().map_err(|source| Error::Bind {
+        what: "data port",
+        addr: data_addr,
+        source,
+    })?];
+    for _ in 1..cfg.io_threads {
+        let l = bind_shared("data port", data_addr, true)?;
+        listeners.push(l.into_std().map_err(|source| Error::Bind {
+            what: "data port",
+            addr: data_addr,
+            source,
+        })?);
+    }
+    let placement = placement::Placement::with_thresholds(
+        cfg.io_threads,
+        cfg.conns_per_thread,
+        (cfg.thread_hot * 1000.0).round() as u32,
+        (cfg.thread_cool * 1000.0).round() as u32,
+    );
+    let threaded = serving_threads::Threaded::all(&placement, metrics);
+    for ((i, listener), threaded) in listeners.into_iter().enumerate().zip(threaded) {
+        let (h, stop, drain) = (make_handler(), stop.child_token(), cfg.drain_timeout);
+        let write_stall = cfg.body_idle_timeout;
+        let fast = make_fast(&h, &stop);
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name(format!("activator-io-{i}"))
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        tracing::error!(error = %e, "starting a serving thread");
+                        return;
+                    }
+                };
+                rt.block_on(async move {
+                    match TcpListener::from_std(listener) {
+                        Ok(l) => {
+                            server::serve_with(
+                                l,
+                                stop,
+                                drain,
+                                write_stall,
+                                move |req| h.clone().handle(req),
+                                fast,
+                                Some(threaded),
+                            )
+                            .await
+                        }
+                        Err(e) => tracing::error!(error = %e, "serving thread listener"),
+                    }
+                });
+                drop(done_tx);
+            })
+            .map_err(|e| Error::Config(format!("starting serving thread {i}: {e}")))?;
+        tasks.push(tokio::spawn(async move {
+            let _ = done_rx.await;
+        }));
+    }
+    Ok(tasks)
 }

@@ -15,6 +15,31 @@ use crate::cache::pods::PodCache;
 use crate::cache::revisions::RevisionCache;
 use crate::node::pool::{Pools, Spec};
 
+/// Marks `admin` ready once the node's subsets and pods are listed, then adopts the pods a
+/// previous process left here; both end when `stop` is cancelled.
+pub(crate) async fn ready_then_adopt(
+    admin: std::sync::Arc<crate::ops::admin::Admin>,
+    node: String,
+    pods: PodCache,
+    endpoints: EndpointsCache,
+    revisions: RevisionCache,
+    pools: Pools,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    tokio::select! {
+        _ = stop.cancelled() => {}
+        _ = async { tokio::join!(endpoints.synced(), pods.synced()) } => {
+            admin.ready.store(true, std::sync::atomic::Ordering::Release);
+            tracing::info!("caches synced; ready");
+            // Pods a previous process left get their scalers (idle-out, minScale).
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = adopt_pods(&node, &pods, &endpoints, &revisions, &pools) => {}
+            }
+        }
+    }
+}
+
 /// Gives each revision with a live pod on this node a pool. Called once the pod and subset
 /// caches have synced; returns how many revisions were adopted.
 pub async fn adopt_pods(

@@ -14,3 +14,4 @@ pub mod pool;
 pub mod readiness;
 pub mod scaler;
 pub mod throttle;
+pub(crate) mod warm;

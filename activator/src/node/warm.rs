@@ -1,0 +1,57 @@
+//! The revisions of this node's subsets are read ahead of their first request (a member's
+//! cold start then makes one API request, the pod create). Those with a share of minScale
+//! here also get a pool (and so their pods) without waiting for a request; the pool keeps
+//! them while the share lasts.
+
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio_util::sync::CancellationToken;
+
+use crate::cache::endpoints::MemberEvent;
+use crate::cache::revisions::RevisionCache;
+use crate::node::pool::{self, Pools};
+
+/// Follows this node's memberships (`member_of`, from the subset watch) until `stop`.
+pub(crate) async fn keep_members_warm(
+    mut member_of: UnboundedReceiver<MemberEvent>,
+    pools: Pools,
+    revisions: RevisionCache,
+    stop: CancellationToken,
+) {
+    loop {
+        let event = tokio::select! {
+            _ = stop.cancelled() => return,
+            m = member_of.recv() => match m { Some(m) => m, None => return },
+        };
+        let (key, me) = match event {
+            MemberEvent::Left(key) => {
+                revisions.unpin(&key);
+                continue;
+            }
+            MemberEvent::Member {
+                key,
+                me,
+                generation,
+            } => {
+                revisions.prefetch(&key, generation);
+                if me.min_pods == 0 {
+                    continue;
+                }
+                (key, me)
+            }
+        };
+        match revisions.get_or_fetch(&key).await {
+            Ok(Some(rev)) => {
+                let me = std::sync::Arc::new(me);
+                let spec = pool::Spec {
+                    rev: rev.clone(),
+                    me: me.clone(),
+                };
+                pools.get(&key, &rev, &me).set_spec(&spec);
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(revision = %key, error = %e, "reading a revision to keep its minScale share")
+            }
+        }
+    }
+}
