@@ -7,7 +7,7 @@
 // The activator's rooms, from the bottom up: the wire (names, framing, connections), the
 // upstream pools, the node's pods, the caches of the API, the decision and hyper's adapter,
 // the fast lane, accepting connections, and operations.
-pub mod accept;
+pub(crate) mod accept;
 pub mod cache;
 pub mod cli;
 pub mod config;

@@ -9,11 +9,11 @@
 
 pub mod api_health;
 pub mod directory;
-pub mod endpoints;
-pub mod hosts;
-pub mod pods;
-pub mod read;
-pub mod revisions;
+pub(crate) mod endpoints;
+pub(crate) mod hosts;
+pub(crate) mod pods;
+pub(crate) mod read;
+pub(crate) mod revisions;
 
 /// How many objects the caches hold now: what an activator costs grows with these, not with
 /// the cluster (load tests report them; an operator sizing memory can compare).

@@ -4,14 +4,14 @@
 //! the node agent (`node_addr`), adopting pods a previous process left, and the timing marks
 //! of a cold start.
 
-pub mod adopt;
+pub(crate) mod adopt;
 pub mod cold_start;
-pub mod node_addr;
-pub mod pod_count;
-pub mod pod_spec;
-pub mod pod_writer;
-pub mod pool;
-pub mod readiness;
-pub mod scaler;
-pub mod throttle;
+pub(crate) mod node_addr;
+pub(crate) mod pod_count;
+pub(crate) mod pod_spec;
+pub(crate) mod pod_writer;
+pub(crate) mod pool;
+pub(crate) mod readiness;
+pub(crate) mod scaler;
+pub(crate) mod throttle;
 pub(crate) mod warm;

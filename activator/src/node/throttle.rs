@@ -91,15 +91,6 @@ impl Throttle {
         Admit::Queued
     }
 
-    /// A slot now, never queueing (for a request that may go elsewhere instead).
-    pub fn try_slot(&mut self) -> Option<Slot> {
-        if self.queue.is_empty() {
-            self.take_slot()
-        } else {
-            None
-        }
-    }
-
     /// Takes `ticket` out of the queue (its request went away). False when it was not
     /// queued (it has been handed a slot already, or was never queued).
     pub fn cancel(&mut self, ticket: Ticket) -> bool {
@@ -286,7 +277,6 @@ mod tests {
     fn a_new_request_never_overtakes_a_waiter() {
         let mut t = Throttle::new(1, 100);
         assert_eq!(t.admit(1), Admit::Queued);
-        assert_eq!(t.try_slot(), None);
         let (_, woken) = t.add_pod(addr(1));
         assert_eq!(woken.len(), 1);
         assert_eq!(t.admit(2), Admit::Queued, "the only slot is taken");

@@ -7,10 +7,10 @@
 //! are carried.
 
 pub(crate) mod decide;
-pub mod handler;
+pub(crate) mod handler;
 pub mod hop;
 pub mod primary;
 pub(crate) mod retries;
 pub mod routing;
 pub(crate) mod rules;
-pub mod suspects;
+pub(crate) mod suspects;

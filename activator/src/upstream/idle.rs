@@ -58,7 +58,9 @@ impl<C> IdleSet<C> {
         self.by_target.values().map(Vec::len).sum()
     }
 
-    pub fn is_empty(&self) -> bool {
+    /// No target left (the sweep drops targets left with no connection).
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
         self.by_target.is_empty()
     }
 

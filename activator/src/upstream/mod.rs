@@ -2,10 +2,10 @@
 //! the HTTP/1.1 and h2c pools, idle connections, the reuse check, upgrades (tunnels), and the
 //! body idle timeout.
 
-pub mod body_timeout;
-pub mod conn_check;
-pub mod h1;
-pub mod h2c;
-pub mod idle;
+pub(crate) mod body_timeout;
+pub(crate) mod conn_check;
+pub(crate) mod h1;
+pub(crate) mod h2c;
+pub(crate) mod idle;
 pub mod proxy;
-pub mod upgrade;
+pub(crate) mod upgrade;

@@ -4,9 +4,9 @@
 //! the layers above it, so an HTTP rule is written once and both paths keep it.
 
 pub mod answer;
-pub mod connect;
-pub mod forwarded;
-pub mod framing;
-pub mod hop_by_hop;
+pub(crate) mod connect;
+pub(crate) mod forwarded;
+pub(crate) mod framing;
+pub(crate) mod hop_by_hop;
 pub mod names;
-pub mod streaming;
+pub(crate) mod streaming;
