@@ -23,7 +23,6 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, RwLock};
 
 use crds::backoff::resilient;
-use crds::contract::ACTIVATOR_SELECTOR;
 use crds::directory::DirectoryAnswer;
 use crds::{ActivationEndpoints, Revision};
 use futures::channel::mpsc::{UnboundedSender, unbounded};
@@ -37,7 +36,7 @@ use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use crate::activators::{self, Activator, Available};
+use crate::activator_watch::watch_activators;
 use crate::error::Result;
 use crate::hosts::HostIndex;
 use crate::index::{Key, MembershipIndex};
@@ -63,11 +62,11 @@ pub struct Subsetter {
 }
 
 #[derive(Default, Clone, Copy)]
-struct Synced {
-    endpoints: bool,
-    pods: bool,
-    nodes: bool,
-    namespaces: bool,
+pub(crate) struct Synced {
+    pub(crate) endpoints: bool,
+    pub(crate) pods: bool,
+    pub(crate) nodes: bool,
+    pub(crate) namespaces: bool,
 }
 
 impl Synced {
@@ -343,7 +342,7 @@ impl Drop for Caches {
 /// nowhere while this replica is a standby (taking the lead reconciles everything anyway).
 /// What is sent is counted as queued until its reconcile starts (`queue.rs`).
 #[derive(Clone)]
-struct Triggers {
+pub(crate) struct Triggers {
     tx: Arc<Mutex<Option<UnboundedSender<ObjectRef<Revision>>>>>,
     queued: Arc<Queued>,
     /// Revisions outside it are left to another subsetter (`namespaces.rs`).
@@ -359,7 +358,7 @@ impl Triggers {
         }
     }
 
-    fn send(&self, r: ObjectRef<Revision>) {
+    pub(crate) fn send(&self, r: ObjectRef<Revision>) {
         if !self
             .selected
             .allows(r.namespace.as_deref().unwrap_or_default())
@@ -564,7 +563,7 @@ fn key_of(ae: &ActivationEndpoints) -> Key {
     Key::new(ae.namespace().unwrap_or_default(), ae.name_any())
 }
 
-fn trigger(triggers: &Triggers, keys: BTreeSet<Key>) {
+pub(crate) fn trigger(triggers: &Triggers, keys: BTreeSet<Key>) {
     for key in keys {
         triggers.send(ObjectRef::new(&key.name).within(&key.namespace));
     }
@@ -699,242 +698,4 @@ async fn watch_endpoints(
         metrics.subsets.set(ix.len() as i64);
         metrics.subsets_short.set(ix.short_len() as i64);
     }
-}
-
-/// An event of the activator pod watch or of the Node watch.
-enum Watched {
-    Pod(Box<Event<Pod>>),
-    Node(Box<Event<Node>>),
-}
-
-/// Keeps the usable activator set from the activator pod and Node watches, one event at a
-/// time (`activators::ActivatorSet`): a pod event recomputes that pod's node, a Node event that
-/// node, and only a (re)list recomputes everything. What changed is published (the shared
-/// `available` map and the membership index's load index, both updated only where the set
-/// changed) and triggers the revisions it concerns.
-async fn watch_activators(
-    pods: Api<Pod>,
-    nodes: Api<Node>,
-    index: Arc<Mutex<MembershipIndex>>,
-    available: Arc<RwLock<Arc<Available>>>,
-    synced: Arc<watch::Sender<Synced>>,
-    triggers: Triggers,
-    metrics: Arc<Metrics>,
-) {
-    // No stores of the objects: the set keeps what it derives from them.
-    let pod_events = resilient(watcher::watcher(
-        pods,
-        watcher::Config::default().labels(ACTIVATOR_SELECTOR),
-    ))
-    .map(|e| e.map(|e| Watched::Pod(Box::new(e))));
-    let node_events = resilient(watcher::watcher(nodes, watcher::Config::default()))
-        .map(|e| e.map(|e| Watched::Node(Box::new(e))));
-    let mut events = std::pin::pin!(stream::select(pod_events, node_events));
-    let mut listed = (false, false);
-    let mut set = activators::ActivatorSet::default();
-    // Nodes whose activator was lost while most nodes were NotReady at once, kept published
-    // until that ends (`ActivatorSet::disrupted`).
-    let mut held: BTreeSet<String> = BTreeSet::new();
-    // A loss is applied only after [`LOSS_SETTLE`], so that the first node of a mass NotReady
-    // is not moved before the rest show it is a disruption.
-    let mut settle: Option<tokio::time::Instant> = None;
-    loop {
-        let event = tokio::select! {
-            e = events.next() => match e {
-                Some(e) => Some(e),
-                None => break,
-            },
-            _ = tokio::time::sleep_until(settle.unwrap_or_else(tokio::time::Instant::now)), if settle.is_some() => None,
-        };
-        let Some(event) = event else {
-            // The losses have settled: applied, unless most nodes are NotReady by now.
-            if set.disrupted() {
-                warn!(
-                    held = ?held,
-                    "most nodes are NotReady at once: a control-plane or network disruption, not \
-                     node failures; their activators stay members until it ends"
-                );
-                metrics.disruption_holds.inc_by(held.len() as u64);
-                settle = None;
-                continue;
-            }
-            settle = None;
-            let published = Arc::clone(&*read(&available));
-            let diff = activators::diff(&published, set.available());
-            held.clear();
-            publish(&diff, &set, &available, &index, &metrics, &triggers);
-            continue;
-        };
-        let event = match event {
-            Ok(e) => e,
-            Err(e) => {
-                warn!(error = %e, "activator pod or node watch");
-                continue;
-            }
-        };
-        // A relist (Init, InitApply..., InitDone) replaces the pods or the Nodes when it is
-        // complete, as a reflector store would.
-        let diff = match event {
-            Watched::Pod(e) => match *e {
-                Event::Apply(p) => set.apply_pod(&p),
-                Event::Delete(p) => set.delete_pod(&p),
-                Event::Init => {
-                    set.relist_pods_start();
-                    continue;
-                }
-                Event::InitApply(p) => {
-                    set.relist_pod(&p);
-                    continue;
-                }
-                Event::InitDone => {
-                    listed.0 = true;
-                    set.relist_pods_done()
-                }
-            },
-            Watched::Node(e) => match *e {
-                Event::Apply(n) => set.apply_node(&n),
-                Event::Delete(n) => set.delete_node(&n.name_any()),
-                Event::Init => {
-                    set.relist_nodes_start();
-                    continue;
-                }
-                Event::InitApply(n) => {
-                    set.relist_node(&n);
-                    continue;
-                }
-                Event::InitDone => {
-                    listed.1 = true;
-                    set.relist_nodes_done()
-                }
-            },
-        };
-        if !(listed.0 && listed.1) {
-            continue;
-        }
-        let first = !synced.borrow().pods;
-        if first {
-            // Publishing the first set before the flag: reconciles start only after it.
-            let next = set.available();
-            *write(&available) = Arc::new(Available::from(next.clone()));
-            lock(&index).set_available(next);
-            metrics.activators.set(next.len() as i64);
-            synced.send_modify(|s| {
-                s.pods = true;
-                s.nodes = true;
-            });
-            info!(activators = next.len(), "activator set synced");
-            continue;
-        }
-        if diff.is_empty() {
-            continue;
-        }
-        // Most nodes NotReady at once is the control plane's (or the network's) trouble, not
-        // theirs: moving every subset would cost every warm revision a cold start on nodes
-        // no healthier than the last. A loss waits [`LOSS_SETTLE`] (the controller-manager
-        // marks the nodes and their pods within a pass of its monitor) and is held while
-        // most nodes are NotReady; when that ends the whole set is compared with what was
-        // published.
-        let mut diff = diff;
-        if !diff.lost.is_empty() {
-            if set.disrupted() && settle.is_none() {
-                warn!(
-                    held = ?diff.lost,
-                    "most nodes are NotReady at once: a control-plane or network disruption, not \
-                     node failures; their activators stay members until it ends"
-                );
-                metrics.disruption_holds.inc_by(diff.lost.len() as u64);
-            }
-            held.append(&mut diff.lost);
-            if settle.is_none() && !set.disrupted() {
-                settle = Some(tokio::time::Instant::now() + LOSS_SETTLE);
-            }
-        }
-        if !held.is_empty() && settle.is_none() && !set.disrupted() {
-            // The disruption is over: the kubelets report again within their status sync
-            // (10 s), clearing the controller-manager's marks; what is still gone after
-            // [`RECOVERY_SETTLE`] is lost.
-            info!(
-                held = ?held,
-                "the disruption is over: held activators are compared with the watches in {:?}",
-                RECOVERY_SETTLE
-            );
-            settle = Some(tokio::time::Instant::now() + RECOVERY_SETTLE);
-        }
-        // Held nodes that came back, or changed, are not the published ones' news yet.
-        diff.changed.retain(|n| !held.contains(n));
-        diff.added.retain(|n| !held.contains(n));
-        if diff.is_empty() {
-            continue;
-        }
-        publish(&diff, &set, &available, &index, &metrics, &triggers);
-    }
-}
-
-/// How long a lost activator waits before its subsets are repaired: long enough for a mass
-/// NotReady (the controller-manager marks every stale node, then their pods, in one pass) to
-/// show itself, short beside the node-monitor grace period (40 s) a node failure already
-/// takes to be seen.
-pub const LOSS_SETTLE: std::time::Duration = std::time::Duration::from_secs(3);
-
-/// How long held activators wait after a disruption ends before what is still gone is
-/// repaired: the kubelets' status sync (10 s) clears the controller-manager's unready marks.
-pub const RECOVERY_SETTLE: std::time::Duration = std::time::Duration::from_secs(15);
-
-/// Applies `diff` (from `set`) to the published activators and the membership index, and
-/// triggers the revisions it concerns.
-fn publish(
-    diff: &activators::Diff,
-    set: &activators::ActivatorSet,
-    available: &Arc<RwLock<Arc<Available>>>,
-    index: &Arc<Mutex<MembershipIndex>>,
-    metrics: &Metrics,
-    triggers: &Triggers,
-) {
-    if diff.is_empty() {
-        return;
-    }
-    // Only the nodes that changed. A reconcile holding the previous map (planning with
-    // it) makes this a copy; otherwise the map is changed in place.
-    let changes: Vec<(&String, Option<Activator>, Option<&Activator>)> = {
-        let mut shared = write(available);
-        let map = Arc::make_mut(&mut *shared);
-        diff.lost
-            .iter()
-            .chain(&diff.changed)
-            .chain(&diff.added)
-            .map(|node| {
-                let new = set.get(node);
-                let old = match new {
-                    Some(a) => map.insert(node.clone(), a.clone()),
-                    None => map.remove(node),
-                };
-                (node, old, new)
-            })
-            .collect()
-    };
-    let targets: BTreeSet<Key> = {
-        let mut ix = lock(index);
-        for (node, old, new) in &changes {
-            ix.update_available(node, old.as_ref(), *new);
-        }
-        let mut t = BTreeSet::new();
-        for node in diff.lost.iter().chain(&diff.changed) {
-            t.extend(ix.revisions_on(node));
-        }
-        // A new activator, or a node that changed (a taint lifted, a label added), may
-        // be what a short subset was waiting for.
-        if !diff.added.is_empty() || !diff.changed.is_empty() {
-            t.extend(ix.short());
-        }
-        t
-    };
-    metrics.activators.set(set.available().len() as i64);
-    info!(
-        lost = ?diff.lost,
-        changed = ?diff.changed,
-        added = ?diff.added,
-        revisions = targets.len(),
-        "activator set changed"
-    );
-    trigger(triggers, targets);
 }

@@ -2,6 +2,7 @@
 //! ActivationEndpoints (docs/architecture.md, "The contracts"). Policies, shares, conditions and the plan of each
 //! reconcile are pure code; `controller` wires them to the API with kube-runtime.
 
+pub mod activator_watch;
 pub mod activators;
 pub mod admin;
 pub mod cli;
