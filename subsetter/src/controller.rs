@@ -36,7 +36,6 @@ use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use crate::activator_watch::watch_activators;
 use crate::error::Result;
 use crate::hosts::HostIndex;
 use crate::index::{Key, MembershipIndex};
@@ -50,6 +49,7 @@ use crate::reconciler::{self, Config, Context};
 use crate::settings::{self, Settings};
 use crate::shared::SharedCaches;
 use crate::store::AeStore;
+use crate::usable_activators::watch_activators;
 
 /// The subsetter controller: [`Subsetter::run`] alone, or with leader election
 /// [`Subsetter::start_caches`] once and [`Subsetter::lead`] each time this replica becomes

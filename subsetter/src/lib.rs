@@ -2,7 +2,6 @@
 //! ActivationEndpoints (docs/architecture.md, "The contracts"). Policies, shares, conditions and the plan of each
 //! reconcile are pure code; `controller` wires them to the API with kube-runtime.
 
-pub mod activator_watch;
 pub mod activators;
 pub mod admin;
 pub mod cli;
@@ -28,6 +27,7 @@ mod shared;
 pub mod shares;
 pub mod size;
 pub mod store;
+pub mod usable_activators;
 pub mod write_limit;
 
 pub use error::{Error, Result};
