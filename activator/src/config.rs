@@ -49,7 +49,7 @@ pub struct ActivatorConfig {
     /// many activators in one process). The binary uses one per core.
     pub io_threads: usize,
     /// Connections a serving thread takes before the next thread is used (fewer wake-ups
-    /// per request under light load); 0: the kernel spreads them ([`crate::accept::placement`]).
+    /// per request under light load); 0: the kernel spreads them ([`crate::threads::placement`]).
     pub conns_per_thread: usize,
     /// A serving thread busy at least this share of the time takes no new connections while
     /// another is not, and moves some of its own, between two requests, to a thread busy less
@@ -102,8 +102,8 @@ impl ActivatorConfig {
             pool: PoolConfig::default(),
             io_threads: 0,
             conns_per_thread: DEFAULT_CONNS_PER_THREAD,
-            thread_hot: crate::accept::placement::HOT as f64 / 1000.0,
-            thread_cool: crate::accept::placement::COOL as f64 / 1000.0,
+            thread_hot: crate::threads::placement::HOT as f64 / 1000.0,
+            thread_cool: crate::threads::placement::COOL as f64 / 1000.0,
             body_idle_timeout: Duration::from_secs(30),
             fast_lane: true,
             hop: crate::pipeline::hop::HopAuth::none(),

@@ -17,15 +17,17 @@ mod locks;
 pub mod node;
 pub mod ops;
 pub mod pipeline;
+pub(crate) mod threads;
 pub mod upstream;
 pub mod wire;
 
 // The rooms' modules by their own names, for the wiring below.
-use accept::{placement, server, serving_threads};
+use accept::server;
 use cache::api_health;
 use node::{adopt, node_addr};
 use ops::{api_count, metrics};
 use pipeline::suspects;
+use threads::{placement, serving_threads};
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -20,10 +20,10 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::accept::parse_errors::{ActiveGuard, ConnState, ErrorBodies};
-use crate::accept::serving_threads::{Threaded, moved_in};
 use crate::accept::write_stall::WriteStall;
 use crate::fast::FastLane;
 use crate::fast::prefixed::Prefixed;
+use crate::threads::serving_threads::{Threaded, moved_in};
 use crate::wire::answer::Body;
 use crate::wire::forwarded::ClientAddr;
 use crate::wire::framing::HEADER_READ_TIMEOUT;

@@ -38,7 +38,6 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::accept::serving_threads::Mover;
 use crate::node::pool::NoSlot;
 use crate::ops::metrics::{Outcome, Phase, Route};
 use crate::ops::telemetry;
@@ -47,6 +46,7 @@ use crate::pipeline::handler::Handler;
 use crate::pipeline::retries::PodRetries;
 use crate::pipeline::routing::Named;
 use crate::pipeline::rules::{can_start, request_timeout, too_late, upstream_protocol};
+use crate::threads::serving_threads::Mover;
 use crate::upstream::proxy::UpstreamProtocol;
 use crate::wire::answer::Refusal;
 use crate::wire::framing::HEADER_READ_TIMEOUT;
@@ -104,7 +104,7 @@ impl FastLane {
     /// Serves `stream` while its requests are for the fast lane. Returns the connection, and
     /// the bytes read from it but not consumed, when hyper must serve the rest. With
     /// `mover`, the connection moves to another serving thread between two requests when
-    /// this one is hot ([`crate::accept::placement`]).
+    /// this one is hot ([`crate::threads::placement`]).
     pub async fn serve(
         &self,
         mut stream: TcpStream,

@@ -10,8 +10,8 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::accept::placement::{Placed, Placement};
 use crate::ops::metrics::Metrics;
+use crate::threads::placement::{Placed, Placement};
 
 /// A connection moved to the thread that serves it.
 pub type Handoff = (std::net::TcpStream, SocketAddr);

@@ -10,7 +10,7 @@
 //! moves connections, between two requests, to one that is cool — a few per tick, so that
 //! nothing goes back and forth.
 //! Pure logic: each serving thread reports how busy it was ([`Placement::record`]), and the
-//! threads do the moving ([`crate::accept::serving_threads`], [`crate::fast`]).
+//! threads do the moving ([`crate::threads::serving_threads`], [`crate::fast`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
