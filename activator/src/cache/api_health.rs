@@ -16,6 +16,11 @@
 //! dropped answers nothing, and one whose etcd is down answers only from its watch cache
 //! (reads naming a resourceVersion, watches: those do not count) while its `/readyz` hangs on
 //! the etcd check. A refused connection or a `/readyz` that is not OK says "down" at once.
+//!
+//! Before any probe: a request of this client that could not connect, with no response
+//! since, says "down" for [`UNREACHABLE_FOR`] (the counting client marks both). During an
+//! outage the watches' retries keep that fresh, so a cold start is refused and a lookup sent
+//! to the directory without first waiting out [`SUSPECT_AFTER`] and a probe.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -30,20 +35,53 @@ use tokio::time::Instant;
 /// With `/readyz` unanswered: down only if no response came back for this long.
 pub const QUIET: Duration = Duration::from_secs(2);
 
-/// When a write or quorum read last succeeded (the counting client marks them).
+/// What the counting client saw of the API server: when a write or quorum read last
+/// succeeded, and when a request last could not connect at all with no response since.
 #[derive(Clone, Default)]
-pub struct Heard(Arc<Mutex<Option<Instant>>>);
+pub struct Heard(Arc<Mutex<Seen>>);
+
+#[derive(Default)]
+struct Seen {
+    succeeded: Option<Instant>,
+    unreachable: Option<Instant>,
+}
 
 impl Heard {
+    /// A write or quorum read succeeded (and so the API server answered).
     pub fn mark(&self) {
-        *self.0.locked() = Some(Instant::now());
+        let mut s = self.0.locked();
+        s.succeeded = Some(Instant::now());
+        s.unreachable = None;
+    }
+
+    /// Any response came back, whatever its status: the API server is reachable.
+    pub fn answered(&self) {
+        self.0.locked().unreachable = None;
+    }
+
+    /// A request could not connect (refused, unreachable): nothing listens there now.
+    pub fn unreachable(&self) {
+        self.0.locked().unreachable = Some(Instant::now());
     }
 
     /// Whether something was heard within `d`.
     pub fn within(&self, d: Duration) -> bool {
-        self.0.locked().is_some_and(|at| at.elapsed() < d)
+        self.0.locked().succeeded.is_some_and(|at| at.elapsed() < d)
+    }
+
+    /// Whether a request failed to connect within `d`, with no response since. During an
+    /// outage the watches retry at least every second ([`crds::backoff::CAP`]) and keep
+    /// this fresh; one stray failure stops counting after `d`.
+    pub fn unreachable_within(&self, d: Duration) -> bool {
+        self.0
+            .locked()
+            .unreachable
+            .is_some_and(|at| at.elapsed() < d)
     }
 }
+
+/// How long a failed connect, with no response since, says "down" without a probe.
+pub const UNREACHABLE_FOR: Duration = Duration::from_secs(2);
 
 /// How long a call may go unanswered before the API server's health is asked.
 pub const SUSPECT_AFTER: Duration = Duration::from_millis(400);
@@ -131,8 +169,14 @@ impl ApiHealth {
         probe.await
     }
 
-    /// Whether a probe less than [`PROBE_TTL`] old found the API server not answering.
+    /// Whether the API server is known not to answer: a request could not connect lately
+    /// with no response since (the watches retrying during an outage see this first, so a
+    /// request path call is given up before it is made), or a probe less than
+    /// [`PROBE_TTL`] old found it not answering.
     pub fn known_down(&self) -> bool {
+        if self.client.is_some() && self.heard.unreachable_within(UNREACHABLE_FOR) {
+            return true;
+        }
         let st = self.state.locked();
         st.last
             .is_some_and(|(at, up)| !up && at.elapsed() < PROBE_TTL)
@@ -282,5 +326,29 @@ mod tests {
             Err(GaveUp::Down)
         );
         assert!(h.known_down());
+    }
+
+    /// The watches' retries found nothing listening: a call is given up before it is made,
+    /// with no probe; any response clears it.
+    #[tokio::test]
+    async fn a_recent_refused_connection_gives_the_call_up_at_once() {
+        let (client, _server) = silent_api_server();
+        let heard = Heard::default();
+        heard.unreachable();
+        let h = ApiHealth::new(client, heard.clone());
+        assert!(h.known_down());
+        let never_polled = async { panic!("a call given up at once is not made") };
+        assert_eq!(
+            h.within(Duration::from_secs(60), never_polled).await,
+            Err(GaveUp::Down)
+        );
+        heard.answered();
+        assert!(!h.known_down());
+        // Without a client (tests) nothing is ever down.
+        let heard = Heard::default();
+        heard.unreachable();
+        let mut h = ApiHealth::assume_up();
+        h.heard = heard;
+        assert!(!h.known_down());
     }
 }

@@ -45,8 +45,12 @@ pub fn counted(client: Client, counts: Family<ApiRequest, Counter>, heard: Heard
             // Only a success that went through etcd says the API server can do its work: the
             // watch cache keeps answering reads and watches while etcd is down, and a write
             // then fails with a 5xx after seconds.
-            if what.from == ETCD && resp.as_ref().is_ok_and(|r| r.status().is_success()) {
-                heard.mark();
+            match &resp {
+                Ok(r) if what.from == ETCD && r.status().is_success() => heard.mark(),
+                Ok(_) => heard.answered(),
+                // Not a slow answer: nothing listened (api_health's fast "down").
+                Err(e) if crds::api_route::could_not_connect(e) => heard.unreachable(),
+                Err(_) => {}
             }
             resp
         }
@@ -260,5 +264,28 @@ mod tests {
             !failed_heard.within(Duration::from_secs(60)),
             "a 5xx does not count"
         );
+    }
+
+    /// A request that could not connect says "unreachable" until any response comes back,
+    /// a 404 included (api_health's fast "down").
+    #[tokio::test]
+    async fn a_refused_connection_marks_unreachable_until_any_answer() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let cfg = kube::Config::new(format!("http://127.0.0.1:{port}").parse().expect("url"));
+        let heard = Heard::default();
+        let down = counted(
+            Client::try_from(cfg).expect("client"),
+            Family::default(),
+            heard.clone(),
+        );
+        let pod = "/api/v1/namespaces/a/pods/p";
+        send(&down, Method::GET, pod).await;
+        assert!(heard.unreachable_within(Duration::from_secs(60)));
+        let up = counted(answering(404), Family::default(), heard.clone());
+        send(&up, Method::GET, pod).await;
+        assert!(!heard.unreachable_within(Duration::from_secs(60)));
     }
 }
