@@ -52,7 +52,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
              forwarded again)"
         ),
     }
-    let client = kube::Client::try_default().await?;
+    // Straight to the API server's address, the Service's virtual IP as fallback: resuming
+    // after an outage does not wait for kube-proxy (crds::api_route).
+    let client = crds::api_route::client(kube::Config::infer().await?).await?;
     let activator = Activator::start(cfg, client).await?;
     shutdown_signal().await;
     // Not ready at once, but still serving: whoever routes here learns that this pod is

@@ -10,6 +10,7 @@
 //!   all of them resume within a second or so of the API server answering again.
 
 pub mod activation_endpoints;
+pub mod api_route;
 pub mod backoff;
 pub mod contract;
 pub mod crdgen;

@@ -801,3 +801,23 @@ async fn namespace_waits_for_every_spec_finalizer() -> anyhow::Result<()> {
     s.shutdown().await;
     Ok(())
 }
+
+/// Endpoints are served (in-cluster components read `default/kubernetes`, the API server's
+/// own address, at start: crds::api_route), and what is stored is what the reader finds.
+#[tokio::test]
+async fn endpoints_are_served_and_the_api_servers_address_reads_back() -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::Endpoints;
+    let (_s, client) = server().await;
+    assert!(crds::api_route::read_addresses(&client).await?.is_empty());
+    let eps: Api<Endpoints> = Api::namespaced(client.clone(), "default");
+    let ep: Endpoints = serde_json::from_value(json!({
+        "metadata": {"name": "kubernetes"},
+        "subsets": [{"addresses": [{"ip": "127.0.0.9"}], "ports": [{"name": "https", "port": 6443}]}],
+    }))?;
+    eps.create(&PostParams::default(), &ep).await?;
+    assert_eq!(
+        crds::api_route::read_addresses(&client).await?,
+        vec!["127.0.0.9:6443".parse::<std::net::SocketAddr>()?]
+    );
+    Ok(())
+}

@@ -899,6 +899,19 @@ async fn uninstall_leaves_nothing_and_install_restores_the_product() {
         .filter(|n| n.contains("local-activator"))
         .collect();
     assert!(left.is_empty(), "ClusterRoles left: {left:?}");
+    // The one Role outside its namespace: the API server's address (crds::api_route).
+    let roles: Api<k8s_openapi::api::rbac::v1::Role> =
+        Api::namespaced(env.client.clone(), crds::api_route::SERVICE_NAMESPACE);
+    let left: Vec<String> = roles
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|r| r.name_any())
+        .filter(|n| n.contains("local-activator"))
+        .collect();
+    assert!(left.is_empty(), "Roles left in default: {left:?}");
     assert!(env.pods("gone").await.is_empty(), "app pods left");
     script("install", &[]);
     wait_daemonset_ready(&env.client).await;
@@ -1230,6 +1243,55 @@ async fn api_requests(acts: &BTreeMap<String, SocketAddr>) -> BTreeMap<String, O
 
 /// The API server (`component` "api") or etcd ("etcd") stopped for `outage` under warm load
 /// through every activator; a cold start during it; a new revision after it.
+/// When each activator's watches said they were receiving events again (its log's `… watch
+/// receiving events again`, written on the first event after errors: after an API server
+/// restart each re-lists, which is an event), the first such line after `from`, in seconds
+/// after `back` (negative: before it).
+async fn watches_resumed(
+    client: &Client,
+    from: k8s_openapi::jiff::Timestamp,
+    back: k8s_openapi::jiff::Timestamp,
+) -> BTreeMap<String, BTreeMap<String, f64>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NS);
+    let lp = ListParams::default().labels("app.kubernetes.io/component=activator");
+    let mut out = BTreeMap::new();
+    for p in pods.list(&lp).await.map(|l| l.items).unwrap_or_default() {
+        let node = p
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default();
+        let params = kube::api::LogParams {
+            container: Some("activator".into()),
+            since_seconds: Some(600),
+            ..Default::default()
+        };
+        let text = pods.logs(&p.name_any(), &params).await.unwrap_or_default();
+        let mut seen = BTreeMap::new();
+        for line in text.lines() {
+            let Some((ts, rest)) = line.split_once(' ') else {
+                continue;
+            };
+            let Some(what) = rest
+                .split_once("activator::cache: ")
+                .and_then(|(_, r)| r.split_once(" watch receiving events again"))
+                .map(|(w, _)| w.to_string())
+            else {
+                continue;
+            };
+            let Ok(at) = ts.parse::<k8s_openapi::jiff::Timestamp>() else {
+                continue;
+            };
+            if at >= from {
+                seen.entry(what)
+                    .or_insert(at.duration_since(back).as_secs_f64());
+            }
+        }
+        out.insert(node, seen);
+    }
+    out
+}
+
 async fn control_plane_outage(test: &str, component: &'static str, outage: Duration) {
     let Some(env) = env(test).await else {
         return;
@@ -1361,8 +1423,10 @@ async fn control_plane_outage(test: &str, component: &'static str, outage: Durat
     }
 
     let t_start = std::time::Instant::now();
+    let start_at = k8s_openapi::jiff::Timestamp::now();
     let took = fault.undo().await;
     let t_ready = std::time::Instant::now();
+    let back_at = k8s_openapi::jiff::Timestamp::now();
     let answered = api_answers(&env.client, Duration::from_secs(60)).await;
     let t_up = std::time::Instant::now();
     eprintln!(
@@ -1417,6 +1481,21 @@ async fn control_plane_outage(test: &str, component: &'static str, outage: Durat
     }
     assert!(created, "the revision 'after' could not be created");
     let t_created = std::time::Instant::now();
+    // The subsetter's side of recovery: its watches and its write of the new subset.
+    let assigned = {
+        let aes: Api<ActivationEndpoints> = Api::namespaced(env.client.clone(), &env.ns);
+        tokio::spawn(async move {
+            while t_created.elapsed() < Duration::from_secs(90) {
+                if let Ok(Some(ae)) = aes.get_opt("after").await
+                    && ae.status.as_ref().is_some_and(|s| !s.activators.is_empty())
+                {
+                    return Some(t_created.elapsed());
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            None
+        })
+    };
     // The kubelets' back-off (above) can hold a new pod for up to a minute after an outage.
     let within = Duration::from_secs(90);
     let served = join_all(acts.iter().map(|(node, a)| {
@@ -1480,6 +1559,28 @@ async fn control_plane_outage(test: &str, component: &'static str, outage: Durat
             ),
             None => eprintln!("kubelet on {node}: never wrote a new pod's status"),
         }
+    }
+    match assigned.await.expect("the subset measurement ends") {
+        Some(d) => eprintln!(
+            "the subsetter assigned 'after' {} ms after it was created",
+            d.as_millis()
+        ),
+        None => problems.push("'after' got no subset within 90 s".into()),
+    }
+    for (node, watches) in watches_resumed(&env.client, start_at, back_at).await {
+        eprintln!(
+            "activator on {node}: watches receiving events again after {component} answered \
+             /readyz (the script's poll; negative: before it): {}",
+            if watches.is_empty() {
+                "none logged (no watch failed, or none re-listed)".to_string()
+            } else {
+                watches
+                    .iter()
+                    .map(|(w, s)| format!("{w} {s:+.2} s"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
+        );
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
     let samples = loops.stop().await;

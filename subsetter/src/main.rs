@@ -91,7 +91,12 @@ async fn main() -> anyhow::Result<()> {
     }
     let policy = subsetter::policy::by_name(&args.policy)
         .ok_or_else(|| subsetter::Error::UnknownPolicy(args.policy.clone()))?;
-    let client = kube::Client::try_default()
+    // Straight to the API server's address, the Service's virtual IP as fallback: resuming
+    // after an outage does not wait for kube-proxy (crds::api_route).
+    let config = kube::Config::infer()
+        .await
+        .context("reading the API server's configuration")?;
+    let client = crds::api_route::client(config)
         .await
         .context("connecting to the API server")?;
     if let Some(selector) = &args.namespace_selector {

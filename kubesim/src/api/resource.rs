@@ -225,6 +225,19 @@ pub(crate) fn builtins() -> Vec<ResourceDef> {
         status: false,
         generation: false,
     });
+    // Served for `default/kubernetes`, the API server's own address, which in-cluster
+    // components read at start (crds::api_route).
+    let endpoints = builtin(B {
+        group: "",
+        version: "v1",
+        plural: "endpoints",
+        singular: "endpoints",
+        kind: "Endpoints",
+        short: &["ep"],
+        namespaced: true,
+        status: false,
+        generation: false,
+    });
     let eps = builtin(B {
         group: "discovery.k8s.io",
         version: "v1",
@@ -249,7 +262,7 @@ pub(crate) fn builtins() -> Vec<ResourceDef> {
     });
     crd.categories = vec!["api-extensions".into()];
     crd.unconditional_update = false;
-    vec![ns, node, pod, ev, ev2, cm, lease, eps, crd]
+    vec![ns, node, pod, ev, ev2, cm, lease, endpoints, eps, crd]
 }
 
 /// All served group/version/resources, in discovery order.
