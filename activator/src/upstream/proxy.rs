@@ -23,6 +23,7 @@ use http::{HeaderName, HeaderValue, Request, Response, StatusCode, Uri, Version}
 use http_body_util::BodyExt;
 use hyper::body::Body as _;
 use hyper::upgrade::OnUpgrade;
+use tokio::sync::oneshot;
 
 use crate::config::ActivatorConfig;
 use crate::upstream::body_timeout::{BodyIdle, IdleTimeout};
@@ -128,179 +129,117 @@ impl Upstream {
     }
 
     /// Sends `req` on `to`, adding `extra` headers. `what` names the target in errors.
+    ///
+    /// In stages: the head rewritten for the upstream, addressed for the connection's
+    /// protocol, the body given its idle timer, the request sent (once more on a fresh
+    /// connection when that is safe), and the outcome turned into a response or a refusal.
     pub async fn send(
         &self,
         to: Connected,
-        mut req: Request<Body>,
+        req: Request<Body>,
         extra: &[(HeaderName, String)],
         what: &str,
     ) -> Result<Response<Body>, Refusal> {
         let target = to.target;
-        // An upgrade the client's connection can carry out (server.rs serves with upgrades).
-        let upgrade_to = upgrade::requested(req.version(), req.headers())
-            .filter(|_| req.extensions().get::<OnUpgrade>().is_some());
-        let client_upgrade = upgrade_to.as_ref().map(|_| hyper::upgrade::on(&mut req));
-        let client_ip = req.extensions().get::<ClientAddr>().map(|c| c.0.ip());
-
-        let (mut parts, body) = req.into_parts();
-        // HTTP/2 carries the host in :authority, HTTP/1.1 in Host.
-        let host: Option<HeaderValue> = parts.headers.get(HOST).cloned().or_else(|| {
-            parts
-                .uri
-                .authority()
-                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-        });
-        hop_by_hop::strip(&mut parts.headers);
-        // The hop headers are for a peer only (the handler removed unproven ones; a proven
-        // one ends here): `extra` carries this activator's own when it forwards.
-        hop_by_hop::strip_activator_hops(&mut parts.headers);
-        // The real peer address, always: a peer activator's own address follows the
-        // client's, which the first activator appended (a hop never hides a client).
-        forwarded::add(
-            &mut parts.headers,
-            client_ip,
-            host.as_ref().and_then(|h| h.to_str().ok()),
-        );
-        for (name, value) in extra {
-            if let Ok(v) = value.parse() {
-                parts.headers.insert(name.clone(), v);
-            }
-        }
-        if let Some(p) = upgrade_to {
-            upgrade::restore(&mut parts.headers, p);
-        }
-        // What the server put there (the upgrade handle, the client's address) is not for
-        // the upstream client.
-        parts.extensions = http::Extensions::new();
-        let path = parts
-            .uri
-            .path_and_query()
-            .cloned()
-            .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
-        match &to.conn {
-            Conn::H1(_) => {
-                // HTTP/1.1 whatever the client spoke, in origin form on a connection that is
-                // already the target's; an HTTP/2 request's :authority becomes the Host
-                // header the app (or peer) routes on.
-                let host = host.unwrap_or_else(|| {
-                    HeaderValue::from_str(&target.to_string())
-                        .unwrap_or(HeaderValue::from_static("localhost"))
-                });
-                parts.headers.entry(HOST).or_insert(host);
-                parts.version = Version::HTTP_11;
-                parts.uri = Uri::from(path);
-            }
-            Conn::H2(_) => {
-                // The connection goes to `target`; :authority stays the client's host, and
-                // HTTP/2 has no Host header beside it.
-                parts.headers.remove(HOST);
-                parts.version = Version::HTTP_2;
-                let authority = host
-                    .as_ref()
-                    .and_then(|h| h.to_str().ok())
-                    .and_then(|h| h.parse::<http::uri::Authority>().ok())
-                    .unwrap_or_else(|| {
-                        target
-                            .to_string()
-                            .parse()
-                            .expect("a socket address is an authority")
-                    });
-                parts.uri = Uri::builder()
-                    .scheme("http")
-                    .authority(authority)
-                    .path_and_query(path)
-                    .build()
-                    .map_err(|e| Refusal::bad_request(format!("bad request path: {e}")))?;
-            }
-        }
-
-        // A body-less request has nothing to stall: no timer for it.
-        let (body, idle) = if body.is_end_stream() {
-            (IdleTimeout::untimed(body), None)
-        } else {
-            let (b, idle) = IdleTimeout::new(body, self.body_idle_timeout);
-            (b, Some(idle))
-        };
-        // Resolves only if the body timed out; pending forever once it can no longer.
-        let idle = async {
-            match idle {
-                Some(idle) => match idle.await {
-                    Ok(e) => e,
-                    Err(_) => std::future::pending().await,
-                },
-                None => std::future::pending().await,
-            }
-        };
-        // A body-less request with an idempotent method may go again on a fresh connection
-        // if a pooled one fails before any answer (RFC 9110 §9.2.2); anything else only if
-        // hyper says it was not written. The copy is made only for a pooled connection.
-        let replay = match &to.conn {
-            Conn::H1(c) if c.reused && body.is_end_stream() && parts.method.is_idempotent() => {
-                let mut copy = Request::new(crate::wire::answer::full(bytes::Bytes::new()));
-                *copy.method_mut() = parts.method.clone();
-                *copy.uri_mut() = parts.uri.clone();
-                *copy.version_mut() = parts.version;
-                *copy.headers_mut() = parts.headers.clone();
-                Some(copy)
-            }
-            _ => None,
-        };
-        let req = Request::from_parts(parts, body);
-        let sent = async {
-            match to.conn {
-                Conn::H1(mut c) => {
-                    let heard = c.heard.bytes();
-                    let resp = match c.send.try_send_request(req).await {
-                        Ok(resp) => resp,
-                        // A pooled connection the app closed as the request went out: the
-                        // request was not written, so it goes on a fresh connection once.
-                        Err(mut e) if c.reused && e.message().is_some() => {
-                            let req = e.take_message().expect("checked above");
-                            (c.send, c.heard) =
-                                self.h1.connect(target).await.map_err(SendError::Connect)?;
-                            c.send.send_request(req).await.map_err(SendError::Http)?
-                        }
-                        // Written, and the pooled connection failed with not one byte of
-                        // answer: only an idempotent request without a body goes again. A POST
-                        // the app may have acted on, or a request it began to answer, is the
-                        // client's 502, never sent twice.
-                        Err(e)
-                            if replay.is_some()
-                                && c.heard.bytes() == heard
-                                && !e.error().is_timeout() =>
-                        {
-                            tracing::debug!(%target, error = %e.error(), "pooled connection failed: request sent again");
-                            let req = replay.expect("checked above").map(IdleTimeout::untimed);
-                            (c.send, c.heard) =
-                                self.h1.connect(target).await.map_err(SendError::Connect)?;
-                            c.send.send_request(req).await.map_err(SendError::Http)?
-                        }
-                        Err(e) => return Err(SendError::Http(e.into_error())),
-                    };
-                    Ok(if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
-                        // The connection is the tunnel's now.
-                        resp.map(|b| b.map_err(box_error).boxed())
-                    } else {
-                        resp.map(|b| {
-                            Returning::new(b, c, target, self.h1.clone())
-                                .map_err(box_error)
-                                .boxed()
-                        })
-                    })
-                }
-                Conn::H2(mut send) => send
-                    .send_request(req)
-                    .await
-                    .map(|r| r.map(|b| b.map_err(box_error).boxed()))
-                    .map_err(SendError::Http),
-            }
-        };
+        let Outgoing {
+            mut parts,
+            body,
+            host,
+            client_upgrade,
+        } = Outgoing::rewrite(req, extra);
+        address(&mut parts, host, &to.conn, target)?;
+        let (body, idle) = self.timed(body);
+        let replay = replay_copy(&to.conn, &parts, &body);
+        let sent = self.transmit(to.conn, target, Request::from_parts(parts, body), replay);
         // The upstream client may see the aborted body only as a reset stream (HTTP/2) or
         // keep waiting for an answer that cannot come: the body's own signal decides.
         let result = tokio::select! {
             r = sent => r,
-            e = idle => return Err(body_timed_out(e)),
+            e = timed_out(idle) => return Err(body_timed_out(e)),
         };
+        self.outcome(result, client_upgrade, what, target)
+    }
+
+    /// A body-less request has nothing to stall: no timer for it.
+    fn timed(&self, body: Body) -> (UpBody, Option<oneshot::Receiver<BodyIdle>>) {
+        if body.is_end_stream() {
+            (IdleTimeout::untimed(body), None)
+        } else {
+            let (b, idle) = IdleTimeout::new(body, self.body_idle_timeout);
+            (b, Some(idle))
+        }
+    }
+
+    /// Sends the addressed request on the connection; `replay` is the copy an HTTP/1.1
+    /// request may go again as ([`replay_copy`]).
+    async fn transmit(
+        &self,
+        conn: Conn,
+        target: SocketAddr,
+        req: Request<UpBody>,
+        replay: Option<Request<Body>>,
+    ) -> Result<Response<Body>, SendError> {
+        match conn {
+            Conn::H1(c) => self.transmit_h1(c, target, req, replay).await,
+            Conn::H2(mut send) => send
+                .send_request(req)
+                .await
+                .map(|r| r.map(|b| b.map_err(box_error).boxed()))
+                .map_err(SendError::Http),
+        }
+    }
+
+    /// HTTP/1.1: a pooled connection that fails under the request is replaced once when the
+    /// request surely did not reach the app, or may safely reach it twice; the response's
+    /// body returns the connection to the pool when it ends.
+    async fn transmit_h1(
+        &self,
+        mut c: H1Conn,
+        target: SocketAddr,
+        req: Request<UpBody>,
+        replay: Option<Request<Body>>,
+    ) -> Result<Response<Body>, SendError> {
+        let heard = c.heard.bytes();
+        let resp = match c.send.try_send_request(req).await {
+            Ok(resp) => resp,
+            // A pooled connection the app closed as the request went out: the request was
+            // not written, so it goes on a fresh connection once.
+            Err(mut e) if c.reused && e.message().is_some() => {
+                let req = e.take_message().expect("checked above");
+                (c.send, c.heard) = self.h1.connect(target).await.map_err(SendError::Connect)?;
+                c.send.send_request(req).await.map_err(SendError::Http)?
+            }
+            // Written, and the pooled connection failed with not one byte of answer: only an
+            // idempotent request without a body goes again. A POST the app may have acted on,
+            // or a request it began to answer, is the client's 502, never sent twice.
+            Err(e) if replay.is_some() && c.heard.bytes() == heard && !e.error().is_timeout() => {
+                tracing::debug!(%target, error = %e.error(), "pooled connection failed: request sent again");
+                let req = replay.expect("checked above").map(IdleTimeout::untimed);
+                (c.send, c.heard) = self.h1.connect(target).await.map_err(SendError::Connect)?;
+                c.send.send_request(req).await.map_err(SendError::Http)?
+            }
+            Err(e) => return Err(SendError::Http(e.into_error())),
+        };
+        Ok(if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+            // The connection is the tunnel's now.
+            resp.map(|b| b.map_err(box_error).boxed())
+        } else {
+            resp.map(|b| {
+                Returning::new(b, c, target, self.h1.clone())
+                    .map_err(box_error)
+                    .boxed()
+            })
+        })
+    }
+
+    /// What the client is answered: the upstream's response, or why there is none.
+    fn outcome(
+        &self,
+        result: Result<Response<Body>, SendError>,
+        client_upgrade: Option<OnUpgrade>,
+        what: &str,
+        target: SocketAddr,
+    ) -> Result<Response<Body>, Refusal> {
         match result {
             Ok(resp) => self.response(resp, client_upgrade, what, target),
             Err(SendError::Connect(e)) => Err(Refusal::bad_gateway(format!(
@@ -400,6 +339,144 @@ enum SendError {
     /// A fresh connection, after the pooled one closed under the request, was refused.
     Connect(ConnectError),
     Http(hyper::Error),
+}
+
+/// The client's request taken apart, its head rewritten for the upstream.
+struct Outgoing {
+    parts: http::request::Parts,
+    body: Body,
+    /// The host the client named (Host, or an HTTP/2 request's :authority).
+    host: Option<HeaderValue>,
+    /// The client connection's upgrade, when the request asks for one it can carry out.
+    client_upgrade: Option<OnUpgrade>,
+}
+
+impl Outgoing {
+    /// Hop-by-hop headers out, the forwarding headers in, `extra` added, an upgrade's own
+    /// headers put back.
+    fn rewrite(mut req: Request<Body>, extra: &[(HeaderName, String)]) -> Self {
+        // An upgrade the client's connection can carry out (server.rs serves with upgrades).
+        let upgrade_to = upgrade::requested(req.version(), req.headers())
+            .filter(|_| req.extensions().get::<OnUpgrade>().is_some());
+        let client_upgrade = upgrade_to.as_ref().map(|_| hyper::upgrade::on(&mut req));
+        let client_ip = req.extensions().get::<ClientAddr>().map(|c| c.0.ip());
+
+        let (mut parts, body) = req.into_parts();
+        // HTTP/2 carries the host in :authority, HTTP/1.1 in Host.
+        let host: Option<HeaderValue> = parts.headers.get(HOST).cloned().or_else(|| {
+            parts
+                .uri
+                .authority()
+                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        });
+        hop_by_hop::strip(&mut parts.headers);
+        // The hop headers are for a peer only (the handler removed unproven ones; a proven
+        // one ends here): `extra` carries this activator's own when it forwards.
+        hop_by_hop::strip_activator_hops(&mut parts.headers);
+        // The real peer address, always: a peer activator's own address follows the
+        // client's, which the first activator appended (a hop never hides a client).
+        forwarded::add(
+            &mut parts.headers,
+            client_ip,
+            host.as_ref().and_then(|h| h.to_str().ok()),
+        );
+        for (name, value) in extra {
+            if let Ok(v) = value.parse() {
+                parts.headers.insert(name.clone(), v);
+            }
+        }
+        if let Some(p) = upgrade_to {
+            upgrade::restore(&mut parts.headers, p);
+        }
+        // What the server put there (the upgrade handle, the client's address) is not for
+        // the upstream client.
+        parts.extensions = http::Extensions::new();
+        Self {
+            parts,
+            body,
+            host,
+            client_upgrade,
+        }
+    }
+}
+
+/// The head's version, target and host for the connection's protocol.
+fn address(
+    parts: &mut http::request::Parts,
+    host: Option<HeaderValue>,
+    conn: &Conn,
+    target: SocketAddr,
+) -> Result<(), Refusal> {
+    let path = parts
+        .uri
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
+    match conn {
+        Conn::H1(_) => {
+            // HTTP/1.1 whatever the client spoke, in origin form on a connection that is
+            // already the target's; an HTTP/2 request's :authority becomes the Host header
+            // the app (or peer) routes on.
+            let host = host.unwrap_or_else(|| {
+                HeaderValue::from_str(&target.to_string())
+                    .unwrap_or(HeaderValue::from_static("localhost"))
+            });
+            parts.headers.entry(HOST).or_insert(host);
+            parts.version = Version::HTTP_11;
+            parts.uri = Uri::from(path);
+        }
+        Conn::H2(_) => {
+            // The connection goes to `target`; :authority stays the client's host, and
+            // HTTP/2 has no Host header beside it.
+            parts.headers.remove(HOST);
+            parts.version = Version::HTTP_2;
+            let authority = host
+                .as_ref()
+                .and_then(|h| h.to_str().ok())
+                .and_then(|h| h.parse::<http::uri::Authority>().ok())
+                .unwrap_or_else(|| {
+                    target
+                        .to_string()
+                        .parse()
+                        .expect("a socket address is an authority")
+                });
+            parts.uri = Uri::builder()
+                .scheme("http")
+                .authority(authority)
+                .path_and_query(path)
+                .build()
+                .map_err(|e| Refusal::bad_request(format!("bad request path: {e}")))?;
+        }
+    }
+    Ok(())
+}
+
+/// A body-less request with an idempotent method may go again on a fresh connection if a
+/// pooled one fails before any answer (RFC 9110 §9.2.2); anything else only if hyper says it
+/// was not written. The copy is made only for a pooled connection.
+fn replay_copy(conn: &Conn, parts: &http::request::Parts, body: &UpBody) -> Option<Request<Body>> {
+    match conn {
+        Conn::H1(c) if c.reused && body.is_end_stream() && parts.method.is_idempotent() => {
+            let mut copy = Request::new(crate::wire::answer::full(bytes::Bytes::new()));
+            *copy.method_mut() = parts.method.clone();
+            *copy.uri_mut() = parts.uri.clone();
+            *copy.version_mut() = parts.version;
+            *copy.headers_mut() = parts.headers.clone();
+            Some(copy)
+        }
+        _ => None,
+    }
+}
+
+/// Resolves only if the body timed out; pending forever once it can no longer.
+async fn timed_out(idle: Option<oneshot::Receiver<BodyIdle>>) -> BodyIdle {
+    match idle {
+        Some(idle) => match idle.await {
+            Ok(e) => e,
+            Err(_) => std::future::pending().await,
+        },
+        None => std::future::pending().await,
+    }
 }
 
 /// Whether `req` asks to switch protocols (sent over HTTP/1.1 whatever the revision speaks).
