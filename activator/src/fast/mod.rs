@@ -33,12 +33,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use crds::ObjectKey as RevisionKey;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::node::pool::NoSlot;
+use crate::node::pool::{Lease, NoSlot, Spec};
 use crate::ops::metrics::{Outcome, Phase, Route};
 use crate::ops::telemetry;
 use crate::pipeline::decide::RouteTo;
@@ -54,7 +55,7 @@ use crate::wire::names::CLIENT_GONE;
 
 use exchange::{Ended, Scratch};
 use head::{Classified, RequestHead};
-use pod_conns::PodConns;
+use pod_conns::{PodConn, PodConns};
 
 /// A request head larger than this goes to hyper (which answers 431 past its own limit).
 const MAX_HEAD: usize = 16 * 1024;
@@ -73,6 +74,20 @@ pub struct FastLane {
     /// their response.
     stop: CancellationToken,
     served_by: Bytes,
+}
+
+/// A request this node serves, as resolve and route decided it.
+struct ServeHere {
+    head: RequestHead,
+    key: RevisionKey,
+    /// The revision and this member's share of it.
+    spec: Spec,
+    arrived: Instant,
+    /// The revision's timeout, from the arrival.
+    deadline: Instant,
+    /// Another member could start the revision: hyper's path forwards what this node
+    /// cannot serve.
+    can_forward: bool,
 }
 
 /// After one request.
@@ -201,22 +216,48 @@ impl FastLane {
         &self,
         stream: &mut TcpStream,
         buf: &mut BytesMut,
-        mut head: RequestHead,
+        head: RequestHead,
         client: &head::Client,
         scratch: &mut Scratch,
     ) -> Next {
         let arrived = Instant::now();
-        let h = &*self.handler;
         if telemetry::request_spans() {
             return Next::Hyper("spans");
         }
-        // 1. resolve and 2. route: the decision hyper's path makes, from the same code.
-        // Anything but "serve here, nobody ahead" (an unknown revision, a read that failed, a
-        // subset to read or forward to, a member without a share, the primary elsewhere) is
-        // hyper's to carry out: nothing of the request has been consumed.
+        // 1. resolve and 2. route
+        let req = match self.decide(head, arrived, scratch).await {
+            Ok(req) => req,
+            Err(why) => return Next::Hyper(why),
+        };
+        // 3. admit, and a connection to the pod.
+        let admitted = match self.admit(stream, buf, scratch, &req).await {
+            Ok(admitted) => admitted,
+            Err(next) => return next,
+        };
+        // 4. proxy
+        let cold = admitted.0.cold;
+        let ended = self
+            .proxy(stream, buf, client, admitted, &req, scratch)
+            .await;
+        // 5. account
+        self.account(stream, scratch, &req.key, cold, ended).await
+    }
+
+    /// Resolve and route: the decision hyper's path makes, from the same code. Anything but
+    /// "serve here, nobody ahead" (an unknown revision, a read that failed, a subset to read
+    /// or forward to, a member without a share, the primary elsewhere, an app that speaks
+    /// HTTP/2) is hyper's to carry out, named by the error: nothing of the request has been
+    /// consumed.
+    async fn decide(
+        &self,
+        mut head: RequestHead,
+        arrived: Instant,
+        scratch: &mut Scratch,
+    ) -> Result<ServeHere, &'static str> {
+        let h = &*self.handler;
         let name = std::mem::replace(&mut head.name, Named::Host(String::new()));
         let Ok((key, rev)) = h.resolve(Ok(name), arrived).await else {
-            return Next::Hyper("resolve");
+            return Err("resolve");
         };
         let protocol = match &scratch.protocol {
             Some((r, p)) if Arc::ptr_eq(r, &rev) => *p,
@@ -227,56 +268,91 @@ impl FastLane {
             }
         };
         if protocol != UpstreamProtocol::Http1 {
-            return Next::Hyper("h2c app");
+            return Err("h2c app");
         }
         let deadline = arrived + request_timeout(&rev);
         let (spec, peers) = match h.route(&key, &rev, false, deadline).await {
             Ok(RouteTo::Here { spec, peers, ahead }) if ahead.is_empty() => (spec, peers),
-            _ => return Next::Hyper("route"),
+            _ => return Err("route"),
         };
         // No request here carries a hop (those go to hyper's path, which checks them).
         let can_forward = peers.iter().any(|m| can_start(&spec.rev, m));
+        Ok(ServeHere {
+            head,
+            key,
+            spec,
+            arrived,
+            deadline,
+            can_forward,
+        })
+    }
+
+    /// A slot on a pod and a connection to it, trying another pod after a refused connect;
+    /// Err is how the request ends instead (answered here, closed, or hyper's).
+    async fn admit(
+        &self,
+        stream: &mut TcpStream,
+        buf: &mut BytesMut,
+        scratch: &mut Scratch,
+        req: &ServeHere,
+    ) -> Result<(Lease, PodConn), Next> {
+        let h = &*self.handler;
+        let (key, deadline) = (&req.key, req.deadline);
         let mut retries = PodRetries::new(h.upstream.retries(), &h.metrics);
-        // 3. admit, and a connection to the pod.
-        let (mut lease, conn) = loop {
+        loop {
             let admitted = tokio::select! {
                 biased;
-                l = h.admit(&key, &spec, arrived, can_forward) => l,
+                l = h.admit(key, &req.spec, req.arrived, req.can_forward) => l,
                 // Draining: hyper's path sends it to a peer member.
-                _ = h.draining.cancelled(), if can_forward => return Next::Hyper("draining"),
+                _ = h.draining.cancelled(), if req.can_forward => return Err(Next::Hyper("draining")),
                 () = client_gone(stream, buf) => {
                     // nginx's 499: the client closed the connection before its answer.
                     self.count(scratch, Route::Refused, CLIENT_GONE);
-                    return Next::Close;
+                    return Err(Next::Close);
                 }
                 () = tokio::time::sleep_until(deadline) => {
-                    let r = too_late(&key, deadline.duration_since(arrived));
-                    return self.refuse(stream, scratch, r).await;
+                    let r = too_late(key, deadline.duration_since(req.arrived));
+                    return Err(self.refuse(stream, scratch, r).await);
                 }
             };
             let lease = match admitted {
                 Ok(lease) => lease,
                 // Another member serves it: hyper's path forwards (nothing was consumed).
-                Err(NoSlot::Elsewhere(_)) if can_forward => return Next::Hyper("elsewhere"),
+                Err(NoSlot::Elsewhere(_)) if req.can_forward => {
+                    return Err(Next::Hyper("elsewhere"));
+                }
                 Err(no) => {
-                    let r = h.no_slot(&key, no);
-                    return self.refuse(stream, scratch, r).await;
+                    let r = h.no_slot(key, no);
+                    return Err(self.refuse(stream, scratch, r).await);
                 }
             };
             match self.pods.get(lease.addr()).await {
-                Ok(conn) => break (lease, conn),
+                Ok(conn) => return Ok((lease, conn)),
                 Err(e) => {
                     let addr = lease.addr();
                     if !retries.after_refused(lease) {
                         let r = Refusal::bad_gateway(format!(
                             "revision {key}: pod at {addr} is unreachable: {e}"
                         ));
-                        return self.refuse(stream, scratch, r).await;
+                        return Err(self.refuse(stream, scratch, r).await);
                     }
                 }
             }
-        };
-        // 4. proxy
+        }
+    }
+
+    /// The exchange with the pod, holding the slot until the response has been sent.
+    async fn proxy(
+        &self,
+        stream: &mut TcpStream,
+        buf: &mut BytesMut,
+        client: &head::Client,
+        (mut lease, conn): (Lease, PodConn),
+        req: &ServeHere,
+        scratch: &mut Scratch,
+    ) -> Ended {
+        let h = &*self.handler;
+        let (arrived, head) = (req.arrived, &req.head);
         let (cold, first_of_cold) = (lease.cold, lease.first_of_cold);
         let timings = lease.timings.take();
         let server_timing = || {
@@ -286,21 +362,32 @@ impl FastLane {
             }
             timings.map(|t| t.server_timing(waited)).unwrap_or_default()
         };
-        let req = exchange::Request {
-            head: &head,
+        let out = exchange::Request {
+            head,
             client,
             target: lease.addr(),
-            deadline,
+            deadline: req.deadline,
             body_idle_timeout: self.body_idle_timeout,
             served_by: &self.served_by,
             cold: cold.then_some(&server_timing as &(dyn Fn() -> String + Sync)),
             close: head.close || self.stop.is_cancelled(),
             retries: Some(&h.metrics.retries),
         };
-        let ended = exchange::exchange(stream, buf, conn, &self.pods, &req, scratch).await;
+        let ended = exchange::exchange(stream, buf, conn, &self.pods, &out, scratch).await;
         // The slot is held until the response has been sent.
         drop(lease);
-        // 5. account
+        ended
+    }
+
+    /// Counts how the request ended and whether the connection goes on.
+    async fn account(
+        &self,
+        stream: &mut TcpStream,
+        scratch: &mut Scratch,
+        key: &RevisionKey,
+        cold: bool,
+        ended: Ended,
+    ) -> Next {
         let route = if cold { Route::Cold } else { Route::Warm };
         match ended {
             Ended::Done { status, close, .. } => {
