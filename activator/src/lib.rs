@@ -34,6 +34,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use tokio::net::TcpListener;
+use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -41,10 +42,11 @@ pub use config::ActivatorConfig;
 pub use error::Error;
 pub use metrics::Metrics;
 
-use crate::cache::endpoints::EndpointsCache;
+use crate::cache::endpoints::{EndpointsCache, MemberEvent};
 use crate::cache::hosts::HostCache;
 use crate::cache::pods::PodCache;
 use crate::cache::revisions::RevisionCache;
+use crate::fast::FastLane;
 use crate::node::pool::{Pools, Shared};
 use crate::ops::admin::Admin;
 use crate::pipeline::handler::Handler;
@@ -71,169 +73,49 @@ impl Activator {
     /// Binds the data and admin ports, starts the caches and serves. Ready (`/readyz`) once
     /// the caches have their first full lists.
     pub async fn start(cfg: ActivatorConfig, client: kube::Client) -> Result<Self, Error> {
-        let data = bind_shared("data port", cfg.data_addr, cfg.io_threads > 1)?;
-        let admin_l = bind("admin port", cfg.admin_addr).await?;
-        let data_addr = data.local_addr().map_err(|source| Error::Bind {
-            what: "data port",
-            addr: cfg.data_addr,
-            source,
-        })?;
-        let admin_addr = admin_l.local_addr().map_err(|source| Error::Bind {
-            what: "admin port",
-            addr: cfg.admin_addr,
-            source,
-        })?;
-
+        let ports = Ports::bind(&cfg).await?;
         let stop = CancellationToken::new();
         let stop_caches = CancellationToken::new();
         let metrics = Arc::new(Metrics::default());
-        let heard = api_health::Heard::default();
-        let client = api_count::counted(client, metrics.api_requests.clone(), heard.clone());
-        // Calls on the request path give up as soon as the API server is found not to answer.
-        let api = api_health::ApiHealth::new(client.clone(), heard);
-        let revisions = RevisionCache::new(client.clone());
-        // Off, no Host lookup is ever made (requests must name their revision by headers).
-        let hosts = cfg
-            .host_routing
-            .then(|| HostCache::new(client.clone(), cfg.host_ttl, cfg.host_miss_ttl));
-        let (member_of_tx, member_of) = tokio::sync::mpsc::unbounded_channel();
-        let endpoints = EndpointsCache::start(
-            client.clone(),
-            &cfg.node_name,
-            cfg.endpoints_ttl,
-            stop_caches.child_token(),
-            member_of_tx,
-        );
-        let pods = PodCache::start(client.clone(), &cfg.node_name, stop_caches.child_token());
-        let directory = cache::directory::Directory::start(
-            &cfg.directory,
-            client.clone(),
-            stop_caches.child_token(),
-        );
-        let caches = (
-            revisions.clone(),
-            hosts.clone(),
-            endpoints.clone(),
-            pods.clone(),
-        );
-        let events = crate::ops::events::EventSink::new(
-            client.clone(),
-            cfg.pod_name.clone(),
-            crate::ops::events::EventConfig::default(),
-        );
-        let pools = Pools::new(Shared {
-            client,
-            api: api.clone(),
-            events,
-            node: cfg.node_name.clone(),
-            pods: pods.clone(),
-            metrics: metrics.clone(),
-            cfg: cfg.pool.clone(),
-            queued_total: Default::default(),
-            stop: stop_caches.child_token(),
-            epoch: tokio::time::Instant::now(),
-            full: Default::default(),
-            node_addresses: cfg
-                .node_agent
-                .as_ref()
-                .map(|path| node_addr::NodeAddresses::new(path, metrics.clone())),
-        });
+        let (client, api) = counted_client(client, &metrics);
+        let (caches, member_of) = Caches::start(&cfg, &client, &stop_caches);
+        let pools = pools(&cfg, client, &api, &caches.pods, &metrics, &stop_caches);
         tokio::spawn(node::warm::keep_members_warm(
             member_of,
             pools.clone(),
-            revisions.clone(),
+            caches.revisions.clone(),
             stop_caches.child_token(),
         ));
-        let node_header = http::HeaderValue::from_str(&cfg.node_name).map_err(|_| {
-            Error::Config(format!(
-                "node name {:?} is not a header value",
-                cfg.node_name
-            ))
-        })?;
-        let suspects = Arc::new(suspects::Suspects::default());
-        // One handler per serving thread: each has its own connection pool to pods and
-        // peers, so a request and its upstream connection stay on one thread.
-        let make_handler = || {
-            Arc::new(Handler {
-                node: cfg.node_name.clone(),
-                node_header: node_header.clone(),
-                revisions: revisions.clone(),
-                hosts: hosts.clone(),
-                endpoints: endpoints.clone(),
-                pools: pools.clone(),
-                upstream: Upstream::new(&cfg),
-                metrics: metrics.clone(),
-                draining: stop.child_token(),
-                hop: cfg.hop.clone(),
-                api: api.clone(),
-                directory: directory.clone(),
-                suspects: suspects.clone(),
-            })
-        };
-        // The fast lane of each serving thread (off: hyper serves every request).
-        let make_fast = |h: &Arc<Handler>, stop: &CancellationToken| {
-            cfg.fast_lane.then(|| {
-                crate::fast::FastLane::new(
-                    h.clone(),
-                    cfg.connect_timeout,
-                    cfg.pool_idle_timeout,
-                    cfg.body_idle_timeout,
-                    stop.clone(),
-                )
-            })
+        let serving = Serving {
+            cfg: &cfg,
+            node_header: node_header(&cfg.node_name)?,
+            caches: &caches,
+            pools: pools.clone(),
+            metrics: metrics.clone(),
+            stop: stop.clone(),
+            api,
+            suspects: Arc::new(suspects::Suspects::default()),
         };
         let admin = Arc::new(Admin {
             ready: Default::default(),
             registry: metrics.registry(),
         });
 
-        let mut tasks = Vec::new();
-        let a = admin.clone();
-        tasks.push(tokio::spawn(server::serve(
-            admin_l,
-            stop.child_token(),
-            std::time::Duration::from_secs(1),
-            move |req| {
-                let a = a.clone();
-                async move { a.handle(req) }
-            },
-        )));
-        if cfg.io_threads <= 1 {
-            let h = make_handler();
-            let stop = stop.child_token();
-            let fast = make_fast(&h, &stop);
-            tasks.push(tokio::spawn(server::serve_with(
-                data,
-                stop,
-                cfg.drain_timeout,
-                cfg.body_idle_timeout,
-                move |req| h.clone().handle(req),
-                fast,
-                None,
-            )));
-        } else {
-            tasks.extend(serve_on_threads(
-                &cfg,
-                data,
-                data_addr,
-                &metrics,
-                &make_handler,
-                &make_fast,
-                &stop,
-            )?);
-        }
+        let mut tasks = vec![serve_admin(ports.admin, admin.clone(), &stop)];
+        tasks.extend(serving.serve_data(ports.data, ports.data_addr)?);
         tasks.push(tokio::spawn(adopt::ready_then_adopt(
             admin.clone(),
             cfg.node_name.clone(),
-            pods.clone(),
-            endpoints.clone(),
-            revisions.clone(),
-            pools.clone(),
+            caches.pods.clone(),
+            caches.endpoints.clone(),
+            caches.revisions.clone(),
+            pools,
             stop.child_token(),
         )));
+        let (data_addr, admin_addr) = (ports.data_addr, ports.admin_addr);
         tracing::info!(node = %cfg.node_name, %data_addr, %admin_addr, "activator started");
         Ok(Self {
-            caches,
+            caches: caches.counted(),
             pod_name: cfg.pod_name.clone(),
             data_addr,
             admin_addr,
@@ -306,6 +188,240 @@ impl Drop for Activator {
     }
 }
 
+/// The data and admin ports, bound.
+struct Ports {
+    data: TcpListener,
+    admin: TcpListener,
+    data_addr: SocketAddr,
+    admin_addr: SocketAddr,
+}
+
+impl Ports {
+    async fn bind(cfg: &ActivatorConfig) -> Result<Self, Error> {
+        let data = bind_shared("data port", cfg.data_addr, cfg.io_threads > 1)?;
+        let admin = bind("admin port", cfg.admin_addr).await?;
+        let data_addr = data.local_addr().map_err(|source| Error::Bind {
+            what: "data port",
+            addr: cfg.data_addr,
+            source,
+        })?;
+        let admin_addr = admin.local_addr().map_err(|source| Error::Bind {
+            what: "admin port",
+            addr: cfg.admin_addr,
+            source,
+        })?;
+        Ok(Self {
+            data,
+            admin,
+            data_addr,
+            admin_addr,
+        })
+    }
+}
+
+/// The kube client with its requests counted, and whether the API server answers.
+fn counted_client(
+    client: kube::Client,
+    metrics: &Metrics,
+) -> (kube::Client, api_health::ApiHealth) {
+    let heard = api_health::Heard::default();
+    let client = api_count::counted(client, metrics.api_requests.clone(), heard.clone());
+    // Calls on the request path give up as soon as the API server is found not to answer.
+    let api = api_health::ApiHealth::new(client.clone(), heard);
+    (client, api)
+}
+
+/// What the activator knows of the API.
+struct Caches {
+    revisions: RevisionCache,
+    hosts: Option<HostCache>,
+    endpoints: EndpointsCache,
+    pods: PodCache,
+    directory: Option<cache::directory::Directory>,
+}
+
+impl Caches {
+    /// Starts the watches (stopped by `stop`); the receiver tells of this node's memberships.
+    fn start(
+        cfg: &ActivatorConfig,
+        client: &kube::Client,
+        stop: &CancellationToken,
+    ) -> (Self, UnboundedReceiver<MemberEvent>) {
+        let revisions = RevisionCache::new(client.clone());
+        // Off, no Host lookup is ever made (requests must name their revision by headers).
+        let hosts = cfg
+            .host_routing
+            .then(|| HostCache::new(client.clone(), cfg.host_ttl, cfg.host_miss_ttl));
+        let (member_of_tx, member_of) = tokio::sync::mpsc::unbounded_channel();
+        let endpoints = EndpointsCache::start(
+            client.clone(),
+            &cfg.node_name,
+            cfg.endpoints_ttl,
+            stop.child_token(),
+            member_of_tx,
+        );
+        let pods = PodCache::start(client.clone(), &cfg.node_name, stop.child_token());
+        let directory =
+            cache::directory::Directory::start(&cfg.directory, client.clone(), stop.child_token());
+        let caches = Self {
+            revisions,
+            hosts,
+            endpoints,
+            pods,
+            directory,
+        };
+        (caches, member_of)
+    }
+
+    /// The caches [`Activator::cached_objects`] counts.
+    fn counted(&self) -> (RevisionCache, Option<HostCache>, EndpointsCache, PodCache) {
+        (
+            self.revisions.clone(),
+            self.hosts.clone(),
+            self.endpoints.clone(),
+            self.pods.clone(),
+        )
+    }
+}
+
+/// The pools of this node's revisions (their scalers stop with `stop_caches`).
+fn pools(
+    cfg: &ActivatorConfig,
+    client: kube::Client,
+    api: &api_health::ApiHealth,
+    pods: &PodCache,
+    metrics: &Arc<Metrics>,
+    stop_caches: &CancellationToken,
+) -> Pools {
+    let events = crate::ops::events::EventSink::new(
+        client.clone(),
+        cfg.pod_name.clone(),
+        crate::ops::events::EventConfig::default(),
+    );
+    Pools::new(Shared {
+        client,
+        api: api.clone(),
+        events,
+        node: cfg.node_name.clone(),
+        pods: pods.clone(),
+        metrics: metrics.clone(),
+        cfg: cfg.pool.clone(),
+        queued_total: Default::default(),
+        stop: stop_caches.child_token(),
+        epoch: tokio::time::Instant::now(),
+        full: Default::default(),
+        node_addresses: cfg
+            .node_agent
+            .as_ref()
+            .map(|path| node_addr::NodeAddresses::new(path, metrics.clone())),
+    })
+}
+
+/// The node's name as the header value the activator's answers carry.
+fn node_header(node: &str) -> Result<http::HeaderValue, Error> {
+    http::HeaderValue::from_str(node)
+        .map_err(|_| Error::Config(format!("node name {node:?} is not a header value")))
+}
+
+/// Serves the admin port until `stop`.
+fn serve_admin(
+    listener: TcpListener,
+    admin: Arc<Admin>,
+    stop: &CancellationToken,
+) -> JoinHandle<()> {
+    tokio::spawn(server::serve(
+        listener,
+        stop.child_token(),
+        std::time::Duration::from_secs(1),
+        move |req| {
+            let a = admin.clone();
+            async move { a.handle(req) }
+        },
+    ))
+}
+
+/// What the data port's serving threads are made of.
+struct Serving<'a> {
+    cfg: &'a ActivatorConfig,
+    node_header: http::HeaderValue,
+    caches: &'a Caches,
+    pools: Pools,
+    metrics: Arc<Metrics>,
+    /// Stops accepting; each handler's `draining` is a child of it.
+    stop: CancellationToken,
+    api: api_health::ApiHealth,
+    suspects: Arc<suspects::Suspects>,
+}
+
+impl Serving<'_> {
+    /// One handler per serving thread: each has its own connection pool to pods and peers,
+    /// so a request and its upstream connection stay on one thread.
+    fn handler(&self) -> Arc<Handler> {
+        let (cfg, caches) = (self.cfg, self.caches);
+        Arc::new(Handler {
+            node: cfg.node_name.clone(),
+            node_header: self.node_header.clone(),
+            revisions: caches.revisions.clone(),
+            hosts: caches.hosts.clone(),
+            endpoints: caches.endpoints.clone(),
+            pools: self.pools.clone(),
+            upstream: Upstream::new(cfg),
+            metrics: self.metrics.clone(),
+            draining: self.stop.child_token(),
+            hop: cfg.hop.clone(),
+            api: self.api.clone(),
+            directory: caches.directory.clone(),
+            suspects: self.suspects.clone(),
+        })
+    }
+
+    /// The fast lane of a serving thread (off: hyper serves every request).
+    fn fast(&self, h: &Arc<Handler>, stop: &CancellationToken) -> Option<Arc<FastLane>> {
+        let cfg = self.cfg;
+        cfg.fast_lane.then(|| {
+            FastLane::new(
+                h.clone(),
+                cfg.connect_timeout,
+                cfg.pool_idle_timeout,
+                cfg.body_idle_timeout,
+                stop.clone(),
+            )
+        })
+    }
+
+    /// Serves the data port: on the caller's runtime, or on `cfg.io_threads` threads.
+    fn serve_data(
+        &self,
+        data: TcpListener,
+        data_addr: SocketAddr,
+    ) -> Result<Vec<JoinHandle<()>>, Error> {
+        let cfg = self.cfg;
+        if cfg.io_threads > 1 {
+            return serve_on_threads(
+                cfg,
+                data,
+                data_addr,
+                &self.metrics,
+                &|| self.handler(),
+                &|h, stop| self.fast(h, stop),
+                &self.stop,
+            );
+        }
+        let h = self.handler();
+        let stop = self.stop.child_token();
+        let fast = self.fast(&h, &stop);
+        Ok(vec![tokio::spawn(server::serve_with(
+            data,
+            stop,
+            cfg.drain_timeout,
+            cfg.body_idle_timeout,
+            move |req| h.clone().handle(req),
+            fast,
+            None,
+        ))])
+    }
+}
+
 /// Binds `addr`; with `shared`, with SO_REUSEPORT so several serving threads can each have
 /// a listener on the same port.
 fn bind_shared(what: &'static str, addr: SocketAddr, shared: bool) -> Result<TcpListener, Error> {
@@ -331,8 +447,7 @@ async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, Error
 }
 
 /// The fast lane of a serving thread, made from its handler (None: the fast lane is off).
-type MakeFast<'a> =
-    dyn Fn(&Arc<Handler>, &CancellationToken) -> Option<Arc<crate::fast::FastLane>> + 'a;
+type MakeFast<'a> = dyn Fn(&Arc<Handler>, &CancellationToken) -> Option<Arc<FastLane>> + 'a;
 
 /// Serves the data port on `cfg.io_threads` threads; returns a task per thread that ends
 /// with it.
