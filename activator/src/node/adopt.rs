@@ -13,7 +13,8 @@ use crds::ActivatorMember;
 use crate::cache::endpoints::{EndpointsCache, Membership};
 use crate::cache::pods::PodCache;
 use crate::cache::revisions::RevisionCache;
-use crate::node::pool::{Pools, Spec};
+use crate::node::pool::Spec;
+use crate::node::pools::Pools;
 
 /// Marks `admin` ready once the node's subsets and pods are listed, then adopts the pods a
 /// previous process left here; both end when `stop` is cancelled.

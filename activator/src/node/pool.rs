@@ -1,8 +1,13 @@
 //! One revision's pods on this node as the request path sees them: the [`Throttle`] that
-//! hands out slots, the buffer of requests waiting for one, and the scaler task
-//! ([`crate::node::scaler`]) that creates and deletes pods to match. A pool exists while the
+//! hands out slots and the buffer of requests waiting for one. A pool exists while the
 //! revision has pods or requests here; an idle one at zero pods retires, and the next
 //! request makes a new one (a cold start).
+//!
+//! The pool owns its state: its scaler task (`scaler.rs`, started beside it by
+//! [`crate::node::pools`]), which creates and deletes pods to match, changes it only through
+//! the methods here, named for what they do ([`Pool::change_pods`] and [`PodChanges`] for a
+//! pass over the pods, the `*_waiters*` answers, the cold-start marks, retiring). The pool
+//! knows nothing of its scaler.
 //!
 //! Locking: one short `std::sync::Mutex` per pool, never held across an await. Grants to
 //! waiters are sent after the lock is released, because a grant whose waiter has gone is
@@ -17,6 +22,7 @@ use std::time::Duration;
 use crds::{ActivatorMember, Revision};
 use dashmap::DashMap;
 use kube::Client;
+use tokio::sync::futures::Notified;
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -110,86 +116,6 @@ impl Shared {
     }
 }
 
-/// The pools of this node's revisions.
-#[derive(Clone)]
-pub struct Pools {
-    map: Arc<DashMap<RevisionKey, Arc<Pool>>>,
-    shared: Arc<Shared>,
-}
-
-impl Pools {
-    pub fn new(shared: Shared) -> Self {
-        Self {
-            map: Arc::new(DashMap::new()),
-            shared: Arc::new(shared),
-        }
-    }
-
-    /// The revision's pool, made (and its scaler started) if it has none.
-    pub fn get(
-        &self,
-        key: &RevisionKey,
-        rev: &Arc<Revision>,
-        me: &Arc<ActivatorMember>,
-    ) -> Arc<Pool> {
-        if let Some(p) = self.map.get(key)
-            && !p.is_retired()
-        {
-            return p.clone();
-        }
-        // None yet, or a retired one its scaler has not removed yet (it retires under the
-        // pool's lock and leaves the map a moment later): replace it here, in one step, so
-        // a request never finds the retired pool again.
-        let fresh = || {
-            let pool = Pool::new(key.clone(), rev.clone(), me.clone(), self.shared.clone());
-            crate::node::scaler::spawn(pool.clone(), self.map.clone());
-            pool
-        };
-        match self.map.entry(key.clone()) {
-            dashmap::Entry::Occupied(mut o) => {
-                if o.get().is_retired() {
-                    o.insert(fresh());
-                }
-                o.get().clone()
-            }
-            dashmap::Entry::Vacant(v) => v.insert(fresh()).clone(),
-        }
-    }
-
-    /// Whether the revision has a pod here that takes requests now (a member that is not
-    /// the revision's primary serves only then; [`crate::pipeline::primary`]).
-    pub fn has_usable_pod(&self, key: &RevisionKey) -> bool {
-        self.map
-            .get(key)
-            .is_some_and(|p| !p.is_retired() && p.lock().throttle.pods() > 0)
-    }
-
-    /// The spec of the revision's pool when it has a pod here that takes requests now: a
-    /// node that was a member a moment ago still serves what a peer forwarded to it from its
-    /// own pod, rather than refusing it while the subset moves.
-    pub fn usable_spec(&self, key: &RevisionKey) -> Option<Spec> {
-        let p = self.map.get(key)?;
-        if p.is_retired() {
-            return None;
-        }
-        let st = p.lock();
-        (st.throttle.pods() > 0).then(|| st.spec.clone())
-    }
-
-    /// Pools alive now (revisions with pods or requests on this node).
-    pub fn len(&self) -> usize {
-        self.map.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
-    }
-
-    pub fn shared(&self) -> &Arc<Shared> {
-        &self.shared
-    }
-}
-
 /// The revision and this member's share of it, as the latest request saw them.
 #[derive(Clone)]
 pub struct Spec {
@@ -231,32 +157,32 @@ pub enum NoSlot {
     Retired,
 }
 
-pub(crate) struct State {
-    pub throttle: Throttle,
+struct State {
+    throttle: Throttle,
     waiters: HashMap<Ticket, Waiter>,
     next_ticket: Ticket,
-    pub spec: Spec,
-    pub retired: bool,
+    spec: Spec,
+    retired: bool,
     /// The cold start in progress: phases measured from the arrival of the first request
     /// that found no pod; ends when a pod becomes usable.
-    pub cold: Option<ColdStart>,
+    cold: Option<ColdStart>,
     /// The phases of the last cold start that ended, for the requests that waited through it
     /// and got their slot later (all of the new pod's slots were taken at first).
     last_cold: Option<ColdTimings>,
     /// Which pod each throttle entry is (for pods reported unreachable).
-    pub names: HashMap<PodRef, String>,
+    names: HashMap<PodRef, String>,
 }
 
 /// One revision on this node.
 pub struct Pool {
-    pub key: RevisionKey,
-    pub shared: Arc<Shared>,
+    key: RevisionKey,
+    shared: Arc<Shared>,
     state: Mutex<State>,
     /// Wakes the scaler: demand changed.
-    pub wake: Notify,
+    wake: Notify,
     /// Pods found unreachable by a request (the scaler takes them out and probes them).
-    pub unreachable_tx: mpsc::UnboundedSender<String>,
-    pub(crate) unreachable_rx: Mutex<Option<mpsc::UnboundedReceiver<String>>>,
+    unreachable_tx: mpsc::UnboundedSender<String>,
+    unreachable_rx: Mutex<Option<mpsc::UnboundedReceiver<String>>>,
     /// Last request arrival or completion, in ms since `shared.epoch`.
     last_activity: AtomicU64,
     /// `State::retired`, readable without the lock (the warm path's pool lookup).
@@ -264,7 +190,7 @@ pub struct Pool {
 }
 
 impl Pool {
-    fn new(
+    pub(crate) fn new(
         key: RevisionKey,
         rev: Arc<Revision>,
         me: Arc<ActivatorMember>,
@@ -295,7 +221,7 @@ impl Pool {
         pool
     }
 
-    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+    fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock leaves plain counters behind, still consistent
         // enough to serve; poisoning would take the revision down on this node for good.
         self.state.locked()
@@ -310,6 +236,106 @@ impl Pool {
     pub fn idle_for(&self) -> Duration {
         let last = Duration::from_millis(self.last_activity.load(Ordering::Relaxed));
         self.shared.epoch.elapsed().saturating_sub(last)
+    }
+
+    /// The revision this pool serves.
+    pub fn key(&self) -> &RevisionKey {
+        &self.key
+    }
+
+    /// What every pool shares.
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Resolves when demand changed (a request queued or left, a slot or a pod freed, the
+    /// spec changed): the scaler looks again.
+    pub(crate) fn demand_changed(&self) -> Notified<'_> {
+        self.wake.notified()
+    }
+
+    /// The names of the pods requests found unreachable, as they are reported; the first
+    /// caller (the scaler) gets the receiver, later ones None.
+    pub(crate) fn take_unreachable(&self) -> Option<mpsc::UnboundedReceiver<String>> {
+        self.unreachable_rx.locked().take()
+    }
+
+    /// The Revision as the latest request (or the member watch) saw it.
+    pub(crate) fn revision(&self) -> Arc<Revision> {
+        self.lock().spec.rev.clone()
+    }
+
+    /// The Revision a pod is made of now, and whether a cold start is waiting for it (then
+    /// the create's steps are marks of that cold start).
+    pub(crate) fn revision_to_create(&self) -> (Arc<Revision>, bool) {
+        let s = self.lock();
+        (s.spec.rev.clone(), s.cold.is_some())
+    }
+
+    /// Requests in flight and waiting, and the spec, read together.
+    pub(crate) fn demand(&self) -> Demand {
+        let s = self.lock();
+        Demand {
+            in_flight: s.throttle.in_flight(),
+            queued: s.throttle.queued() as u32,
+            spec: s.spec.clone(),
+        }
+    }
+
+    /// Requests in flight on each of `pods` that takes requests now, read together.
+    pub(crate) fn in_flight_on(
+        &self,
+        pods: impl IntoIterator<Item = PodRef>,
+    ) -> HashMap<PodRef, u32> {
+        let s = self.lock();
+        pods.into_iter()
+            .filter_map(|id| Some((id, s.throttle.in_flight_on(id)?)))
+            .collect()
+    }
+
+    /// The pod create of the cold start in progress (if one still is) was sent.
+    pub(crate) fn cold_start_posted(&self) {
+        if let Some(c) = self.lock().cold.as_mut() {
+            c.posted(Instant::now());
+        }
+    }
+
+    /// A pod create of the cold start in progress (if one still is) was answered.
+    pub(crate) fn cold_start_bound(&self) {
+        if let Some(c) = self.lock().cold.as_mut() {
+            c.bound(Instant::now());
+        }
+    }
+
+    /// Changes the pool's pods under one hold of its lock, so a request sees all of `f`'s
+    /// changes or none; the slots they free are granted once the lock is released.
+    pub(crate) fn change_pods<R>(self: &Arc<Self>, f: impl FnOnce(&mut PodChanges<'_>) -> R) -> R {
+        let (out, grants) = {
+            let mut s = self.lock();
+            let mut changes = PodChanges {
+                pool: self,
+                s: &mut s,
+                grants: Vec::new(),
+            };
+            let out = f(&mut changes);
+            (out, changes.grants)
+        };
+        deliver(grants);
+        out
+    }
+
+    /// Whether a pod here takes requests now.
+    pub fn has_usable_pod(&self) -> bool {
+        !self.is_retired() && self.lock().throttle.pods() > 0
+    }
+
+    /// The spec, when a pod here takes requests now.
+    pub fn usable_spec(&self) -> Option<Spec> {
+        if self.is_retired() {
+            return None;
+        }
+        let st = self.lock();
+        (st.throttle.pods() > 0).then(|| st.spec.clone())
     }
 
     /// A slot on a pod of this revision, waiting in the buffer while none is free. Cancel
@@ -484,7 +510,7 @@ impl Pool {
 
     /// Removes the woken tickets' senders (under the lock) and pairs them with leases, to be
     /// delivered once the lock is released.
-    pub(crate) fn take_waiters(
+    fn take_waiters(
         self: &Arc<Self>,
         s: &mut State,
         woken: Vec<(Ticket, Slot)>,
@@ -521,34 +547,52 @@ impl Pool {
     }
 
     /// Hands every waiting request back to the request path to send to another member.
-    pub(crate) fn redirect_waiters(
-        &self,
-        s: &mut State,
-        why: &str,
-    ) -> Vec<(oneshot::Sender<Grant>, Grant)> {
+    fn redirect_waiters(&self, s: &mut State, why: &str) -> Vec<(oneshot::Sender<Grant>, Grant)> {
         self.answer_waiters(s, || Grant::Elsewhere(why.to_string()))
     }
 
-    /// Fails every waiting request (no pod can be made).
-    pub(crate) fn fail_waiters(
-        &self,
-        s: &mut State,
-        why: &str,
-    ) -> Vec<(oneshot::Sender<Grant>, Grant)> {
-        self.answer_waiters(s, || Grant::Fail(why.to_string()))
+    /// With no usable pod here, hands every waiting request back to the request path to send
+    /// to another member (this node cannot start the revision now).
+    pub(crate) fn redirect_waiters_without_pod(&self, why: &str) {
+        self.answer_waiters_without_pod(false, || Grant::Elsewhere(why.to_string()));
     }
 
-    /// Answers every waiting request with a 503 (no pod can be made now: the API server
-    /// does not answer). Called with no usable pod, so every waiter is a cold one: the cold
+    /// Fails every waiting request (no pod can be made of this Revision).
+    pub(crate) fn fail_waiters(&self, why: &str) {
+        let grants = {
+            let mut s = self.lock();
+            self.answer_waiters(&mut s, || Grant::Fail(why.to_string()))
+        };
+        deliver(grants);
+    }
+
+    /// With no usable pod here, fails every waiting request (no pod can be made).
+    pub(crate) fn fail_waiters_without_pod(&self, why: &str) {
+        self.answer_waiters_without_pod(false, || Grant::Fail(why.to_string()));
+    }
+
+    /// With no usable pod here, answers every waiting request with a 503 (no pod can be
+    /// made now: the API server does not answer). Every waiter is then a cold one: the cold
     /// start they began ends with them, and the next request begins a new one (its phases
     /// are not measured from a request answered long ago).
-    pub(crate) fn refuse_cold_waiters(
-        &self,
-        s: &mut State,
-        why: &str,
-    ) -> Vec<(oneshot::Sender<Grant>, Grant)> {
-        s.cold = None;
-        self.answer_waiters(s, || Grant::Unavailable(why.to_string()))
+    pub(crate) fn refuse_waiters_without_pod(&self, why: &str) {
+        self.answer_waiters_without_pod(true, || Grant::Unavailable(why.to_string()));
+    }
+
+    /// Empties the queue with `answer` when no pod here takes requests (a pod that does
+    /// serves the waiters in turn); `ends_cold_start`: the cold start in progress ends too.
+    fn answer_waiters_without_pod(&self, ends_cold_start: bool, answer: impl Fn() -> Grant) {
+        let grants = {
+            let mut s = self.lock();
+            if s.throttle.pods() > 0 {
+                return;
+            }
+            if ends_cold_start {
+                s.cold = None;
+            }
+            self.answer_waiters(&mut s, answer)
+        };
+        deliver(grants);
     }
 
     /// Empties the queue, pairing each waiter with `answer`, to deliver after unlocking.
@@ -569,7 +613,8 @@ impl Pool {
 
     /// Retires the pool if nothing is left in it; waiters (there should be none) are told
     /// to take a fresh pool.
-    pub(crate) fn retire_if_empty(&self, s: &mut State) -> bool {
+    pub(crate) fn retire_if_empty(&self) -> bool {
+        let mut s = self.lock();
         if s.throttle.queued() > 0 || s.throttle.in_flight() > 0 {
             return false;
         }
@@ -591,7 +636,7 @@ impl Pool {
     /// Adds a usable pod; returns the grants to deliver after unlocking. `adopted`: the pod
     /// was Ready when this pool first saw it (a previous activator process made it), so no
     /// pod start ends here unless this pool created one for the waiting requests.
-    pub(crate) fn add_pod(
+    fn add_pod(
         self: &Arc<Self>,
         s: &mut State,
         name: &str,
@@ -625,7 +670,7 @@ impl Pool {
         (id, self.take_waiters_timed(s, woken, ended_cold))
     }
 
-    pub(crate) fn remove_pod(&self, s: &mut State, id: PodRef) {
+    fn remove_pod(&self, s: &mut State, id: PodRef) {
         s.throttle.remove_pod(id);
         s.names.remove(&id);
     }
@@ -639,6 +684,53 @@ impl Pool {
         };
         self.shared.metrics.in_flight.dec();
         deliver(grants);
+    }
+}
+
+/// What the scaler reads of demand, at one moment.
+pub(crate) struct Demand {
+    pub in_flight: u32,
+    pub queued: u32,
+    pub spec: Spec,
+}
+
+/// The pool's pods being changed, under its lock ([`Pool::change_pods`]).
+pub(crate) struct PodChanges<'a> {
+    pool: &'a Arc<Pool>,
+    s: &'a mut State,
+    grants: Vec<(oneshot::Sender<Grant>, Grant)>,
+}
+
+impl PodChanges<'_> {
+    /// Puts a usable pod in the throttle (its slots go to waiting requests first); returns
+    /// its entry. `adopted`: as in [`Pool::add_pod`].
+    pub(crate) fn add(&mut self, name: &str, addr: SocketAddr, adopted: bool) -> PodRef {
+        let (id, grants) = self.pool.add_pod(self.s, name, addr, adopted);
+        self.grants.extend(grants);
+        id
+    }
+
+    /// Takes a pod out of the throttle (gone, not usable, or being removed).
+    pub(crate) fn remove(&mut self, id: PodRef) {
+        self.pool.remove_pod(self.s, id);
+    }
+
+    /// A pod got an address: a phase of the cold start in progress, if one is.
+    pub(crate) fn pod_addressed(&mut self, at: Instant) {
+        if let Some(c) = self.s.cold.as_mut() {
+            c.addressed(at);
+        }
+    }
+
+    /// This node cannot run the revision now: marks it full for the revision, and with no
+    /// usable pod here sends the waiting requests to another member.
+    pub(crate) fn node_full(&mut self, why: &str) {
+        let pool = self.pool;
+        pool.shared.mark_full(&pool.key, why.to_string());
+        if self.s.throttle.pods() == 0 {
+            let grants = pool.redirect_waiters(self.s, why);
+            self.grants.extend(grants);
+        }
     }
 }
 

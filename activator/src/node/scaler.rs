@@ -4,6 +4,11 @@
 //! to match — within the member's share of maxScale. A pod the node cannot run marks the
 //! node full for the revision, and waiting requests go to another member. An idle pool at
 //! zero pods retires.
+//!
+//! The pool owns its state: the scaler reads and changes it only through the pool's methods
+//! ([`Pool::change_pods`], the `*_waiters*` answers, the cold-start marks), each under the
+//! pool's lock as one step. The scaler is started by [`crate::node::pools`]; the pool does
+//! not know it.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -18,11 +23,9 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::cache::pods::{LocalPod, RevisionPods};
-use crate::locks::Locked;
-use crate::node::cold_start::ColdStart;
 use crate::node::pod_count::{self, Decision, Observed, Policy};
 use crate::node::pod_writer::{CreateError, LocalScheduler};
-use crate::node::pool::{Pool, deliver};
+use crate::node::pool::{Demand, Pool};
 use crate::node::readiness::Check;
 use crate::node::throttle::PodRef;
 use crate::ops::metrics::{AddressFrom, AddressSource, PodReason};
@@ -54,7 +57,7 @@ pub(crate) fn spawn(pool: Arc<Pool>, map: Arc<DashMap<RevisionKey, Arc<Pool>>>) 
         s.run().await;
         s.stop_probes();
         // Retired or stopped: make sure a fresh pool is used from now on.
-        map.remove_if(&pool.key, |_, p| Arc::ptr_eq(p, &pool));
+        map.remove_if(pool.key(), |_, p| Arc::ptr_eq(p, &pool));
     });
 }
 
@@ -108,7 +111,7 @@ struct Scaler {
 
 impl Scaler {
     fn new(pool: Arc<Pool>) -> Self {
-        let sh = &pool.shared;
+        let sh = pool.shared();
         let scheduler =
             LocalScheduler::new(sh.client.clone(), sh.api.clone(), &sh.node, sh.pods.clone());
         let (probe_tx, probe_rx) = mpsc::unbounded_channel();
@@ -132,9 +135,9 @@ impl Scaler {
 
     async fn run(&mut self) {
         let pool = self.pool.clone();
-        let sh = pool.shared.clone();
-        let mut pods_rx = sh.pods.subscribe(&pool.key);
-        let Some(mut unreachable) = pool.unreachable_rx.locked().take() else {
+        let sh = pool.shared().clone();
+        let mut pods_rx = sh.pods.subscribe(pool.key());
+        let Some(mut unreachable) = pool.take_unreachable() else {
             return;
         };
         loop {
@@ -147,7 +150,7 @@ impl Scaler {
             tokio::select! {
                 _ = sh.stop.cancelled() => return,
                 r = pods_rx.changed() => if r.is_err() { return },
-                _ = pool.wake.notified() => {}
+                _ = pool.demand_changed() => {}
                 Some(name) = self.probe_rx.recv() => {
                     if let Some(t) = self.tracked.get_mut(&name) {
                         t.probed = true;
@@ -191,24 +194,22 @@ impl Scaler {
     fn sync(&mut self, pods: &RevisionPods) {
         let now = Instant::now();
         let pool = self.pool.clone();
-        let sh = &pool.shared;
+        let sh = pool.shared();
         let (port, check) = {
-            let s = pool.lock();
-            let rev = &s.spec.rev;
+            let rev = pool.revision();
             let port = u16::try_from(rev.spec.port).unwrap_or(0);
             (port, Check::of_template(&rev.spec.template.0, port))
         };
-        let mut grants = Vec::new();
         let mut to_delete: Vec<(String, PodReason)> = Vec::new();
-        let mut full: Option<String> = None;
-        {
-            let mut s = pool.lock();
+        // One step under the pool's lock: a request sees every change of this pass or none.
+        let full = pool.change_pods(|changes| {
+            let mut full: Option<String> = None;
             self.tracked.retain(|name, t| {
                 if pods.contains_key(name) {
                     return true;
                 }
                 if let Some(id) = t.slot.take() {
-                    pool.remove_pod(&mut s, id);
+                    changes.remove(id);
                 }
                 if let Some(p) = t.probe.take() {
                     p.abort();
@@ -246,9 +247,7 @@ impl Scaler {
                 let ip = p.ip.or(t.agent_ip);
                 if ip.is_some() && !t.address_counted {
                     t.address_counted = true;
-                    if let Some(c) = s.cold.as_mut() {
-                        c.addressed(now);
-                    }
+                    changes.pod_addressed(now);
                     if t.saw_without_ip {
                         let source = if t.agent_ip.is_some() {
                             AddressSource::Agent
@@ -290,7 +289,8 @@ impl Scaler {
                     if !t.ever_usable && p.ip.is_none() {
                         full = Some(format!(
                             "node {}: pod {name} of revision {} failed: {reason}",
-                            sh.node, pool.key
+                            sh.node,
+                            pool.key()
                         ));
                     }
                     to_delete.push((name.clone(), PodReason::Failed));
@@ -304,7 +304,7 @@ impl Scaler {
                     full = Some(format!(
                         "node {}: pod {name} of revision {} was not ready within {}s",
                         sh.node,
-                        pool.key,
+                        pool.key(),
                         sh.cfg.pod_start_timeout.as_secs()
                     ));
                     to_delete.push((name.clone(), PodReason::NotReady));
@@ -320,13 +320,11 @@ impl Scaler {
                         // Ready the first time this scaler saw it: a pod it never saw start.
                         let adopted = t.first_seen == now && p.ready;
                         let addr = addr.expect("usable has an address");
-                        let (id, g) = pool.add_pod(&mut s, name, addr, adopted);
-                        t.slot = Some(id);
+                        t.slot = Some(changes.add(name, addr, adopted));
                         t.ever_usable = true;
-                        grants.extend(g);
                     }
                     (false, Some(id)) => {
-                        pool.remove_pod(&mut s, id);
+                        changes.remove(id);
                         t.slot = None;
                     }
                     _ => {}
@@ -357,22 +355,19 @@ impl Scaler {
                 }
             }
             if let Some(why) = &full {
-                sh.mark_full(&pool.key, why.clone());
-                if s.throttle.pods() == 0 {
-                    grants.extend(pool.redirect_waiters(&mut s, why));
-                }
+                changes.node_full(why);
             }
-        }
-        deliver(grants);
+            full
+        });
         if let Some(why) = full {
-            tracing::warn!(revision = %pool.key, reason = %why, "node full for revision");
+            tracing::warn!(revision = %pool.key(), reason = %why, "node full for revision");
             sh.metrics.node_full.inc();
-            let rev = pool.lock().spec.rev.clone();
+            let rev = pool.revision();
             sh.events.node_full(&rev, &sh.node, &why);
         }
         for (name, reason) in to_delete {
             sh.metrics.pod_deleted(reason);
-            let (sched, key) = (self.scheduler.clone(), pool.key.clone());
+            let (sched, key) = (self.scheduler.clone(), pool.key().clone());
             tokio::spawn(async move { sched.delete(&key, &name).await });
         }
     }
@@ -380,21 +375,18 @@ impl Scaler {
     /// Decides and acts. True when the pool retired.
     async fn act(&mut self, pods: &RevisionPods) -> bool {
         let pool = self.pool.clone();
-        let sh = &pool.shared;
+        let sh = pool.shared();
         let now = Instant::now();
         let live = |t: &Tracked, p: &LocalPod| p.live() && !t.removing;
         let live_count = pods
             .iter()
             .filter(|(n, p)| self.tracked.get(*n).is_some_and(|t| live(t, p)))
             .count() as u32;
-        let (in_flight, queued, spec) = {
-            let s = pool.lock();
-            (
-                s.throttle.in_flight(),
-                s.throttle.queued() as u32,
-                s.spec.clone(),
-            )
-        };
+        let Demand {
+            in_flight,
+            queued,
+            spec,
+        } = pool.demand();
         let rev = &spec.rev.spec;
         let observed = Observed {
             pods: live_count,
@@ -443,42 +435,25 @@ impl Scaler {
             && in_flight == 0
             && queued == 0
             && observed.idle_for >= RETIRE_AFTER
+            && pool.retire_if_empty()
         {
-            let mut s = pool.lock();
-            if pool.retire_if_empty(&mut s) {
-                tracing::debug!(revision = %pool.key, "pool retired");
-                return true;
-            }
+            tracing::debug!(revision = %pool.key(), "pool retired");
+            return true;
         }
         false
     }
 
     async fn add(&mut self, pods: &RevisionPods, n: u32, cold: bool) {
         let pool = self.pool.clone();
-        let sh = &pool.shared;
-        if let Some(why) = sh.full_reason(&pool.key) {
-            let grants = {
-                let mut s = pool.lock();
-                if s.throttle.pods() == 0 {
-                    pool.redirect_waiters(&mut s, &why)
-                } else {
-                    Vec::new()
-                }
-            };
-            deliver(grants);
+        let sh = pool.shared();
+        if let Some(why) = sh.full_reason(pool.key()) {
+            pool.redirect_waiters_without_pod(&why);
             return;
         }
-        let (rev, cold_since) = {
-            let s = pool.lock();
-            (s.spec.rev.clone(), s.cold.map(|c| c.since))
-        };
+        let (rev, cold_start) = pool.revision_to_create();
         if let Some((bad, why)) = &self.invalid {
             if Arc::ptr_eq(bad, &rev) {
-                let grants = {
-                    let mut s = pool.lock();
-                    pool.fail_waiters(&mut s, why)
-                };
-                deliver(grants);
+                pool.fail_waiters(why);
                 return;
             }
             self.invalid = None;
@@ -488,31 +463,23 @@ impl Scaler {
             // Backing off from an API server that does not answer: the requests that found
             // no pod cannot get one before the next attempt, which may fail too.
             if let Some(why) = &self.unreachable {
-                let grants = {
-                    let mut s = pool.lock();
-                    if s.throttle.pods() == 0 {
-                        pool.refuse_cold_waiters(&mut s, why)
-                    } else {
-                        Vec::new()
-                    }
-                };
-                deliver(grants);
+                pool.refuse_waiters_without_pod(why);
             }
             return;
         }
         let mut ordinals = Vec::new();
         for _ in 0..n {
-            let o = self.scheduler.free_ordinal(&pool.key, pods, &ordinals);
+            let o = self.scheduler.free_ordinal(pool.key(), pods, &ordinals);
             ordinals.push(o);
         }
         // The phases are recorded when the cold start ends (`Pool::add_pod`), all together.
-        if cold_since.is_some() {
-            mark_cold(&pool, ColdStart::posted);
+        if cold_start {
+            pool.cold_start_posted();
         }
         let results = join_all(
             ordinals
                 .iter()
-                .map(|o| self.scheduler.create(&pool.key, &rev, *o)),
+                .map(|o| self.scheduler.create(pool.key(), &rev, *o)),
         )
         .await;
         let reason = if cold {
@@ -525,8 +492,8 @@ impl Scaler {
             match r {
                 Ok(_) => {
                     sh.metrics.pod_created(reason);
-                    if cold_since.is_some() {
-                        mark_cold(&pool, ColdStart::bound);
+                    if cold_start {
+                        pool.cold_start_bound();
                     }
                 }
                 Err(e) => failed = Some(e),
@@ -534,7 +501,7 @@ impl Scaler {
         }
         if !matches!(failed, Some(CreateError::Unreachable(_))) {
             if self.unreachable.take().is_some() {
-                tracing::info!(revision = %pool.key, "the API server answers pod creates again");
+                tracing::info!(revision = %pool.key(), "the API server answers pod creates again");
             }
             self.unreachable_backoff.reset_wait();
         }
@@ -545,7 +512,7 @@ impl Scaler {
             }
             Some(e @ (CreateError::Invalid(_) | CreateError::Refused(_))) => {
                 let why = e.to_string();
-                tracing::warn!(revision = %pool.key, error = %why, "cannot create pod");
+                tracing::warn!(revision = %pool.key(), error = %why, "cannot create pod");
                 sh.events.cold_start_failed(&rev, "PodRefused", why.clone());
                 // What the client reads: a template fault is the revision's own; the API
                 // server's words (policy names, the cluster's rules) stay in the event.
@@ -553,43 +520,27 @@ impl Scaler {
                     CreateError::Refused(_) => format!(
                         "revision {}: the API server refused its pod (the reason is in the \
                          Revision's events)",
-                        pool.key
+                        pool.key()
                     ),
                     _ => why,
                 };
-                let grants = {
-                    let mut s = pool.lock();
-                    if s.throttle.pods() == 0 {
-                        pool.fail_waiters(&mut s, &told)
-                    } else {
-                        Vec::new()
-                    }
-                };
-                deliver(grants);
+                pool.fail_waiters_without_pod(&told);
                 self.invalid = Some((rev.clone(), told));
             }
             Some(CreateError::Unreachable(why)) => {
                 // No Event: there is no API server to write it to. Logged at warn once per
                 // pool (it retries every second or two meanwhile, while requests come).
                 if self.unreachable.is_none() {
-                    tracing::warn!(revision = %pool.key, error = %why, "creating pod: the API server does not answer; cold starts refused until it does");
+                    tracing::warn!(revision = %pool.key(), error = %why, "creating pod: the API server does not answer; cold starts refused until it does");
                 } else {
-                    tracing::debug!(revision = %pool.key, error = %why, "creating pod");
+                    tracing::debug!(revision = %pool.key(), error = %why, "creating pod");
                 }
                 let told = format!(
                     "revision {}: cannot start a pod now: the Kubernetes API server does not \
                      answer",
-                    pool.key
+                    pool.key()
                 );
-                let grants = {
-                    let mut s = pool.lock();
-                    if s.throttle.pods() == 0 {
-                        pool.refuse_cold_waiters(&mut s, &told)
-                    } else {
-                        Vec::new()
-                    }
-                };
-                deliver(grants);
+                pool.refuse_waiters_without_pod(&told);
                 self.unreachable = Some(told);
                 // Jittered: the pools of thousands of activators that lost the API server
                 // together do not retry together.
@@ -598,7 +549,7 @@ impl Scaler {
             Some(CreateError::Api(why)) => {
                 sh.events
                     .cold_start_failed(&rev, "PodCreateFailed", why.clone());
-                tracing::warn!(revision = %pool.key, error = %why, backoff = ?self.create_backoff, "creating pod");
+                tracing::warn!(revision = %pool.key(), error = %why, backoff = ?self.create_backoff, "creating pod");
                 self.next_create = Some(Instant::now() + self.create_backoff);
                 self.create_backoff = (self.create_backoff * 2).min(CREATE_BACKOFF_MAX);
             }
@@ -611,38 +562,41 @@ impl Scaler {
             return;
         }
         let pool = self.pool.clone();
-        let mut candidates: Vec<(bool, u32, Instant, String)> = {
-            let s = pool.lock();
-            pods.iter()
-                .filter_map(|(name, p)| {
-                    let t = self.tracked.get(name)?;
-                    (p.live() && !t.removing).then(|| {
-                        let busy = t.slot.and_then(|id| s.throttle.in_flight_on(id));
-                        (
-                            busy.is_some(),
-                            busy.unwrap_or(0),
-                            t.first_seen,
-                            name.clone(),
-                        )
-                    })
-                })
-                .collect()
-        };
+        let live: Vec<(&String, &Tracked)> = pods
+            .iter()
+            .filter_map(|(name, p)| {
+                let t = self.tracked.get(name)?;
+                (p.live() && !t.removing).then_some((name, t))
+            })
+            .collect();
+        // Their load, read at one moment.
+        let busy = pool.in_flight_on(live.iter().filter_map(|(_, t)| t.slot));
+        let mut candidates: Vec<(bool, u32, Instant, String)> = live
+            .into_iter()
+            .map(|(name, t)| {
+                let busy = t.slot.and_then(|id| busy.get(&id).copied());
+                (
+                    busy.is_some(),
+                    busy.unwrap_or(0),
+                    t.first_seen,
+                    name.clone(),
+                )
+            })
+            .collect();
         // Not serving first, then fewest in flight, then newest.
         candidates.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)).then(b.2.cmp(&a.2)));
         for (_, _, _, name) in candidates.into_iter().take(n as usize) {
             if let Some(t) = self.tracked.get_mut(&name) {
                 t.removing = true;
                 if let Some(id) = t.slot.take() {
-                    let mut s = pool.lock();
-                    pool.remove_pod(&mut s, id);
+                    pool.change_pods(|changes| changes.remove(id));
                 }
                 if let Some(p) = t.probe.take() {
                     p.abort();
                 }
             }
-            pool.shared.metrics.pod_deleted(reason);
-            let (sched, key) = (self.scheduler.clone(), pool.key.clone());
+            pool.shared().metrics.pod_deleted(reason);
+            let (sched, key) = (self.scheduler.clone(), pool.key().clone());
             tokio::spawn(async move { sched.delete(&key, &name).await });
         }
     }
@@ -655,7 +609,7 @@ impl Scaler {
         if let Some(t) = self.next_create {
             next = next.min(t.max(now));
         }
-        let start_timeout = self.pool.shared.cfg.pod_start_timeout;
+        let start_timeout = self.pool.shared().cfg.pod_start_timeout;
         for t in self.tracked.values() {
             if !t.ever_usable && !t.removing {
                 next = next.min((t.first_seen + start_timeout).max(now));
@@ -688,12 +642,5 @@ async fn probe(
         if started.elapsed() >= PROBE_FAST_FOR {
             wait = (wait * 2).min(max_interval);
         }
-    }
-}
-
-/// Records a phase of the cold start in progress, if one still is.
-fn mark_cold(pool: &Pool, mark: fn(&mut ColdStart, Instant)) {
-    if let Some(c) = pool.lock().cold.as_mut() {
-        mark(c, Instant::now());
     }
 }

@@ -8,7 +8,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cache::endpoints::MemberEvent;
 use crate::cache::revisions::RevisionCache;
-use crate::node::pool::{self, Pools};
+use crate::node::pool;
+use crate::node::pools::Pools;
 
 /// Follows this node's memberships (`member_of`, from the subset watch) until `stop`.
 pub(crate) async fn keep_members_warm(
