@@ -25,7 +25,7 @@ use tokio::time::Instant;
 use crate::cache::pods::{LocalPod, RevisionPods};
 use crate::node::pod_count::{self, Decision, Observed, Policy};
 use crate::node::pod_writer::{CreateError, LocalScheduler};
-use crate::node::pool::{Demand, Pool};
+use crate::node::pool::{Demand, PodChanges, Pool, Shared};
 use crate::node::readiness::Check;
 use crate::node::throttle::PodRef;
 use crate::ops::metrics::{AddressFrom, AddressSource, PodReason};
@@ -84,6 +84,248 @@ struct Tracked {
     /// Deleted (or being deleted) by this scaler.
     removing: bool,
     ever_usable: bool,
+}
+
+/// What one pass of [`Scaler::sync`] checks every pod against, and what it found.
+struct Pass<'a> {
+    now: Instant,
+    /// The revision's port (0: none, so no pod is usable).
+    port: u16,
+    /// The readiness check of the revision's template.
+    check: Check,
+    shared: &'a Shared,
+    key: &'a RevisionKey,
+    /// Where the node agent's addresses come back.
+    addr_tx: &'a mpsc::UnboundedSender<(String, IpAddr)>,
+    /// Where the probes report a pod that answers.
+    probe_tx: &'a mpsc::UnboundedSender<String>,
+    /// Why this node cannot run the revision, when a pod showed it.
+    full: Option<String>,
+    /// Pods to delete once the pool's lock is released.
+    to_delete: Vec<(String, PodReason)>,
+}
+
+/// Forgets the pods the watch no longer has: out of the throttle, their probes and address
+/// lookups stopped.
+fn forget_gone(
+    tracked: &mut HashMap<String, Tracked>,
+    pods: &RevisionPods,
+    changes: &mut PodChanges<'_>,
+) {
+    tracked.retain(|name, t| {
+        if pods.contains_key(name) {
+            return true;
+        }
+        if let Some(id) = t.slot.take() {
+            changes.remove(id);
+        }
+        if let Some(p) = t.probe.take() {
+            p.abort();
+        }
+        if let Some(l) = t.lookup.take() {
+            l.abort();
+        }
+        false
+    });
+}
+
+impl Tracked {
+    fn new(now: Instant, p: &LocalPod) -> Self {
+        Self {
+            first_seen: now,
+            slot: None,
+            probe: None,
+            agent_ip: None,
+            lookup: None,
+            saw_without_ip: p.ip.is_none(),
+            address_counted: false,
+            probed: false,
+            probed_at: None,
+            was_ready: false,
+            suspect: false,
+            removing: false,
+            ever_usable: false,
+        }
+    }
+
+    /// One pod in a pass: its readiness noted, its address, whether it failed to start, its
+    /// slot in the throttle, its probe.
+    fn sync(
+        &mut self,
+        name: &str,
+        p: &LocalPod,
+        pass: &mut Pass<'_>,
+        changes: &mut PodChanges<'_>,
+    ) {
+        self.note_ready(p, pass);
+        let addr = self
+            .address(name, p, pass, changes)
+            .map(|ip| SocketAddr::new(ip, pass.port));
+        self.check_start(name, p, pass);
+        let usable = self.update_slot(name, p, addr, pass, changes);
+        self.update_probe(name, p, addr, usable, pass);
+    }
+
+    fn note_ready(&mut self, p: &LocalPod, pass: &Pass<'_>) {
+        let now = pass.now;
+        // A pod this scaler saw start turns Ready: did the activator's own probe find it
+        // answering first, and by how long?
+        if p.ready && !self.was_ready && self.first_seen != now {
+            let lead = self.probed_at.map(|at| now.saturating_duration_since(at));
+            pass.shared.metrics.observe_ready_lead(lead);
+        }
+        self.was_ready |= p.ready;
+    }
+
+    /// The pod's address: the watch's when it has one (the kubelet's word); until then the
+    /// node agent's, from the pod's sandbox, asked for here.
+    fn address(
+        &mut self,
+        name: &str,
+        p: &LocalPod,
+        pass: &Pass<'_>,
+        changes: &mut PodChanges<'_>,
+    ) -> Option<IpAddr> {
+        let sh = pass.shared;
+        let ip = p.ip.or(self.agent_ip);
+        if ip.is_some() && !self.address_counted {
+            self.address_counted = true;
+            changes.pod_addressed(pass.now);
+            if self.saw_without_ip {
+                let source = if self.agent_ip.is_some() {
+                    AddressSource::Agent
+                } else {
+                    AddressSource::Watch
+                };
+                sh.metrics
+                    .pod_address
+                    .get_or_create(&AddressFrom { source })
+                    .inc();
+            }
+        }
+        let asking = p.ip.is_none() && self.agent_ip.is_none() && p.live() && !self.removing;
+        match (&sh.node_addresses, asking) {
+            (Some(agent), true) if self.lookup.is_none() && !p.uid.is_empty() => {
+                self.lookup = Some(tokio::spawn(agent.clone().find(
+                    p.uid.clone(),
+                    name.to_string(),
+                    sh.cfg.pod_start_timeout,
+                    pass.addr_tx.clone(),
+                )));
+            }
+            (_, false) => {
+                if let Some(l) = self.lookup.take() {
+                    l.abort();
+                }
+            }
+            _ => {}
+        }
+        ip
+    }
+
+    /// A pod that failed, or did not become usable in time, is deleted; one that never
+    /// started marks the node full for the revision.
+    fn check_start(&mut self, name: &str, p: &LocalPod, pass: &mut Pass<'_>) {
+        let sh = pass.shared;
+        if let Some(reason) = &p.failed
+            && !self.removing
+            && !p.terminating
+        {
+            self.removing = true;
+            // A pod the kubelet refused at admission (OutOfpods, OutOfcpu...) never got an
+            // address: this node is full for the revision. One that ran and ended (a crash,
+            // a completed deletion) is only replaced.
+            if !self.ever_usable && p.ip.is_none() {
+                pass.full = Some(format!(
+                    "node {}: pod {name} of revision {} failed: {reason}",
+                    sh.node, pass.key
+                ));
+            }
+            pass.to_delete.push((name.to_string(), PodReason::Failed));
+        }
+        if !self.removing
+            && p.live()
+            && !self.ever_usable
+            && pass.now.duration_since(self.first_seen) >= sh.cfg.pod_start_timeout
+        {
+            self.removing = true;
+            pass.full = Some(format!(
+                "node {}: pod {name} of revision {} was not ready within {}s",
+                sh.node,
+                pass.key,
+                sh.cfg.pod_start_timeout.as_secs()
+            ));
+            pass.to_delete.push((name.to_string(), PodReason::NotReady));
+        }
+    }
+
+    /// Puts a usable pod in the throttle and takes out one that is not; returns whether it
+    /// is usable.
+    fn update_slot(
+        &mut self,
+        name: &str,
+        p: &LocalPod,
+        addr: Option<SocketAddr>,
+        pass: &Pass<'_>,
+        changes: &mut PodChanges<'_>,
+    ) -> bool {
+        let usable = p.live()
+            && !self.removing
+            && !self.suspect
+            && addr.is_some()
+            && pass.port != 0
+            && (p.ready || (self.probed && !self.was_ready));
+        match (usable, self.slot) {
+            (true, None) => {
+                // Ready the first time this scaler saw it: a pod it never saw start.
+                let adopted = self.first_seen == pass.now && p.ready;
+                let addr = addr.expect("usable has an address");
+                self.slot = Some(changes.add(name, addr, adopted));
+                self.ever_usable = true;
+            }
+            (false, Some(id)) => {
+                changes.remove(id);
+                self.slot = None;
+            }
+            _ => {}
+        }
+        usable
+    }
+
+    /// A pod that stopped answering is checked until it answers again; one not Ready yet
+    /// only when its template's probe can be run from here.
+    fn update_probe(
+        &mut self,
+        name: &str,
+        p: &LocalPod,
+        addr: Option<SocketAddr>,
+        usable: bool,
+        pass: &Pass<'_>,
+    ) {
+        let check = &pass.check;
+        let wants_probe = p.live()
+            && !self.removing
+            && !usable
+            && (self.suspect
+                || (check.before_ready() && !p.ready && !self.probed && !self.was_ready));
+        match (wants_probe, addr) {
+            (true, Some(addr)) if self.probe.is_none() && pass.port != 0 => {
+                self.probe = Some(tokio::spawn(probe(
+                    addr,
+                    check.clone(),
+                    pass.shared.cfg.probe_interval_max,
+                    name.to_string(),
+                    pass.probe_tx.clone(),
+                )));
+            }
+            (false, _) => {
+                if let Some(p) = self.probe.take() {
+                    p.abort();
+                }
+            }
+            _ => {}
+        }
+    }
 }
 
 struct Scaler {
@@ -200,165 +442,34 @@ impl Scaler {
             let port = u16::try_from(rev.spec.port).unwrap_or(0);
             (port, Check::of_template(&rev.spec.template.0, port))
         };
-        let mut to_delete: Vec<(String, PodReason)> = Vec::new();
+        let mut pass = Pass {
+            now,
+            port,
+            check,
+            shared: sh,
+            key: pool.key(),
+            addr_tx: &self.addr_tx,
+            probe_tx: &self.probe_tx,
+            full: None,
+            to_delete: Vec::new(),
+        };
         // One step under the pool's lock: a request sees every change of this pass or none.
-        let full = pool.change_pods(|changes| {
-            let mut full: Option<String> = None;
-            self.tracked.retain(|name, t| {
-                if pods.contains_key(name) {
-                    return true;
-                }
-                if let Some(id) = t.slot.take() {
-                    changes.remove(id);
-                }
-                if let Some(p) = t.probe.take() {
-                    p.abort();
-                }
-                if let Some(l) = t.lookup.take() {
-                    l.abort();
-                }
-                false
-            });
+        pool.change_pods(|changes| {
+            forget_gone(&mut self.tracked, pods, changes);
             for (name, p) in pods {
-                let t = self.tracked.entry(name.clone()).or_insert_with(|| Tracked {
-                    first_seen: now,
-                    slot: None,
-                    probe: None,
-                    agent_ip: None,
-                    lookup: None,
-                    saw_without_ip: p.ip.is_none(),
-                    address_counted: false,
-                    probed: false,
-                    probed_at: None,
-                    was_ready: false,
-                    suspect: false,
-                    removing: false,
-                    ever_usable: false,
-                });
-                // A pod this scaler saw start turns Ready: did the activator's own probe find
-                // it answering first, and by how long?
-                if p.ready && !t.was_ready && t.first_seen != now {
-                    let lead = t.probed_at.map(|at| now.saturating_duration_since(at));
-                    sh.metrics.observe_ready_lead(lead);
-                }
-                t.was_ready |= p.ready;
-                // The watch's address when it has one (the kubelet's word); until then the
-                // node agent's, from the pod's sandbox.
-                let ip = p.ip.or(t.agent_ip);
-                if ip.is_some() && !t.address_counted {
-                    t.address_counted = true;
-                    changes.pod_addressed(now);
-                    if t.saw_without_ip {
-                        let source = if t.agent_ip.is_some() {
-                            AddressSource::Agent
-                        } else {
-                            AddressSource::Watch
-                        };
-                        sh.metrics
-                            .pod_address
-                            .get_or_create(&AddressFrom { source })
-                            .inc();
-                    }
-                }
-                let asking = p.ip.is_none() && t.agent_ip.is_none() && p.live() && !t.removing;
-                match (&sh.node_addresses, asking) {
-                    (Some(agent), true) if t.lookup.is_none() && !p.uid.is_empty() => {
-                        t.lookup = Some(tokio::spawn(agent.clone().find(
-                            p.uid.clone(),
-                            name.clone(),
-                            sh.cfg.pod_start_timeout,
-                            self.addr_tx.clone(),
-                        )));
-                    }
-                    (_, false) => {
-                        if let Some(l) = t.lookup.take() {
-                            l.abort();
-                        }
-                    }
-                    _ => {}
-                }
-                let addr = ip.map(|ip| SocketAddr::new(ip, port));
-                if let Some(reason) = &p.failed
-                    && !t.removing
-                    && !p.terminating
-                {
-                    t.removing = true;
-                    // A pod the kubelet refused at admission (OutOfpods, OutOfcpu...) never
-                    // got an address: this node is full for the revision. One that ran and
-                    // ended (a crash, a completed deletion) is only replaced.
-                    if !t.ever_usable && p.ip.is_none() {
-                        full = Some(format!(
-                            "node {}: pod {name} of revision {} failed: {reason}",
-                            sh.node,
-                            pool.key()
-                        ));
-                    }
-                    to_delete.push((name.clone(), PodReason::Failed));
-                }
-                if !t.removing
-                    && p.live()
-                    && !t.ever_usable
-                    && now.duration_since(t.first_seen) >= sh.cfg.pod_start_timeout
-                {
-                    t.removing = true;
-                    full = Some(format!(
-                        "node {}: pod {name} of revision {} was not ready within {}s",
-                        sh.node,
-                        pool.key(),
-                        sh.cfg.pod_start_timeout.as_secs()
-                    ));
-                    to_delete.push((name.clone(), PodReason::NotReady));
-                }
-                let usable = p.live()
-                    && !t.removing
-                    && !t.suspect
-                    && addr.is_some()
-                    && port != 0
-                    && (p.ready || (t.probed && !t.was_ready));
-                match (usable, t.slot) {
-                    (true, None) => {
-                        // Ready the first time this scaler saw it: a pod it never saw start.
-                        let adopted = t.first_seen == now && p.ready;
-                        let addr = addr.expect("usable has an address");
-                        t.slot = Some(changes.add(name, addr, adopted));
-                        t.ever_usable = true;
-                    }
-                    (false, Some(id)) => {
-                        changes.remove(id);
-                        t.slot = None;
-                    }
-                    _ => {}
-                }
-                // A pod that stopped answering is checked until it answers again; one not
-                // Ready yet only when its template's probe can be run from here.
-                let wants_probe = p.live()
-                    && !t.removing
-                    && !usable
-                    && (t.suspect
-                        || (check.before_ready() && !p.ready && !t.probed && !t.was_ready));
-                match (wants_probe, addr) {
-                    (true, Some(addr)) if t.probe.is_none() && port != 0 => {
-                        t.probe = Some(tokio::spawn(probe(
-                            addr,
-                            check.clone(),
-                            sh.cfg.probe_interval_max,
-                            name.clone(),
-                            self.probe_tx.clone(),
-                        )));
-                    }
-                    (false, _) => {
-                        if let Some(p) = t.probe.take() {
-                            p.abort();
-                        }
-                    }
-                    _ => {}
-                }
+                let t = self
+                    .tracked
+                    .entry(name.clone())
+                    .or_insert_with(|| Tracked::new(now, p));
+                t.sync(name, p, &mut pass, changes);
             }
-            if let Some(why) = &full {
+            if let Some(why) = &pass.full {
                 changes.node_full(why);
             }
-            full
         });
+        let Pass {
+            full, to_delete, ..
+        } = pass;
         if let Some(why) = full {
             tracing::warn!(revision = %pool.key(), reason = %why, "node full for revision");
             sh.metrics.node_full.inc();
@@ -499,6 +610,14 @@ impl Scaler {
                 Err(e) => failed = Some(e),
             }
         }
+        self.answered(failed, &rev);
+    }
+
+    /// What the creates' answers change: the back-offs, and the requests waiting here when
+    /// no pod can be made (`failed`: the last create that failed, if one did).
+    fn answered(&mut self, failed: Option<CreateError>, rev: &Arc<crds::Revision>) {
+        let pool = self.pool.clone();
+        let sh = pool.shared();
         if !matches!(failed, Some(CreateError::Unreachable(_))) {
             if self.unreachable.take().is_some() {
                 tracing::info!(revision = %pool.key(), "the API server answers pod creates again");
@@ -513,7 +632,7 @@ impl Scaler {
             Some(e @ (CreateError::Invalid(_) | CreateError::Refused(_))) => {
                 let why = e.to_string();
                 tracing::warn!(revision = %pool.key(), error = %why, "cannot create pod");
-                sh.events.cold_start_failed(&rev, "PodRefused", why.clone());
+                sh.events.cold_start_failed(rev, "PodRefused", why.clone());
                 // What the client reads: a template fault is the revision's own; the API
                 // server's words (policy names, the cluster's rules) stay in the event.
                 let told = match e {
@@ -548,7 +667,7 @@ impl Scaler {
             }
             Some(CreateError::Api(why)) => {
                 sh.events
-                    .cold_start_failed(&rev, "PodCreateFailed", why.clone());
+                    .cold_start_failed(rev, "PodCreateFailed", why.clone());
                 tracing::warn!(revision = %pool.key(), error = %why, backoff = ?self.create_backoff, "creating pod");
                 self.next_create = Some(Instant::now() + self.create_backoff);
                 self.create_backoff = (self.create_backoff * 2).min(CREATE_BACKOFF_MAX);
