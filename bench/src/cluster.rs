@@ -70,7 +70,8 @@ pub struct BenchCluster {
     pub client: Client,
     pub node: SimNode,
     fleet: Fleet,
-    _block: NodeBlock,
+    /// Two node indices: the simulated node's, and one no node uses (see [`Self::spare_ip`]).
+    block: NodeBlock,
     pub dir: WorkDir,
     pub kubeconfig: PathBuf,
     pub write_latency: Delay,
@@ -78,7 +79,8 @@ pub struct BenchCluster {
 
 impl BenchCluster {
     pub async fn start(opts: ClusterOptions) -> Result<Self, Error> {
-        let block = reserve_nodes(1)?;
+        // The second index runs no node: its address is `spare_ip`.
+        let block = reserve_nodes(2)?;
         let api = ApiServer::start(ApiServerConfig {
             write_latency: opts.write_latency.clone(),
             ..ApiServerConfig::default()
@@ -105,7 +107,7 @@ impl BenchCluster {
             client,
             node,
             fleet,
-            _block: block,
+            block,
             dir,
             kubeconfig,
             write_latency: opts.write_latency,
@@ -118,6 +120,13 @@ impl BenchCluster {
 
     pub fn node_ip(&self) -> Ipv4Addr {
         self.node.ip()
+    }
+
+    /// A loopback address of this cluster's reservation that no simulated node or pod uses:
+    /// for a second activator process serving as this node's (`bench warm --baseline-bin`),
+    /// so that it has its own address and never shares the node's.
+    pub fn spare_ip(&self) -> Ipv4Addr {
+        kubesim::node::node_ip(self.block.first() + 1)
     }
 
     /// The ActivationEndpoints entry of this node's activator serving at `data`.

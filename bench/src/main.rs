@@ -69,6 +69,11 @@ struct WarmArgs {
     /// Use the built-in load generator even when wrk is installed.
     #[arg(long)]
     builtin: bool,
+    /// A second activator binary (e.g. the build before a change), started as the first is on
+    /// its own address and measured as `baseline` in every round beside it; the report adds
+    /// the activator/baseline ratios.
+    #[arg(long)]
+    baseline_bin: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -140,6 +145,7 @@ async fn main() -> anyhow::Result<()> {
                 rounds: a.rounds,
                 builtin: a.builtin,
                 activator_bin: bin,
+                baseline_bin: a.baseline_bin,
             };
             print!("{}", bench::warm::run(&o).await.context("bench warm")?);
         }
@@ -187,6 +193,7 @@ async fn main() -> anyhow::Result<()> {
                 rounds: 1,
                 builtin,
                 activator_bin: bin.clone(),
+                baseline_bin: None,
             };
             println!("== bench warm --conns 1,8,32 --duration 3s --warmup 1s --rounds 1");
             print!("{}", bench::warm::run(&warm).await.context("bench warm")?);

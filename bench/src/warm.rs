@@ -11,6 +11,13 @@
 //! round; the summary is their median and range. An even number of rounds runs each order
 //! equally often (the proxy measured second in a round was the slower one in five of six
 //! rounds of one run, and in fewer of another: an order effect comes and goes).
+//!
+//! With `--baseline-bin` a second activator process (another build: the one before a change)
+//! serves the same revision from its own address, started as the first is and sent to the
+//! same pod, and is measured as `baseline` in every round right beside the activator (the two
+//! swap places each round). The activator/baseline ratios are taken within each round like
+//! the others, so a before/after comparison is made in one run on one machine state rather
+//! than between two runs that the machine's noise alone sets 10–15 % and more apart.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -35,6 +42,8 @@ pub struct WarmOptions {
     /// Use the built-in generator even when wrk is installed.
     pub builtin: bool,
     pub activator_bin: Option<PathBuf>,
+    /// A second activator binary measured beside the first as [`BASELINE`].
+    pub baseline_bin: Option<PathBuf>,
 }
 
 impl Default for WarmOptions {
@@ -46,6 +55,7 @@ impl Default for WarmOptions {
             rounds: 4,
             builtin: false,
             activator_bin: None,
+            baseline_bin: None,
         }
     }
 }
@@ -70,6 +80,8 @@ pub struct WarmReport {
     pub node: String,
     pub pod: SocketAddr,
     pub activator: SocketAddr,
+    /// The baseline activator's address and binary, when `--baseline-bin` was given.
+    pub baseline: Option<(SocketAddr, PathBuf)>,
     /// The nginx address, or why there was none.
     pub nginx: Result<SocketAddr, String>,
     /// The address of the nginx that adds the forwarding headers, when it started.
@@ -84,6 +96,7 @@ pub const DIRECT: &str = "direct";
 pub const NGINX: &str = "nginx";
 pub const NGINX_FWD: &str = "nginx-fwd";
 pub const ACTIVATOR: &str = "activator";
+pub const BASELINE: &str = "baseline";
 
 pub async fn run(opts: &WarmOptions) -> Result<WarmReport, Error> {
     if opts.conns.is_empty() || opts.conns.contains(&0) {
@@ -93,6 +106,15 @@ pub async fn run(opts: &WarmOptions) -> Result<WarmReport, Error> {
         return Err(Error::Options("--rounds needs a positive number".into()));
     }
     let bin = activator_binary(opts.activator_bin.as_deref())?;
+    let baseline_bin = match &opts.baseline_bin {
+        Some(p) if !p.is_file() => {
+            return Err(Error::Options(format!(
+                "--baseline-bin {}: no such file",
+                p.display()
+            )));
+        }
+        other => other.clone(),
+    };
     let loadgen = LoadGen::detect(opts.builtin);
     let cluster = BenchCluster::start(ClusterOptions::default()).await?;
     let ip = cluster.node_ip();
@@ -108,31 +130,47 @@ pub async fn run(opts: &WarmOptions) -> Result<WarmReport, Error> {
         admin,
         cluster.dir.path().join("activator.log"),
     )?;
+    // The baseline: the same arguments and kubeconfig, the same node name (so the same
+    // member of the revision's subset, using the node's pods), its own loopback address (one
+    // of the cluster's reservation that no node or pod uses) and ports.
+    let mut baseline = match &baseline_bin {
+        None => None,
+        Some(b) => {
+            let ip = cluster.spare_ip();
+            let data = SocketAddr::from((ip, crate::cluster::free_port(ip)?));
+            let admin = SocketAddr::from((ip, crate::cluster::free_port(ip)?));
+            Some(crate::process::ActivatorProcess::spawn(
+                b,
+                &cluster.kubeconfig,
+                cluster.node_name(),
+                data,
+                admin,
+                cluster.dir.path().join("baseline.log"),
+            )?)
+        }
+    };
     activator.wait_ready(Duration::from_secs(60)).await?;
+    if let Some(b) = &mut baseline {
+        b.wait_ready(Duration::from_secs(60)).await?;
+    }
 
     // Make the pod warm: the first request cold-starts it; its answer names the pod IP.
     let headers = revision_headers(NAMESPACE, name);
-    let first = get(data, "/", &headers, Duration::from_secs(60)).await?;
-    if !first.status.is_success() {
-        return Err(Error::Http {
-            target: data.to_string(),
-            message: format!(
-                "the cold start answered {}: {}",
-                first.status,
-                String::from_utf8_lossy(&first.body)
-            ),
-        });
-    }
-    let pod_ip: std::net::Ipv4Addr = first
-        .headers
-        .get("x-pod-ip")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok())
-        .ok_or_else(|| Error::Http {
-            target: data.to_string(),
-            message: "the app's answer has no x-pod-ip header".into(),
-        })?;
+    let pod_ip = answering_pod(data, &headers, "the cold start").await?;
     let pod = SocketAddr::from((pod_ip, crds::revision::DEFAULT_PORT as u16));
+    // The baseline must be measured on the same pod, not on one it started for itself.
+    if let Some(b) = &baseline {
+        let via_baseline = answering_pod(b.data, &headers, "the baseline's first request").await?;
+        if via_baseline != pod_ip {
+            return Err(Error::Http {
+                target: format!("{BASELINE} at {}", b.data),
+                message: format!(
+                    "answered from pod {via_baseline}, not the warm pod {pod_ip}: the two \
+                     builds would not be measured on the same pod"
+                ),
+            });
+        }
+    }
 
     let (nginx_dir, fwd_dir) = (WorkDir::new("nginx")?, WorkDir::new("nginx-fwd")?);
     let start_nginx = async |dir: &WorkDir, forwarding: bool| match nginx::find() {
@@ -169,6 +207,10 @@ pub async fn run(opts: &WarmOptions) -> Result<WarmReport, Error> {
         targets.push((NGINX_FWD, n.addr, n.pid()));
     }
     targets.push((ACTIVATOR, data, Some(activator.pid())));
+    // Last, so that it sits beside the activator in every round and the two swap places.
+    if let Some(b) = &baseline {
+        targets.push((BASELINE, b.data, Some(b.pid())));
+    }
 
     let mut rows = Vec::new();
     let measured = async {
@@ -208,6 +250,9 @@ pub async fn run(opts: &WarmOptions) -> Result<WarmReport, Error> {
                     });
                 }
                 activator.check_alive()?;
+                if let Some(b) = &mut baseline {
+                    b.check_alive()?;
+                }
             }
         }
         Ok::<(), Error>(())
@@ -220,6 +265,14 @@ pub async fn run(opts: &WarmOptions) -> Result<WarmReport, Error> {
         n.stop().await;
     }
     activator.stop().await;
+    let baseline = match baseline {
+        Some(b) => {
+            let data = b.data;
+            b.stop().await;
+            baseline_bin.map(|bin| (data, bin))
+        }
+        None => None,
+    };
     let node = cluster.node_name().to_string();
     cluster.shutdown().await;
     measured?;
@@ -228,6 +281,7 @@ pub async fn run(opts: &WarmOptions) -> Result<WarmReport, Error> {
         node,
         pod,
         activator: data,
+        baseline,
         nginx: nginx_addr,
         nginx_fwd: nginx_fwd_addr,
         duration: opts.duration,
@@ -235,6 +289,35 @@ pub async fn run(opts: &WarmOptions) -> Result<WarmReport, Error> {
         rounds: opts.rounds,
         rows,
     })
+}
+
+/// Sends one request to `addr` and returns the pod that answered it (the app's `x-pod-ip`);
+/// an answer that is not 2xx is an error naming `what`.
+async fn answering_pod(
+    addr: SocketAddr,
+    headers: &[(String, String)],
+    what: &str,
+) -> Result<std::net::Ipv4Addr, Error> {
+    let answer = get(addr, "/", headers, Duration::from_secs(60)).await?;
+    if !answer.status.is_success() {
+        return Err(Error::Http {
+            target: addr.to_string(),
+            message: format!(
+                "{what} answered {}: {}",
+                answer.status,
+                String::from_utf8_lossy(&answer.body)
+            ),
+        });
+    }
+    answer
+        .headers
+        .get("x-pod-ip")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| Error::Http {
+            target: addr.to_string(),
+            message: "the app's answer has no x-pod-ip header".into(),
+        })
 }
 
 /// Refuses a run with any answer that is not 2xx: a target answering 503 fast would look
@@ -314,8 +397,14 @@ impl WarmReport {
 
     /// Runs at `conns` connections with errors: the rounds they are in give no ratio.
     fn runs_with_errors(&self, conns: usize) -> usize {
+        self.runs_of_with_errors(&[], conns)
+    }
+
+    /// Runs of `targets` (all when empty) at `conns` connections with errors.
+    fn runs_of_with_errors(&self, targets: &[&str], conns: usize) -> usize {
         self.rows
             .iter()
+            .filter(|r| targets.is_empty() || targets.contains(&r.target))
             .filter(|r| r.conns == conns && r.result.errors > 0)
             .count()
     }
@@ -464,6 +553,55 @@ impl fmt::Display for WarmReport {
             spread(self.added_p50_ms(ACTIVATOR, 1), 3),
             spread(self.added_p50_ms(NGINX, 1), 3),
             spread(self.added_p50_ms(NGINX_FWD, 1), 3)
+        )?;
+        if let Some((addr, bin)) = &self.baseline {
+            self.fmt_baseline(f, *addr, bin)?;
+        }
+        Ok(())
+    }
+}
+
+impl WarmReport {
+    /// The activator against the baseline build, within each round.
+    fn fmt_baseline(
+        &self,
+        f: &mut fmt::Formatter<'_>,
+        addr: SocketAddr,
+        bin: &std::path::Path,
+    ) -> fmt::Result {
+        writeln!(
+            f,
+            "activator against the baseline {} at {addr} (same node, same pod), within a round, \
+             median (least–most) of {} round(s):",
+            bin.display(),
+            self.rounds
+        )?;
+        writeln!(
+            f,
+            "{:>5} {:>18} {:>22}",
+            "conns", "act/baseline", "cpu/req act/baseline"
+        )?;
+        for c in self.conns() {
+            writeln!(
+                f,
+                "{:>5} {:>18} {:>22}",
+                c,
+                spread(self.throughput_ratio(BASELINE, c), 2),
+                spread(self.cpu_ratio(BASELINE, c), 2)
+            )?;
+            let bad = self.runs_of_with_errors(&[ACTIVATOR, BASELINE], c);
+            if bad > 0 {
+                writeln!(
+                    f,
+                    "{c:>5} {bad} activator or baseline run(s) had errors (see the table): \
+                     their rounds give no act/baseline ratio"
+                )?;
+            }
+        }
+        writeln!(
+            f,
+            "added p50 latency at 1 connection (over direct): baseline {} ms",
+            spread(self.added_p50_ms(BASELINE, 1), 3)
         )
     }
 }
@@ -497,6 +635,19 @@ mod tests {
         assert!(in_round_order::<&str>(&[], 0).is_empty());
     }
 
+    #[test]
+    fn the_baseline_sits_beside_the_activator_and_they_swap_each_round() {
+        let t = [DIRECT, NGINX, NGINX_FWD, ACTIVATOR, BASELINE];
+        assert_eq!(
+            in_round_order(&t, 0),
+            [&DIRECT, &NGINX, &NGINX_FWD, &ACTIVATOR, &BASELINE]
+        );
+        assert_eq!(
+            in_round_order(&t, 1),
+            [&DIRECT, &BASELINE, &ACTIVATOR, &NGINX_FWD, &NGINX]
+        );
+    }
+
     fn row(target: &'static str, conns: usize, round: usize, requests: u64) -> Row {
         Row {
             target,
@@ -515,27 +666,32 @@ mod tests {
         }
     }
 
-    #[test]
-    fn ratios_are_taken_within_each_round() {
-        // Round 1 is twice as fast for both: per-round ratios are 0.9 and 1.1, not the
-        // 0.97 or 1.03 a mix of rounds would give.
-        let report = WarmReport {
+    fn report(rows: Vec<Row>) -> WarmReport {
+        WarmReport {
             generator: Generator::Builtin,
             node: "n".into(),
             pod: "127.0.0.1:1".parse().unwrap(),
             activator: "127.0.0.1:2".parse().unwrap(),
+            baseline: None,
             nginx: Err("none".into()),
             nginx_fwd: None,
             duration: Duration::from_secs(1),
             warmup: Duration::ZERO,
             rounds: 2,
-            rows: vec![
-                row(NGINX, 8, 0, 1000),
-                row(ACTIVATOR, 8, 0, 900),
-                row(NGINX, 8, 1, 2000),
-                row(ACTIVATOR, 8, 1, 2200),
-            ],
-        };
+            rows,
+        }
+    }
+
+    #[test]
+    fn ratios_are_taken_within_each_round() {
+        // Round 1 is twice as fast for both: per-round ratios are 0.9 and 1.1, not the
+        // 0.97 or 1.03 a mix of rounds would give.
+        let report = report(vec![
+            row(NGINX, 8, 0, 1000),
+            row(ACTIVATOR, 8, 0, 900),
+            row(NGINX, 8, 1, 2000),
+            row(ACTIVATOR, 8, 1, 2200),
+        ]);
         let r = report.throughput_ratio(NGINX, 8).unwrap();
         assert!((r.min - 0.9).abs() < 1e-9 && (r.max - 1.1).abs() < 1e-9);
         assert!((r.median - 1.0).abs() < 1e-9);
@@ -546,6 +702,44 @@ mod tests {
         let r = with_errors.throughput_ratio(NGINX, 8).unwrap();
         assert_eq!((r.min, r.max), (0.9, 0.9), "round 1 left out");
         assert!(with_errors.to_string().contains("1 run(s) had errors"));
+    }
+
+    fn with_cpu(mut r: Row, micros: u64) -> Row {
+        r.cpu_per_request = Some(Duration::from_micros(micros));
+        r
+    }
+
+    #[test]
+    fn act_over_baseline_is_taken_within_each_round_and_its_errors_counted() {
+        let mut report = report(vec![
+            with_cpu(row(ACTIVATOR, 8, 0, 1100), 40),
+            with_cpu(row(BASELINE, 8, 0, 1000), 50),
+            with_cpu(row(BASELINE, 8, 1, 2000), 50),
+            with_cpu(row(ACTIVATOR, 8, 1, 2600), 30),
+        ]);
+        let r = report.throughput_ratio(BASELINE, 8).unwrap();
+        assert!((r.min - 1.1).abs() < 1e-9 && (r.max - 1.3).abs() < 1e-9);
+        let c = report.cpu_ratio(BASELINE, 8).unwrap();
+        assert!((c.min - 0.6).abs() < 1e-9 && (c.max - 0.8).abs() < 1e-9);
+        // Without a baseline address (no `--baseline-bin`) no act/baseline section.
+        assert!(!report.to_string().contains("act/baseline"));
+        report.baseline = Some(("127.0.0.1:3".parse().unwrap(), PathBuf::from("/tmp/before")));
+        let text = report.to_string();
+        assert!(text.contains("act/baseline"), "{text}");
+        assert!(text.contains("1.20 (1.10–1.30)"), "{text}");
+        assert!(text.contains("0.70 (0.60–0.80)"), "{text}");
+        assert!(!text.contains("had errors"), "{text}");
+        // A baseline run with a socket error: its round gives no act/baseline, and both the
+        // overall count and the baseline's own say so.
+        report.rows[2].result.errors = 3;
+        let r = report.throughput_ratio(BASELINE, 8).unwrap();
+        assert_eq!((r.min, r.max), (1.1, 1.1), "round 1 left out");
+        let text = report.to_string();
+        assert!(text.contains("1 run(s) had errors"), "{text}");
+        assert!(
+            text.contains("1 activator or baseline run(s) had errors"),
+            "{text}"
+        );
     }
 
     #[test]
