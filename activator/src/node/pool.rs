@@ -348,6 +348,8 @@ impl Pool {
         may_go_elsewhere: bool,
     ) -> Result<Lease, NoSlot> {
         self.touch();
+        // Declared outside the hold, so that the grants a spec change made are delivered, or
+        // dropped on an early answer, only once the lock is released (a lease's drop takes it).
         let changed;
         let queued = {
             let mut s = self.lock();
@@ -358,52 +360,13 @@ impl Pool {
             // A node that cannot start the revision, or whose every slot it may ever run is
             // taken, sends what it cannot serve at once to another member rather than
             // queueing it (a burst past the primary spills to the others).
-            if may_go_elsewhere && s.throttle.would_wait() {
-                if let Some(why) = self.shared.full_reason(&self.key) {
-                    return Err(NoSlot::Elsewhere(why));
-                }
-                if let Some(slots) = self.slots_at_most(&s.spec)
-                    && u64::from(s.throttle.in_flight()) + s.throttle.queued() as u64 >= slots
-                {
-                    return Err(NoSlot::Elsewhere(format!(
-                        "revision {}: node {} has all the slots it may run ({slots}) taken",
-                        self.key, self.shared.node
-                    )));
-                }
-            }
-            let ticket = s.next_ticket;
-            s.next_ticket += 1;
-            let total = &self.shared.queued_total;
-            if s.throttle.would_wait()
-                && total.load(Ordering::Relaxed) >= self.shared.cfg.queue_limit_total
+            if may_go_elsewhere
+                && s.throttle.would_wait()
+                && let Some(why) = self.cannot_take_more(&s)
             {
-                Err(NoSlot::Full(format!(
-                    "this activator has {} requests waiting, its limit",
-                    self.shared.cfg.queue_limit_total
-                )))
-            } else {
-                match s.throttle.admit(ticket) {
-                    Admit::Go(slot) => Ok(Ok(slot)),
-                    Admit::Full => Err(NoSlot::Full(format!(
-                        "revision {} has {} requests waiting on this node, its limit",
-                        self.key,
-                        s.throttle.queued()
-                    ))),
-                    Admit::Queued => {
-                        // No usable pod: this request waits for a pod to start.
-                        let cold = s.throttle.pods() == 0;
-                        if cold && s.cold.is_none() {
-                            s.cold = Some(ColdStart::new(arrived));
-                            s.last_cold = None;
-                        }
-                        let (tx, rx) = oneshot::channel();
-                        s.waiters.insert(ticket, Waiter { tx, cold });
-                        total.fetch_add(1, Ordering::Relaxed);
-                        self.shared.metrics.queued.inc();
-                        Ok(Err((ticket, rx)))
-                    }
-                }
+                return Err(NoSlot::Elsewhere(why));
             }
+            self.admit_or_queue(&mut s, arrived)
         };
         deliver(changed);
         let (ticket, rx) = match queued? {
@@ -411,6 +374,80 @@ impl Pool {
             Err(waiting) => waiting,
         };
         self.wake.notify_one();
+        self.wait_for_grant(ticket, rx).await
+    }
+
+    /// Why this node should not queue one more request that would wait (under the lock):
+    /// it cannot start the revision, or every slot it may ever run is taken or waited for.
+    fn cannot_take_more(&self, s: &State) -> Option<String> {
+        if let Some(why) = self.shared.full_reason(&self.key) {
+            return Some(why);
+        }
+        if let Some(slots) = self.slots_at_most(&s.spec)
+            && u64::from(s.throttle.in_flight()) + s.throttle.queued() as u64 >= slots
+        {
+            return Some(format!(
+                "revision {}: node {} has all the slots it may run ({slots}) taken",
+                self.key, self.shared.node
+            ));
+        }
+        None
+    }
+
+    /// Under the lock: a ticket, then a slot at once, or a place in the buffer (Err: the
+    /// ticket and where its grant will come), or no room (the activator's or the revision's
+    /// buffer is full).
+    #[allow(clippy::type_complexity)]
+    fn admit_or_queue(
+        &self,
+        s: &mut State,
+        arrived: Instant,
+    ) -> Result<Result<Slot, (Ticket, oneshot::Receiver<Grant>)>, NoSlot> {
+        let ticket = s.next_ticket;
+        s.next_ticket += 1;
+        let total = &self.shared.queued_total;
+        if s.throttle.would_wait()
+            && total.load(Ordering::Relaxed) >= self.shared.cfg.queue_limit_total
+        {
+            return Err(NoSlot::Full(format!(
+                "this activator has {} requests waiting, its limit",
+                self.shared.cfg.queue_limit_total
+            )));
+        }
+        match s.throttle.admit(ticket) {
+            Admit::Go(slot) => Ok(Ok(slot)),
+            Admit::Full => Err(NoSlot::Full(format!(
+                "revision {} has {} requests waiting on this node, its limit",
+                self.key,
+                s.throttle.queued()
+            ))),
+            Admit::Queued => Ok(Err((ticket, self.enqueue(s, ticket, arrived)))),
+        }
+    }
+
+    /// Under the lock: `ticket` waits in the buffer; a wait with no usable pod is (or joins)
+    /// a cold start.
+    fn enqueue(&self, s: &mut State, ticket: Ticket, arrived: Instant) -> oneshot::Receiver<Grant> {
+        // No usable pod: this request waits for a pod to start.
+        let cold = s.throttle.pods() == 0;
+        if cold && s.cold.is_none() {
+            s.cold = Some(ColdStart::new(arrived));
+            s.last_cold = None;
+        }
+        let (tx, rx) = oneshot::channel();
+        s.waiters.insert(ticket, Waiter { tx, cold });
+        self.shared.queued_total.fetch_add(1, Ordering::Relaxed);
+        self.shared.metrics.queued.inc();
+        rx
+    }
+
+    /// Waits in the buffer for `ticket`'s answer. Dropped before it comes (the client went
+    /// away, the deadline passed), [`Waiting`] takes the request out of the queue.
+    async fn wait_for_grant(
+        self: &Arc<Self>,
+        ticket: Ticket,
+        rx: oneshot::Receiver<Grant>,
+    ) -> Result<Lease, NoSlot> {
         let mut waiting = Waiting {
             pool: self,
             ticket,
