@@ -338,11 +338,65 @@ async fn relay<C>(
     client: &mut C,
     stream: &mut TcpStream,
     resp: &mut BytesMut,
-    mut rh: ResponseHead,
+    rh: ResponseHead,
     req: &Request<'_>,
     out: &mut Vec<u8>,
     mut deadline: Pin<&mut Sleep>,
 ) -> Ended
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+{
+    let rh = match informational(client, stream, resp, rh, req, out, deadline.as_mut()).await {
+        Ok(rh) => rh,
+        Err(ended) => return ended,
+    };
+    let status = rh.status;
+    let close = req.close || rh.framing == BodyFraming::UntilClose;
+    let broken = Ended::Broken {
+        status: Some(status),
+    };
+    let Ok(mut body) = final_head(out, resp, &rh, req, close) else {
+        return broken;
+    };
+    // From here the whole exchange is bounded: by the revision's timeout unless the
+    // response streams by design, and by the body idle timeout either way — an app that
+    // stalls mid-body, or a client that stops reading, closes the connection.
+    let streaming = rh.streaming;
+    if send(client, out, req, streaming, deadline.as_mut())
+        .await
+        .is_err()
+    {
+        return broken;
+    }
+    if relay_body(client, stream, resp, &mut body, req, streaming, deadline)
+        .await
+        .is_err()
+    {
+        return broken;
+    }
+    // Anything after the body's end is not part of any answer: the connection is not clean.
+    let reuse = !rh.close && resp.is_empty();
+    if reuse {
+        resp.clear();
+    }
+    Ended::Done {
+        status,
+        close,
+        reuse,
+    }
+}
+
+/// Passes informational heads (1xx) on to the client, each as it comes, and returns the
+/// final head once it has arrived; Err: how the exchange ended instead.
+async fn informational<C>(
+    client: &mut C,
+    stream: &mut TcpStream,
+    resp: &mut BytesMut,
+    mut rh: ResponseHead,
+    req: &Request<'_>,
+    out: &mut Vec<u8>,
+    mut deadline: Pin<&mut Sleep>,
+) -> Result<ResponseHead, Ended>
 where
     C: AsyncRead + AsyncWrite + Unpin,
 {
@@ -362,17 +416,27 @@ where
             .await
             .is_err()
         {
-            return Ended::Broken { status: None };
+            return Err(Ended::Broken { status: None });
         }
         // Only an informational head went out: the activator's own answer can still be
         // the final one (as hyper's path answers, which passes no 1xx on).
         rh = match read_head(stream, resp, req.head.is_head, deadline.as_mut()).await {
             Ok(rh) => rh,
-            Err(e) => return Ended::Refused(e.refusal(req.target)),
+            Err(e) => return Err(Ended::Refused(e.refusal(req.target))),
         };
     }
-    let status = rh.status;
-    let close = req.close || rh.framing == BodyFraming::UntilClose;
+    Ok(rh)
+}
+
+/// The final head, rewritten, in `out` with the first of the body after it (taken from
+/// `resp`), so that both go out in one write; Err: the body's start breaks its framing.
+fn final_head(
+    out: &mut Vec<u8>,
+    resp: &mut BytesMut,
+    rh: &ResponseHead,
+    req: &Request<'_>,
+    close: bool,
+) -> Result<Body, ()> {
     let timing = req.cold.map(|f| f());
     out.clear();
     head::write_response(
@@ -386,28 +450,28 @@ where
         },
     );
     resp.advance(rh.len);
-    let broken = Ended::Broken {
-        status: Some(status),
-    };
     let mut body = Body::new(rh.framing);
-    // The head and the first of the body in one write.
-    match body.take(resp) {
-        Ok(n) => {
-            out.extend_from_slice(&resp[..n]);
-            resp.advance(n);
-        }
-        Err(()) => return broken,
-    }
-    // From here the whole exchange is bounded: by the revision's timeout unless the
-    // response streams by design, and by the body idle timeout either way — an app that
-    // stalls mid-body, or a client that stops reading, closes the connection.
-    let streaming = rh.streaming;
-    if send(client, out, req, streaming, deadline.as_mut())
-        .await
-        .is_err()
-    {
-        return broken;
-    }
+    let n = body.take(resp)?;
+    out.extend_from_slice(&resp[..n]);
+    resp.advance(n);
+    Ok(body)
+}
+
+/// Relays the rest of the body from the pod to the client as it arrives, until its framing
+/// says it ended; Err: the connection is broken (the pod failed or broke the framing, the
+/// client went away, or the deadline or the idle timeout passed).
+async fn relay_body<C>(
+    client: &mut C,
+    stream: &mut TcpStream,
+    resp: &mut BytesMut,
+    body: &mut Body,
+    req: &Request<'_>,
+    streaming: bool,
+    mut deadline: Pin<&mut Sleep>,
+) -> Result<(), ()>
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+{
     while !body.done() {
         if resp.capacity() - resp.len() < 1024 {
             resp.reserve(READ_CHUNK);
@@ -417,39 +481,30 @@ where
             r = stream.read_buf(resp) => r,
             () = deadline.as_mut(), if !streaming => {
                 tracing::debug!(target = %req.target, "response body past the timeout: closed");
-                return broken;
+                return Err(());
             }
             () = tokio::time::sleep(req.body_idle_timeout) => {
                 tracing::debug!(target = %req.target, "response body idle: closed");
-                return broken;
+                return Err(());
             }
         };
         match read {
             Ok(0) if body.framing == BodyFraming::UntilClose => break,
-            Ok(0) | Err(_) => return broken,
+            Ok(0) | Err(_) => return Err(()),
             Ok(_) => {}
         }
         let Ok(n) = body.take(resp) else {
-            return broken;
+            return Err(());
         };
         if send(client, &resp[..n], req, streaming, deadline.as_mut())
             .await
             .is_err()
         {
-            return broken;
+            return Err(());
         }
         resp.advance(n);
     }
-    // Anything after the body's end is not part of any answer: the connection is not clean.
-    let reuse = !rh.close && resp.is_empty();
-    if reuse {
-        resp.clear();
-    }
-    Ended::Done {
-        status,
-        close,
-        reuse,
-    }
+    Ok(())
 }
 
 /// Writes to the client within the body idle timeout (a client that stops reading holds
