@@ -70,6 +70,13 @@ pub struct Handler {
     pub suspects: Arc<crate::pipeline::suspects::Suspects>,
 }
 
+/// Why [`Handler::serve_here`] found no slot here: the request goes to a peer member, or
+/// is answered with this refusal.
+enum NotHere {
+    Forward,
+    Refused(Refusal),
+}
+
 /// Who sent a request this node serves: a client, or a peer activator (a proven hop) that
 /// may have another member to try (`spill`).
 #[derive(Clone, Copy)]
@@ -218,9 +225,6 @@ impl Handler {
     ) -> Result<(Route, Response<Body>), Refusal> {
         // The peers that may take the request (with a share of maxScale), when it must go.
         let can_forward = !hopped && peers.iter().any(|m| can_start(&spec.rev, m));
-        // What this node cannot serve at once goes elsewhere: forwarded by this node, or
-        // refused (503) back to the peer that forwarded it and has another member to try.
-        let may_go_elsewhere = can_forward || spill;
         let starters = || -> Vec<ActivatorMember> {
             peers
                 .iter()
@@ -232,37 +236,13 @@ impl Handler {
         let protocol = upstream_protocol(&spec.rev);
         loop {
             // 3. admit
-            let admitted = tokio::select! {
-                l = in_span(stage("admit"), self.admit(key, spec, arrived, may_go_elsewhere)) => l,
-                // Draining, and the peer that forwarded it can try another member.
-                _ = self.draining.cancelled(), if spill => {
-                    return Err(Refusal::unavailable(format!(
-                        "revision {key}: node {} is draining", self.node
-                    )));
-                }
-                // Draining (SIGTERM) while the request waits: a peer member serves it.
-                _ = self.draining.cancelled(), if can_forward => {
-                    self.metrics.drained_to_peers.inc();
+            let lease = match self.slot_here(key, spec, arrived, can_forward, spill).await {
+                Ok(lease) => lease,
+                Err(NotHere::Refused(refusal)) => return Err(refusal),
+                Err(NotHere::Forward) => {
                     let forward = Box::pin(self.forward(key, &spec.rev, req, starters(), false));
                     return Ok((Route::Forwarded, forward.await.map_err(|(r, _)| r)?));
                 }
-            };
-            let lease = match admitted {
-                Ok(lease) => lease,
-                Err(NoSlot::Elsewhere(why)) if can_forward => {
-                    tracing::debug!(revision = %key, reason = %why, "forwarding: cannot serve here");
-                    return Ok((
-                        Route::Forwarded,
-                        Box::pin(self.forward(key, &spec.rev, req, starters(), false))
-                            .await
-                            .map_err(|(r, _)| r)?,
-                    ));
-                }
-                Err(NoSlot::Elsewhere(why)) if spill => {
-                    tracing::debug!(revision = %key, reason = %why, "refused to the forwarding peer: cannot serve here at once");
-                    return Err(Refusal::unavailable(why));
-                }
-                Err(no) => return Err(self.no_slot(key, no)),
             };
             // 4. proxy: the connection first. A pod that refuses it never saw the request,
             // which goes to the next slot as it is, body and all.
@@ -279,48 +259,100 @@ impl Handler {
             // request waiting in the buffer (10,000 of them) should not carry its room.
             let sent = Box::pin(self.upstream.send(to, req, &[], "pod"));
             return match in_span(proxy, sent).await {
-                Ok(mut resp) => {
-                    let route = if lease.cold {
-                        let waited = arrived.elapsed();
-                        if lease.first_of_cold {
-                            self.metrics.observe_phase(Phase::FirstByte, waited);
-                        }
-                        let h = resp.headers_mut();
-                        h.insert(HEADER_COLD_START, HeaderValue::from_static("true"));
-                        if let Some(t) = lease.timings
-                            && let Ok(v) = HeaderValue::try_from(t.server_timing(waited))
-                        {
-                            h.append(SERVER_TIMING, v);
-                        }
-                        Route::Cold
-                    } else {
-                        Route::Warm
-                    };
-                    // An upgraded connection holds its slot until the tunnel closes: an open
-                    // websocket is a request in flight for the app.
-                    if let Some(open) = resp.extensions_mut().remove::<upgrade::TunnelOpen>() {
-                        tokio::spawn(async move {
-                            open.closed().await;
-                            drop(lease);
-                        });
-                        return Ok((route, resp));
-                    }
-                    // The slot is held until the response body has been sent, and the body
-                    // is bounded by the revision's timeout unless it streams by design.
-                    let streaming = resp
-                        .headers()
-                        .get(http::header::CONTENT_TYPE)
-                        .is_some_and(|v| crate::wire::streaming::is_streaming_type(v.as_bytes()));
-                    let deadline = (!streaming).then_some(arrived + request_timeout(&spec.rev));
-                    let idle = self.upstream.body_idle_timeout();
-                    Ok((
-                        route,
-                        resp.map(|b| Held::new(b, lease, deadline, idle).boxed()),
-                    ))
-                }
+                Ok(resp) => Ok(self.answered(spec, arrived, lease, resp)),
                 Err(refusal) => Err(of_revision(key, refusal)),
             };
         }
+    }
+
+    /// Stage 3 for [`Self::serve_here`]: a slot on a pod here, or why the request goes
+    /// elsewhere — forwarded by this node (`can_forward`), or refused (503) back to the peer
+    /// that forwarded it and has another member to try (`spill`) — or is refused.
+    async fn slot_here(
+        &self,
+        key: &RevisionKey,
+        spec: &Spec,
+        arrived: Instant,
+        can_forward: bool,
+        spill: bool,
+    ) -> Result<Lease, NotHere> {
+        // What this node cannot serve at once goes elsewhere: forwarded by this node, or
+        // refused (503) back to the peer that forwarded it and has another member to try.
+        let may_go_elsewhere = can_forward || spill;
+        let admitted = tokio::select! {
+            l = in_span(stage("admit"), self.admit(key, spec, arrived, may_go_elsewhere)) => l,
+            // Draining, and the peer that forwarded it can try another member.
+            _ = self.draining.cancelled(), if spill => {
+                return Err(NotHere::Refused(Refusal::unavailable(format!(
+                    "revision {key}: node {} is draining", self.node
+                ))));
+            }
+            // Draining (SIGTERM) while the request waits: a peer member serves it.
+            _ = self.draining.cancelled(), if can_forward => {
+                self.metrics.drained_to_peers.inc();
+                return Err(NotHere::Forward);
+            }
+        };
+        match admitted {
+            Ok(lease) => Ok(lease),
+            Err(NoSlot::Elsewhere(why)) if can_forward => {
+                tracing::debug!(revision = %key, reason = %why, "forwarding: cannot serve here");
+                Err(NotHere::Forward)
+            }
+            Err(NoSlot::Elsewhere(why)) if spill => {
+                tracing::debug!(revision = %key, reason = %why, "refused to the forwarding peer: cannot serve here at once");
+                Err(NotHere::Refused(Refusal::unavailable(why)))
+            }
+            Err(no) => Err(NotHere::Refused(self.no_slot(key, no))),
+        }
+    }
+
+    /// The pod's answer, marked when it waited for a pod start, with the slot held until the
+    /// response is done: the tunnel of an upgrade closed, or the body sent.
+    fn answered(
+        &self,
+        spec: &Spec,
+        arrived: Instant,
+        lease: Lease,
+        mut resp: Response<Body>,
+    ) -> (Route, Response<Body>) {
+        let route = if lease.cold {
+            let waited = arrived.elapsed();
+            if lease.first_of_cold {
+                self.metrics.observe_phase(Phase::FirstByte, waited);
+            }
+            let h = resp.headers_mut();
+            h.insert(HEADER_COLD_START, HeaderValue::from_static("true"));
+            if let Some(t) = lease.timings
+                && let Ok(v) = HeaderValue::try_from(t.server_timing(waited))
+            {
+                h.append(SERVER_TIMING, v);
+            }
+            Route::Cold
+        } else {
+            Route::Warm
+        };
+        // An upgraded connection holds its slot until the tunnel closes: an open
+        // websocket is a request in flight for the app.
+        if let Some(open) = resp.extensions_mut().remove::<upgrade::TunnelOpen>() {
+            tokio::spawn(async move {
+                open.closed().await;
+                drop(lease);
+            });
+            return (route, resp);
+        }
+        // The slot is held until the response body has been sent, and the body
+        // is bounded by the revision's timeout unless it streams by design.
+        let streaming = resp
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .is_some_and(|v| crate::wire::streaming::is_streaming_type(v.as_bytes()));
+        let deadline = (!streaming).then_some(arrived + request_timeout(&spec.rev));
+        let idle = self.upstream.body_idle_timeout();
+        (
+            route,
+            resp.map(|b| Held::new(b, lease, deadline, idle).boxed()),
+        )
     }
 
     /// Stage 3: a slot, from the revision's pool (a fresh one if it retired meanwhile).
