@@ -16,13 +16,14 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::{GracefulConnection, GracefulShutdown};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
 use crate::accept::parse_errors::{ActiveGuard, ConnState, ErrorBodies};
 use crate::accept::write_stall::WriteStall;
 use crate::fast::FastLane;
 use crate::fast::prefixed::Prefixed;
+use crate::threads::placement::Placed;
 use crate::threads::serving_threads::{Threaded, moved_in};
 use crate::wire::answer::Body;
 use crate::wire::forwarded::ClientAddr;
@@ -68,34 +69,48 @@ pub async fn serve_with<H, F>(
     H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
 {
-    let handle = Arc::new(handle);
-    let full = Arc::new(builder());
-    // For a connection handed over while stopping: hyper serves the request it was given and
-    // closes. (A watched connection told to shut down before hyper read the request would
-    // close without it.)
-    let last = Arc::new({
-        let mut b = builder();
-        b.http1().keep_alive(false);
-        b
-    });
-    let graceful = GracefulShutdown::new();
+    let conns = Conns::new(handle, write_stall);
     if let Some(t) = &threaded {
         tokio::spawn(t.mover.clone().measure(stop.clone()));
     }
+    while let Some((stream, peer, placed)) = next_connection(&listener, &stop, &mut threaded).await
+    {
+        match &fast {
+            None => conns.spawn_hyper(stream, peer, placed),
+            Some(fast) => conns.spawn_fast(fast, stream, peer, placed, threaded.as_ref(), &stop),
+        }
+    }
+    drop(listener);
+    // Connections moved here but not taken yet: each gets its request answered (another
+    // thread finds this inbox closed from now on and keeps what it would have moved).
+    if let Some(t) = &mut threaded {
+        conns.answer_moved_in(t);
+    }
+    conns.drain(drain).await;
+}
+
+/// The next connection to serve on this thread, accepted here (and placed, when there are
+/// serving threads: one moved to another thread is not served here) or moved here by
+/// another thread; None once `stop` is cancelled.
+async fn next_connection(
+    listener: &TcpListener,
+    stop: &CancellationToken,
+    threaded: &mut Option<Threaded>,
+) -> Option<(TcpStream, SocketAddr, Option<Placed>)> {
     loop {
         let accepted = tokio::select! {
-            _ = stop.cancelled() => break,
+            _ = stop.cancelled() => return None,
             a = listener.accept() => a.map(|(s, p)| (s, p, None)),
-            Some((stream, peer, placed)) = moved_in(&mut threaded) => Ok((stream, peer, Some(placed))),
+            Some((stream, peer, placed)) = moved_in(threaded) => Ok((stream, peer, Some(placed))),
         };
-        let (stream, peer, placed) = match accepted {
-            Ok((stream, peer, Some(placed))) => (stream, peer, Some(placed)),
+        match accepted {
+            Ok((stream, peer, Some(placed))) => return Some((stream, peer, Some(placed))),
             Ok((stream, peer, None)) => {
                 let _ = stream.set_nodelay(true);
                 match &threaded {
-                    None => (stream, peer, None),
+                    None => return Some((stream, peer, None)),
                     Some(t) => match t.mover.place(stream, peer) {
-                        Some((stream, placed)) => (stream, peer, Some(placed)),
+                        Some((stream, placed)) => return Some((stream, peer, Some(placed))),
                         None => continue,
                     },
                 }
@@ -107,33 +122,85 @@ pub async fn serve_with<H, F>(
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
-        };
-        let Some(fast) = &fast else {
-            let conn = connection(
-                &full,
-                WriteStall::new(stream, write_stall),
-                peer,
-                handle.clone(),
-            );
-            let conn = graceful.watch(conn);
-            tokio::spawn(async move {
-                let _placed = placed;
-                if let Err(e) = conn.await {
-                    tracing::debug!(error = %e, "connection ended with an error");
-                }
-            });
-            continue;
-        };
+        }
+    }
+}
+
+/// What every connection of one [`serve_with`] shares: the handler, hyper's two builders,
+/// and the graceful shutdown that the drain waits on.
+struct Conns<H> {
+    handle: Arc<H>,
+    full: Arc<auto::Builder<TokioExecutor>>,
+    /// For a connection handed over while stopping: hyper serves the request it was given
+    /// and closes. (A watched connection told to shut down before hyper read the request
+    /// would close without it.)
+    last: Arc<auto::Builder<TokioExecutor>>,
+    graceful: GracefulShutdown,
+    write_stall: Duration,
+}
+
+impl<H, F> Conns<H>
+where
+    H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
+    F: Future<Output = Response<Body>> + Send + 'static,
+{
+    fn new(handle: H, write_stall: Duration) -> Self {
+        let handle = Arc::new(handle);
+        let full = Arc::new(builder());
+        let last = Arc::new({
+            let mut b = builder();
+            b.http1().keep_alive(false);
+            b
+        });
+        let graceful = GracefulShutdown::new();
+        Self {
+            handle,
+            full,
+            last,
+            graceful,
+            write_stall,
+        }
+    }
+
+    /// Without the fast lane: hyper serves the connection from its first byte, watched.
+    fn spawn_hyper(&self, stream: TcpStream, peer: SocketAddr, placed: Option<Placed>) {
+        let conn = connection(
+            &self.full,
+            WriteStall::new(stream, self.write_stall),
+            peer,
+            self.handle.clone(),
+        );
+        let conn = self.graceful.watch(conn);
+        tokio::spawn(async move {
+            let _placed = placed;
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+        });
+    }
+
+    /// The fast lane serves the connection, and hyper from the request it hands over (if
+    /// it does): watched, or answering that one request when the server is stopping.
+    fn spawn_fast(
+        &self,
+        fast: &Arc<FastLane>,
+        stream: TcpStream,
+        peer: SocketAddr,
+        placed: Option<Placed>,
+        threaded: Option<&Threaded>,
+        stop: &CancellationToken,
+    ) {
         // Held until the connection ends, so that the drain waits for it.
-        let watcher = graceful.watcher();
-        let mover = threaded.as_ref().map(|t| t.mover.clone());
+        let watcher = self.graceful.watcher();
+        let mover = threaded.map(|t| t.mover.clone());
         let (fast, full, last, handle, stop) = (
             fast.clone(),
-            full.clone(),
-            last.clone(),
-            handle.clone(),
+            self.full.clone(),
+            self.last.clone(),
+            self.handle.clone(),
             stop.clone(),
         );
+        let write_stall = self.write_stall;
         tokio::spawn(async move {
             let _placed = placed;
             let Some((read, stream)) = fast.serve(stream, peer, mover.as_deref()).await else {
@@ -157,28 +224,33 @@ pub async fn serve_with<H, F>(
             }
         });
     }
-    drop(listener);
-    // Connections moved here but not taken yet: each gets its request answered (another
-    // thread finds this inbox closed from now on and keeps what it would have moved).
-    if let Some(t) = &mut threaded {
-        for (stream, peer) in t.close() {
-            let conn = graceful.watch(connection(
-                &last,
-                WriteStall::new(stream, write_stall),
+
+    /// Answers the request of each connection moved here but not taken yet, and closes
+    /// `threaded`'s inbox.
+    fn answer_moved_in(&self, threaded: &mut Threaded) {
+        for (stream, peer) in threaded.close() {
+            let conn = self.graceful.watch(connection(
+                &self.last,
+                WriteStall::new(stream, self.write_stall),
                 peer,
-                handle.clone(),
+                self.handle.clone(),
             ));
             tokio::spawn(conn);
         }
     }
-    if tokio::time::timeout(drain, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!(
-            ?drain,
-            "connections still open after the drain period; closing them"
-        );
+
+    /// Waits for open connections to finish their in-flight requests — at most `drain` —
+    /// and closes what is left.
+    async fn drain(self, drain: Duration) {
+        if tokio::time::timeout(drain, self.graceful.shutdown())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                ?drain,
+                "connections still open after the drain period; closing them"
+            );
+        }
     }
 }
 
