@@ -74,6 +74,13 @@ struct Args {
     /// Writes and quorum reads the storage serves at once; more wait in line (0: no queueing).
     #[arg(long, default_value_t = 0)]
     api_storage_lanes: usize,
+    /// Writes and quorum reads one commit takes at most: those that arrive while a lane
+    /// commits share its next commit, as etcd batches them (1: one by one).
+    #[arg(long, default_value_t = 1)]
+    api_storage_batch: usize,
+    /// Time each write adds to its commit past the first (same syntax as the latencies).
+    #[arg(long, default_value = "0ms")]
+    api_storage_write_cost: Delay,
     /// How often watches that ask for bookmarks get one (kube-apiserver: 1m).
     #[arg(long, default_value = "60s", value_parser = duration)]
     bookmark_interval: Duration,
@@ -107,6 +114,8 @@ async fn main() -> anyhow::Result<()> {
         read_latency: args.api_read_latency.clone(),
         quorum_read_latency: args.api_quorum_read_latency.clone(),
         storage_lanes: (args.api_storage_lanes > 0).then_some(args.api_storage_lanes),
+        storage_batch: args.api_storage_batch,
+        storage_write_cost: args.api_storage_write_cost.clone(),
         bookmark_interval: args.bookmark_interval,
         ..Default::default()
     })

@@ -26,7 +26,7 @@ use super::list::Selectors;
 use super::resource::ResourceDef;
 use super::stats::{Stats, StatsInner, UserRequestKey, metrics_text};
 use super::status::{ApiError, Cause};
-use super::storage::{Access, Storage};
+use super::storage::{Access, Storage, StorageShape};
 use super::store::State;
 use super::watch::{WatchStat, Watcher, bookmark_line, event_line, next_bookmark};
 use crate::delay::Delay;
@@ -57,6 +57,12 @@ pub struct ApiServerConfig {
     /// Writes and quorum reads the storage serves at once; more wait in arrival order (see
     /// [`super::storage`]). `None`: no queueing, each waits only its own time.
     pub storage_lanes: Option<usize>,
+    /// Writes and quorum reads one commit takes at most: those that arrived while a lane's
+    /// previous commit ran share its next one, as etcd batches proposals. 1: one by one.
+    pub storage_batch: usize,
+    /// Time each write adds to its commit past the first (the server's own work per write,
+    /// which batching does not share).
+    pub storage_write_cost: Delay,
     /// Watch events kept per resource for resuming watches; a watch from an older
     /// resourceVersion gets 410 Gone.
     pub watch_history: usize,
@@ -75,6 +81,8 @@ impl Default for ApiServerConfig {
             read_latency: Delay::ZERO,
             quorum_read_latency: Delay::ZERO,
             storage_lanes: None,
+            storage_batch: 1,
+            storage_write_cost: Delay::ZERO,
             watch_history: 10_000,
             bookmark_interval: DEFAULT_BOOKMARK_INTERVAL,
         }
@@ -143,7 +151,11 @@ impl ApiServer {
             addr,
             latency: AtomicU64::new(latency_nanos(cfg.latency)),
             storage: Storage::new(
-                cfg.storage_lanes,
+                StorageShape {
+                    lanes: cfg.storage_lanes,
+                    batch: cfg.storage_batch,
+                    write_cost: cfg.storage_write_cost.clone(),
+                },
                 cfg.write_latency.clone(),
                 cfg.quorum_read_latency.clone(),
             ),
@@ -240,12 +252,7 @@ impl ApiServer {
 
     /// Changes the write-latency model (every create, update, patch and delete from now on).
     pub fn set_write_latency(&self, d: Delay) {
-        *self
-            .inner
-            .storage
-            .write
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = d;
+        self.inner.storage.set_write(d);
     }
 
     /// Changes the read-latency model (every GET and LIST from now on).
