@@ -99,6 +99,13 @@ enum Cmd {
         /// wait in line, as behind a real etcd (0: no queueing).
         #[arg(long, default_value_t = loadtest::cluster::CALIBRATED_STORAGE_LANES)]
         api_storage_lanes: usize,
+        /// Writes and quorum reads one storage commit takes at most: those arriving while a
+        /// lane commits share its next commit, as etcd batches them (1: one by one).
+        #[arg(long, default_value_t = loadtest::cluster::CALIBRATED_STORAGE_BATCH)]
+        api_storage_batch: usize,
+        /// Time each write adds to a shared storage commit past the first, same syntax.
+        #[arg(long, default_value = loadtest::cluster::CALIBRATED_STORAGE_WRITE_COST)]
+        api_storage_write_cost: Delay,
     },
     /// Cold starts on a cluster where the product is installed and real kubelets run the
     /// app (hack/cluster, docs/real-cluster.md): through an activator, through a Deployment
@@ -209,6 +216,8 @@ async fn main() -> anyhow::Result<()> {
             api_write_latency,
             api_quorum_read_latency,
             api_storage_lanes,
+            api_storage_batch,
+            api_storage_write_cost,
         } => {
             let by_host = routing == "host";
             let t = std::time::Instant::now();
@@ -221,6 +230,8 @@ async fn main() -> anyhow::Result<()> {
                 api_write_latency,
                 api_quorum_read_latency,
                 api_storage_lanes: (api_storage_lanes > 0).then_some(api_storage_lanes),
+                api_storage_batch,
+                api_storage_write_cost,
                 // On a shared API server the subsetter must leave other Revisions alone.
                 revision_namespace: Some(DemoOptions::default().namespace),
                 ..ClusterOptions::default()

@@ -14,8 +14,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::Error;
 use crate::cluster::{
-    CALIBRATED_QUORUM_READ_LATENCY, CALIBRATED_STORAGE_LANES, CALIBRATED_WRITE_LATENCY,
-    ClusterOptions, SimCluster,
+    CALIBRATED_QUORUM_READ_LATENCY, CALIBRATED_STORAGE_BATCH, CALIBRATED_STORAGE_LANES,
+    CALIBRATED_STORAGE_WRITE_COST, CALIBRATED_WRITE_LATENCY, ClusterOptions, SimCluster,
 };
 use crate::demo::{echo_revision, host_of, wait_subsets};
 use crate::scenarios;
@@ -40,6 +40,8 @@ pub enum Scenario {
     Scale,
     /// Time to a bound pod: the activator's own POST against a Deployment scaled 0 → 1.
     ControlPath,
+    /// Bulk writes (ConfigMap creates) at several concurrencies: writes/s and latency.
+    WriteRate,
 }
 
 impl Scenario {
@@ -53,6 +55,7 @@ impl Scenario {
             Scenario::Idle => "idle",
             Scenario::Scale => "scale",
             Scenario::ControlPath => "control-path",
+            Scenario::WriteRate => "write-rate",
         }
     }
 }
@@ -95,6 +98,20 @@ pub struct Knobs {
     /// line (0: no queueing).
     #[arg(long)]
     pub api_storage_lanes: Option<usize>,
+    /// Writes and quorum reads one storage commit takes at most: those arriving while a lane
+    /// commits share its next commit, as etcd batches them (1: one by one).
+    #[arg(long)]
+    pub api_storage_batch: Option<usize>,
+    /// Time each write adds to a shared storage commit past the first (same syntax as the
+    /// latencies).
+    #[arg(long)]
+    pub api_storage_write_cost: Option<String>,
+    /// Concurrencies to write at, comma-separated (write-rate), e.g. `1,4,16,64,256`.
+    #[arg(long)]
+    pub concurrency: Option<String>,
+    /// Writes per concurrency (write-rate; at least 8 per concurrent writer).
+    #[arg(long)]
+    pub writes: Option<usize>,
     /// Length of the measured load, seconds.
     #[arg(long)]
     pub duration_secs: Option<f64>,
@@ -158,6 +175,10 @@ impl Knobs {
             api_write_latency,
             api_quorum_read_latency,
             api_storage_lanes,
+            api_storage_batch,
+            api_storage_write_cost,
+            concurrency,
+            writes,
             duration_secs,
             rate,
             kill_nodes,
@@ -204,6 +225,33 @@ impl Knobs {
             0 => None,
             n => Some(n),
         }
+    }
+
+    /// Requests one storage commit takes at most.
+    pub fn storage_batch(&self) -> usize {
+        self.api_storage_batch
+            .unwrap_or(CALIBRATED_STORAGE_BATCH)
+            .max(1)
+    }
+
+    pub fn storage_write_cost(&self) -> Result<Delay, Error> {
+        self.api_storage_write_cost
+            .as_deref()
+            .unwrap_or(CALIBRATED_STORAGE_WRITE_COST)
+            .parse()
+            .map_err(|e| Error::Options(format!("api-storage-write-cost: {e}")))
+    }
+
+    /// The embedded API server's storage model these knobs describe.
+    pub fn api_server_config(&self) -> Result<kubesim::api::ApiServerConfig, Error> {
+        Ok(kubesim::api::ApiServerConfig {
+            write_latency: self.write_latency()?,
+            quorum_read_latency: self.quorum_read_latency()?,
+            storage_lanes: self.storage_lanes(),
+            storage_batch: self.storage_batch(),
+            storage_write_cost: self.storage_write_cost()?,
+            ..kubesim::api::ApiServerConfig::default()
+        })
     }
 
     pub fn by_host(&self) -> Result<bool, Error> {
@@ -269,6 +317,8 @@ impl Ctx {
             api_write_latency: k.write_latency()?,
             api_quorum_read_latency: k.quorum_read_latency()?,
             api_storage_lanes: k.storage_lanes(),
+            api_storage_batch: k.storage_batch(),
+            api_storage_write_cost: k.storage_write_cost()?,
             use_kubeconfig: false,
             ..ClusterOptions::default()
         };
@@ -446,6 +496,7 @@ pub async fn run(scenario: Scenario, ctx: &Ctx) -> Result<Report, Error> {
         Scenario::Idle => scenarios::idle::run(ctx).await,
         Scenario::Scale => scenarios::scale::run(ctx).await,
         Scenario::ControlPath => scenarios::control_path::run(ctx).await,
+        Scenario::WriteRate => scenarios::write_rate::run(ctx).await,
     }
 }
 

@@ -12,3 +12,4 @@ pub mod maxscale;
 pub mod node_failure;
 pub mod scale;
 pub mod steady;
+pub mod write_rate;
