@@ -78,6 +78,16 @@ pub struct ActivatorConfig {
 }
 
 impl ActivatorConfig {
+    /// What the upstream connections take of this.
+    pub fn upstream(&self) -> crate::upstream::proxy::UpstreamConfig {
+        crate::upstream::proxy::UpstreamConfig {
+            connect_timeout: self.connect_timeout,
+            pool_idle_timeout: self.pool_idle_timeout,
+            connect_retries: self.connect_retries,
+            body_idle_timeout: self.body_idle_timeout,
+        }
+    }
+
     /// A configuration with the defaults for everything but the identity and addresses.
     pub fn new(
         node_name: impl Into<String>,

@@ -366,7 +366,7 @@ impl Serving<'_> {
             hosts: caches.hosts.clone(),
             endpoints: caches.endpoints.clone(),
             pools: self.pools.clone(),
-            upstream: Upstream::new(cfg),
+            upstream: Upstream::new(&cfg.upstream()),
             metrics: self.metrics.clone(),
             draining: self.stop.child_token(),
             hop: cfg.hop.clone(),

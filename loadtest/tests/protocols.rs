@@ -378,7 +378,7 @@ async fn send_h2_speaks_http2_to_the_app_and_keeps_trailers() {
     .await
     .unwrap();
     let any = SocketAddr::from((ip, 0));
-    let upstream = Upstream::new(&ActivatorConfig::new("node", any, any));
+    let upstream = Upstream::new(&ActivatorConfig::new("node", any, any).upstream());
     let frame = grpc_frame(b"hello");
     let req = Request::post("/echo.Echo/Say")
         .header(http::header::HOST, "grpc.example.test")

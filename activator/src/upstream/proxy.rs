@@ -25,7 +25,6 @@ use hyper::body::Body as _;
 use hyper::upgrade::OnUpgrade;
 use tokio::sync::oneshot;
 
-use crate::config::ActivatorConfig;
 use crate::upstream::body_timeout::{BodyIdle, IdleTimeout};
 use crate::upstream::h1::{H1Conn, H1Pool, Returning};
 use crate::upstream::h2c::{H2Pool, UpBody};
@@ -83,8 +82,19 @@ impl Connected {
     }
 }
 
+/// What the upstream connections need of the activator's configuration
+/// ([`crate::config::ActivatorConfig::upstream`] makes it): this layer does not read the
+/// whole configuration, which sits above it.
+#[derive(Debug, Clone, Copy)]
+pub struct UpstreamConfig {
+    pub connect_timeout: Duration,
+    pub pool_idle_timeout: Duration,
+    pub connect_retries: u32,
+    pub body_idle_timeout: Duration,
+}
+
 impl Upstream {
-    pub fn new(cfg: &ActivatorConfig) -> Self {
+    pub fn new(cfg: &UpstreamConfig) -> Self {
         Self {
             h1: H1Pool::new(cfg.connect_timeout, cfg.pool_idle_timeout),
             h2: Arc::new(H2Pool::new(cfg.connect_timeout, cfg.pool_idle_timeout)),
