@@ -13,6 +13,7 @@ use tokio::time::Instant;
 
 use super::rules::{API_READ_LIMIT, SUBSET_WAIT, can_start};
 use crate::cache::endpoints::Membership;
+use crate::cache::hosts::HostCache;
 use crate::node::pool::Spec;
 use crate::pipeline::handler::Handler;
 use crate::pipeline::routing::{Named, RevisionKey, Unnamed};
@@ -39,6 +40,27 @@ struct Found {
     membership: Membership,
 }
 
+/// What a Host names (stage 1).
+enum ByHost<'a> {
+    /// The revision, with the host and the cache it came from (checked against the
+    /// Revision once read, forgotten if the Revision no longer claims it).
+    Key(RevisionKey, (String, &'a HostCache)),
+    /// The directory's answer, the Revision included (seeded in the caches).
+    Directory((RevisionKey, Arc<Revision>)),
+}
+
+/// A cached host whose revision no longer claims it (hosts moved): look again next time.
+fn still_claimed((h, hosts): &(String, &HostCache), rev: &Revision) -> Result<(), Refusal> {
+    let h = normalize_host(h);
+    if !rev.spec.hosts.iter().any(|c| normalize_host(c) == h) {
+        hosts.forget(&h);
+        return Err(Refusal::unknown_revision(format!(
+            "no revision serves host {h}"
+        )));
+    }
+    Ok(())
+}
+
 impl Handler {
     /// Stage 1: the revision a request names (`named`, from its headers or its Host), and
     /// the Revision itself. Cached answers come without a timer; what the API server does not
@@ -50,45 +72,11 @@ impl Handler {
     ) -> Result<(RevisionKey, Arc<Revision>), Refusal> {
         let (key, host) = match named {
             Ok(Named::Revision(key)) => (key, None),
-            Ok(Named::Host(host)) => {
-                let Some(hosts) = &self.hosts else {
-                    return Err(Refusal::unknown_revision(format!(
-                        "Host routing is off on this activator: name the revision with the \
-                         x-revision-namespace and x-revision-name headers (host {host})"
-                    )));
-                };
-                let found = match hosts.cached(&host) {
-                    Some(known) => Ok(Ok(known)),
-                    None => self.api.within(API_READ_LIMIT, hosts.resolve(&host)).await,
-                };
-                match found {
-                    Ok(Ok(Some(key))) => (key, Some((host, hosts))),
-                    Ok(Ok(None)) => {
-                        return Err(Refusal::unknown_revision(format!(
-                            "no revision serves host {host}"
-                        )));
-                    }
-                    failed => {
-                        let why = match failed {
-                            Ok(Err(e)) => e.to_string(),
-                            _ => "the API server did not answer".to_string(),
-                        };
-                        let q = DirectoryQuery::Host(normalize_host(&host));
-                        return match self.ask_directory(&q).await {
-                            Some(Some(found)) => {
-                                hosts.seed(&host, found.key.clone());
-                                Ok((found.key, found.rev))
-                            }
-                            Some(None) => Err(Refusal::unknown_revision(format!(
-                                "no revision serves host {host}"
-                            ))),
-                            None => Err(Refusal::unavailable(format!(
-                                "looking up host {host}: {why}"
-                            ))),
-                        };
-                    }
-                }
-            }
+            Ok(Named::Host(host)) => match self.host_key(host).await? {
+                ByHost::Key(key, by) => (key, Some(by)),
+                // The directory answered with the Revision itself: nothing more to read.
+                ByHost::Directory(found) => return Ok(found),
+            },
             Err(Unnamed::BadName(why)) => return Err(Refusal::bad_request(why)),
             Err(Unnamed::Nothing) => {
                 return Err(Refusal::unknown_revision(
@@ -96,22 +84,78 @@ impl Handler {
                 ));
             }
         };
-        // Nearly always cached: no timeout armed, no clock read (the arrival time serves).
-        let read = match self.revisions.cached(&key, arrived.into_std()) {
+        let rev = self.read_revision(&key, host.as_ref(), arrived).await?;
+        if let Some(by) = &host {
+            still_claimed(by, &rev)?;
+        }
+        Ok((key, rev))
+    }
+
+    /// Stage 1, a request named by its Host: the revision that serves it, from the host cache
+    /// or the API server, or — when the API server does not answer — the directory's Revision.
+    async fn host_key(&self, host: String) -> Result<ByHost<'_>, Refusal> {
+        let Some(hosts) = &self.hosts else {
+            return Err(Refusal::unknown_revision(format!(
+                "Host routing is off on this activator: name the revision with the \
+                 x-revision-namespace and x-revision-name headers (host {host})"
+            )));
+        };
+        let found = match hosts.cached(&host) {
+            Some(known) => Ok(Ok(known)),
+            None => self.api.within(API_READ_LIMIT, hosts.resolve(&host)).await,
+        };
+        match found {
+            Ok(Ok(Some(key))) => Ok(ByHost::Key(key, (host, hosts))),
+            Ok(Ok(None)) => Err(Refusal::unknown_revision(format!(
+                "no revision serves host {host}"
+            ))),
+            failed => {
+                let why = match failed {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => "the API server did not answer".to_string(),
+                };
+                let q = DirectoryQuery::Host(normalize_host(&host));
+                match self.ask_directory(&q).await {
+                    Some(Some(found)) => {
+                        hosts.seed(&host, found.key.clone());
+                        Ok(ByHost::Directory((found.key, found.rev)))
+                    }
+                    Some(None) => Err(Refusal::unknown_revision(format!(
+                        "no revision serves host {host}"
+                    ))),
+                    None => Err(Refusal::unavailable(format!(
+                        "looking up host {host}: {why}"
+                    ))),
+                }
+            }
+        }
+    }
+
+    /// Stage 1, the Revision `key` names: nearly always cached (no timeout armed, no clock
+    /// read: the arrival time serves), else read from the API server or, when it does not
+    /// answer, asked of the directory. A host that led to a revision that is gone is
+    /// forgotten (`host`).
+    async fn read_revision(
+        &self,
+        key: &RevisionKey,
+        host: Option<&(String, &HostCache)>,
+        arrived: Instant,
+    ) -> Result<Arc<Revision>, Refusal> {
+        let read = match self.revisions.cached(key, arrived.into_std()) {
             Some(known) => Ok(Ok(known)),
             None => {
                 self.api
-                    .within(API_READ_LIMIT, self.revisions.get_or_fetch(&key))
+                    .within(API_READ_LIMIT, self.revisions.get_or_fetch(key))
                     .await
             }
         };
-        let rev = match read {
-            Ok(Ok(Some(rev))) => rev,
+        match read {
+            Ok(Ok(Some(rev))) => Ok(rev),
             Ok(Ok(None)) => {
-                if let Some((h, hosts)) = &host {
+                if let Some((h, hosts)) = host {
                     hosts.forget(h);
                 }
-                return Err(Refusal::unknown_revision(&key));
+                Err(Refusal::unknown_revision(key))
             }
             failed => {
                 let why = match failed {
@@ -123,27 +167,14 @@ impl Handler {
                     name: key.name.clone(),
                 };
                 match self.ask_directory(&q).await {
-                    Some(Some(found)) => found.rev,
-                    Some(None) => return Err(Refusal::unknown_revision(&key)),
-                    None => {
-                        return Err(Refusal::unavailable(format!(
-                            "reading revision {key}: {why}"
-                        )));
-                    }
+                    Some(Some(found)) => Ok(found.rev),
+                    Some(None) => Err(Refusal::unknown_revision(key)),
+                    None => Err(Refusal::unavailable(format!(
+                        "reading revision {key}: {why}"
+                    ))),
                 }
             }
-        };
-        // A cached host whose revision no longer claims it (hosts moved): look again next time.
-        if let Some((h, hosts)) = &host {
-            let h = normalize_host(h);
-            if !rev.spec.hosts.iter().any(|c| normalize_host(c) == h) {
-                hosts.forget(&h);
-                return Err(Refusal::unknown_revision(format!(
-                    "no revision serves host {h}"
-                )));
-            }
         }
-        Ok((key, rev))
     }
 
     /// Asks the directory what the API server did not answer, and keeps the answer in the
