@@ -61,6 +61,13 @@ fn still_claimed((h, hosts): &(String, &HostCache), rev: &Revision) -> Result<()
     Ok(())
 }
 
+/// Stage 2's answer when no member may start a pod of the revision.
+fn no_share(key: &RevisionKey) -> Refusal {
+    Refusal::unavailable(format!(
+        "no member of revision {key} has a share of its maxScale"
+    ))
+}
+
 impl Handler {
     /// Stage 1: the revision a request names (`named`, from its headers or its Host), and
     /// the Revision itself. Cached answers come without a timer; what the API server does not
@@ -225,50 +232,15 @@ impl Handler {
             Some(m) => m,
             None => Box::pin(self.membership(key, rev, hopped, deadline)).await?,
         };
-        let no_share = || {
-            Refusal::unavailable(format!(
-                "no member of revision {key} has a share of its maxScale"
-            ))
-        };
         match membership {
             Membership::Member { me, peers } if can_start(&me) => {
-                // A forwarded request, or a revision with a pod here, is served here; else
-                // the members ranked ahead of this one (the primary first) are asked first.
-                let ahead = if hopped || self.pools.has_usable_pod(key) {
-                    Vec::new()
-                } else {
-                    let starters = peers.iter().filter(|m| can_start(m)).cloned();
-                    crate::pipeline::primary::ahead_of(key, &self.node, starters)
-                };
-                Ok(RouteTo::Here {
-                    spec: Spec {
-                        rev: rev.clone(),
-                        me,
-                    },
-                    peers,
-                    ahead,
-                })
+                Ok(self.here_as_member(key, rev, me, peers, hopped))
             }
             // A member without a share of maxScale may not create pods: the members with
             // one serve (the contracts, docs/architecture.md: shares sum to at most maxScale). A forwarded request
             // that lands here anyway is served if a pod is running (none can be).
             Membership::Member { me, peers } => {
-                let with_share: Vec<ActivatorMember> =
-                    peers.iter().filter(|m| can_start(m)).cloned().collect();
-                if hopped || with_share.is_empty() {
-                    if hopped {
-                        return Ok(RouteTo::Here {
-                            spec: Spec {
-                                rev: rev.clone(),
-                                me,
-                            },
-                            peers: Arc::from(Vec::new()),
-                            ahead: Vec::new(),
-                        });
-                    }
-                    return Err(no_share());
-                }
-                Ok(RouteTo::Elsewhere(with_share))
+                self.member_without_share(key, rev, me, &peers, hopped)
             }
             // A peer forwarded it here because its copy of the subset lists this node: while
             // the subset moves (a node back from a fault, a rebalance), a pod still here
@@ -293,11 +265,69 @@ impl Handler {
             Membership::Others(members) => {
                 let members: Vec<ActivatorMember> = members.into_iter().filter(can_start).collect();
                 if members.is_empty() {
-                    return Err(no_share());
+                    return Err(no_share(key));
                 }
                 Ok(RouteTo::Elsewhere(members))
             }
         }
+    }
+
+    /// Stage 2, this node a member with a share of maxScale: served here. A forwarded
+    /// request, or a revision with a pod here, is served here at once; else the members
+    /// ranked ahead of this one (the primary first) are asked first.
+    fn here_as_member(
+        &self,
+        key: &RevisionKey,
+        rev: &Arc<Revision>,
+        me: Arc<ActivatorMember>,
+        peers: Arc<[ActivatorMember]>,
+        hopped: bool,
+    ) -> RouteTo {
+        let ahead = if hopped || self.pools.has_usable_pod(key) {
+            Vec::new()
+        } else {
+            let starters = peers.iter().filter(|m| can_start(rev, m)).cloned();
+            crate::pipeline::primary::ahead_of(key, &self.node, starters)
+        };
+        RouteTo::Here {
+            spec: Spec {
+                rev: rev.clone(),
+                me,
+            },
+            peers,
+            ahead,
+        }
+    }
+
+    /// Stage 2, this node a member without a share of maxScale: the members with one, or
+    /// here for a forwarded request (not sent on: one hop).
+    fn member_without_share(
+        &self,
+        key: &RevisionKey,
+        rev: &Arc<Revision>,
+        me: Arc<ActivatorMember>,
+        peers: &[ActivatorMember],
+        hopped: bool,
+    ) -> Result<RouteTo, Refusal> {
+        let with_share: Vec<ActivatorMember> = peers
+            .iter()
+            .filter(|m| can_start(rev, m))
+            .cloned()
+            .collect();
+        if hopped || with_share.is_empty() {
+            if hopped {
+                return Ok(RouteTo::Here {
+                    spec: Spec {
+                        rev: rev.clone(),
+                        me,
+                    },
+                    peers: Arc::from(Vec::new()),
+                    ahead: Vec::new(),
+                });
+            }
+            return Err(no_share(key));
+        }
+        Ok(RouteTo::Elsewhere(with_share))
     }
 
     /// Stage 2, not a watched subset: the revision's subset read from the API server, or
