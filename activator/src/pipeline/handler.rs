@@ -39,7 +39,7 @@ use crate::pipeline::decide::RouteTo;
 use crate::pipeline::retries::PodRetries;
 use crate::pipeline::routing::{RevisionKey, named};
 use crate::pipeline::rules::{can_start, request_timeout, too_late, upstream_protocol};
-use crate::upstream::proxy::Upstream;
+use crate::upstream::proxy::{Upstream, UpstreamProtocol};
 use crate::upstream::upgrade;
 use crate::wire::answer::{Body, BodyError, Refusal, box_error, full};
 use crate::wire::framing::framing_problem;
@@ -428,58 +428,84 @@ impl Handler {
                 tracing::warn!(revision = %key, address = %m.address, "member has a bad address");
                 continue;
             };
-            let Some(mut r) = req.take() else { break };
-            let more = i + 1 < members.len();
-            let what = format!("activator on node {}", m.node);
-            // A member that refuses the connection never saw the request: the next one
-            // gets it as it is.
-            let to = match self.upstream.connect(protocol, &r, addr, &what).await {
-                Ok(to) => {
-                    self.suspects.answered(&m.address);
-                    to
-                }
-                Err(e) => {
-                    self.suspects.failed(&m.address, std::time::Instant::now());
-                    self.endpoints.invalidate(key);
-                    if more {
-                        self.metrics.retries.inc();
-                    }
-                    last = Refusal::unavailable(e.reason);
-                    req = Some(r);
-                    continue;
-                }
+            let Some(r) = req.take() else { break };
+            let turn = Turn {
+                m,
+                addr,
+                more: i + 1 < members.len(),
             };
-            // Only a body-less request can be sent again after the member answered 503 or
-            // failed once it had the request: to the next member, or back to a caller that
-            // serves what every member refused (`fall_back`).
-            let replay = ((more || fall_back) && r.body().is_end_stream()).then(|| replay_of(&r));
-            // Someone else can take it: the member may refuse what it cannot serve at once.
-            let hop = self.hop.forward_headers(&self.node, replay.is_some());
-            telemetry::inject_traceparent(r.headers_mut());
-            // No retries against one peer: the next member is the retry.
-            match self.upstream.send(to, r, &hop, &what).await {
-                Ok(resp)
-                    if resp.status() == http::StatusCode::SERVICE_UNAVAILABLE
-                        && replay.is_some() =>
-                {
-                    self.endpoints.invalidate(key);
-                    self.metrics.retries.inc();
-                    last = Refusal::unavailable(format!("{what} answered 503"));
-                    req = replay;
-                }
+            match self.try_member(key, protocol, turn, r, fall_back).await {
                 Ok(resp) => return Ok(resp),
-                Err(e) => {
-                    self.endpoints.invalidate(key);
-                    if replay.is_some() {
-                        self.metrics.retries.inc();
-                    }
-                    last = e;
-                    req = replay;
-                }
+                // Not taken: why, and the request when it can go on (to the next member,
+                // or back to the caller).
+                Err((why, back)) => (last, req) = (why, back),
             }
         }
         Err((last, req))
     }
+
+    /// Stage 2b, one member's turn: connect, then send. The member's answer, or why it did
+    /// not take the request with the request itself when it can be sent again.
+    async fn try_member(
+        &self,
+        key: &RevisionKey,
+        protocol: UpstreamProtocol,
+        turn: Turn<'_>,
+        mut r: Request<Body>,
+        fall_back: bool,
+    ) -> Result<Response<Body>, (Refusal, Option<Request<Body>>)> {
+        let Turn { m, addr, more } = turn;
+        let what = format!("activator on node {}", m.node);
+        // A member that refuses the connection never saw the request: the next one
+        // gets it as it is.
+        let to = match self.upstream.connect(protocol, &r, addr, &what).await {
+            Ok(to) => {
+                self.suspects.answered(&m.address);
+                to
+            }
+            Err(e) => {
+                self.suspects.failed(&m.address, std::time::Instant::now());
+                self.endpoints.invalidate(key);
+                if more {
+                    self.metrics.retries.inc();
+                }
+                return Err((Refusal::unavailable(e.reason), Some(r)));
+            }
+        };
+        // Only a body-less request can be sent again after the member answered 503 or
+        // failed once it had the request: to the next member, or back to a caller that
+        // serves what every member refused (`fall_back`).
+        let replay = ((more || fall_back) && r.body().is_end_stream()).then(|| replay_of(&r));
+        // Someone else can take it: the member may refuse what it cannot serve at once.
+        let hop = self.hop.forward_headers(&self.node, replay.is_some());
+        telemetry::inject_traceparent(r.headers_mut());
+        // No retries against one peer: the next member is the retry.
+        match self.upstream.send(to, r, &hop, &what).await {
+            Ok(resp)
+                if resp.status() == http::StatusCode::SERVICE_UNAVAILABLE && replay.is_some() =>
+            {
+                self.endpoints.invalidate(key);
+                self.metrics.retries.inc();
+                Err((Refusal::unavailable(format!("{what} answered 503")), replay))
+            }
+            Ok(resp) => Ok(resp),
+            Err(e) => {
+                self.endpoints.invalidate(key);
+                if replay.is_some() {
+                    self.metrics.retries.inc();
+                }
+                Err((e, replay))
+            }
+        }
+    }
+}
+
+/// One member's turn at a forwarded request (stage 2b): the member, its address, and
+/// whether another member follows it.
+struct Turn<'a> {
+    m: &'a ActivatorMember,
+    addr: std::net::SocketAddr,
+    more: bool,
 }
 
 /// Counts a request whose answer never came because its client left (its future was
