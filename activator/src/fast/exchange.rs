@@ -120,51 +120,28 @@ where
         deadline_timer,
         ..
     } = scratch;
-    let deadline = match deadline_timer {
-        Some(t) => {
-            t.as_mut().reset(req.deadline);
-            t
-        }
-        None => deadline_timer.insert(Box::pin(tokio::time::sleep_until(req.deadline))),
-    };
-    let h = req.head;
-    out.clear();
-    head::write_request(out, &buf[..h.len], h, req.client, req.target);
-    let body = head::body_in(buf.len(), h);
-    out.extend_from_slice(&buf[body.clone()]);
-    let mut body_left = h.body_len - (body.end - body.start) as u64;
-    buf.advance(body.end);
-    // A request goes again on a fresh connection only when a pooled one failed under it and
-    // the pod cannot have acted on it (RFC 9110 §9.2.2): none of its bytes went out, or the
-    // whole request was in `out`, its method is idempotent and the pod answered nothing.
-    // A POST the pod may have read is never sent twice: its failure is the client's 502.
-    let mut resend_whole = pod.reused && body_left == 0 && h.idempotent;
-    let mut resend_unsent = pod.reused;
-    let mut stream = pod.stream;
-
+    let deadline = arm(deadline_timer, req.deadline);
+    let mut o = load_request(out, buf, pod, req);
+    // Sent, the rest of the body copied as it comes, and the response head read: again on a
+    // fresh connection while the request may go again (`Outgoing`).
     let resp_head = loop {
         let wrote = tokio::select! {
             biased;
-            w = write_out(&mut stream, out) => w,
+            w = write_out(&mut o.stream, out) => w,
             () = deadline.as_mut() => return Ended::Refused(HeadError::Late.refusal(req.target)),
         };
         if let Err((sent, e)) = wrote {
-            if resend_unsent
-                && sent == 0
-                && let Ok(fresh) = pods.connect(req.target).await
-            {
-                (stream, resend_unsent, resend_whole) = (fresh, false, false);
-                resent(req);
+            if o.resend_unsent && sent == 0 && o.fresh(pods, req).await {
                 continue;
             }
             return Ended::Refused(pod_failed(req.target, &e));
         }
-        if body_left > 0
+        if o.body_left > 0
             && let Err(ended) = copy_body(
                 client,
                 buf,
-                &mut stream,
-                &mut body_left,
+                &mut o.stream,
+                &mut o.body_left,
                 req,
                 deadline.as_mut(),
             )
@@ -173,12 +150,10 @@ where
             return ended;
         }
         resp.clear();
-        match read_head(&mut stream, resp, h.is_head, deadline.as_mut()).await {
+        match read_head(&mut o.stream, resp, req.head.is_head, deadline.as_mut()).await {
             Ok(rh) => break rh,
-            Err(HeadError::ClosedEarly(_)) if resend_whole => {
-                if let Ok(fresh) = pods.connect(req.target).await {
-                    (stream, resend_unsent, resend_whole) = (fresh, false, false);
-                    resent(req);
+            Err(HeadError::ClosedEarly(_)) if o.resend_whole => {
+                if o.fresh(pods, req).await {
                     continue;
                 }
                 return Ended::Refused(Refusal::bad_gateway(format!(
@@ -189,6 +164,7 @@ where
             Err(e) => return Ended::Refused(e.refusal(req.target)),
         }
     };
+    let mut stream = o.stream;
     let ended = relay(
         client,
         &mut stream,
@@ -203,6 +179,70 @@ where
         pods.put(req.target, stream);
     }
     ended
+}
+
+/// The exchange's deadline timer, kept in the scratch space from one request to the next,
+/// set to `at`.
+fn arm(timer: &mut Option<Pin<Box<Sleep>>>, at: Instant) -> &mut Pin<Box<Sleep>> {
+    match timer {
+        Some(t) => {
+            t.as_mut().reset(at);
+            t
+        }
+        None => timer.insert(Box::pin(tokio::time::sleep_until(at))),
+    }
+}
+
+/// The request on its way to the pod: the connection it goes on, how much of its body is
+/// still to come from the client, and whether it may go again on a fresh connection.
+struct Outgoing {
+    stream: TcpStream,
+    body_left: u64,
+    /// The whole request was in `out`, its method is idempotent and it went on a pooled
+    /// connection: it goes again if the pod closes that connection without an answer.
+    resend_whole: bool,
+    /// It went on a pooled connection: it goes again if none of its bytes went out.
+    resend_unsent: bool,
+}
+
+impl Outgoing {
+    /// The request goes again from its start on a fresh connection, and never a third
+    /// time. False: no fresh connection could be made.
+    async fn fresh(&mut self, pods: &PodConns, req: &Request<'_>) -> bool {
+        let Ok(fresh) = pods.connect(req.target).await else {
+            return false;
+        };
+        (self.stream, self.resend_unsent, self.resend_whole) = (fresh, false, false);
+        resent(req);
+        true
+    }
+}
+
+/// The request into `out` for the pod: its head rewritten, and whatever of its body has
+/// arrived; `buf` keeps only what follows it.
+fn load_request(
+    out: &mut Vec<u8>,
+    buf: &mut BytesMut,
+    pod: PodConn,
+    req: &Request<'_>,
+) -> Outgoing {
+    let h = req.head;
+    out.clear();
+    head::write_request(out, &buf[..h.len], h, req.client, req.target);
+    let body = head::body_in(buf.len(), h);
+    out.extend_from_slice(&buf[body.clone()]);
+    let body_left = h.body_len - (body.end - body.start) as u64;
+    buf.advance(body.end);
+    // A request goes again on a fresh connection only when a pooled one failed under it and
+    // the pod cannot have acted on it (RFC 9110 §9.2.2): none of its bytes went out, or the
+    // whole request was in `out`, its method is idempotent and the pod answered nothing.
+    // A POST the pod may have read is never sent twice: its failure is the client's 502.
+    Outgoing {
+        resend_whole: pod.reused && body_left == 0 && h.idempotent,
+        resend_unsent: pod.reused,
+        stream: pod.stream,
+        body_left,
+    }
 }
 
 fn resent(req: &Request<'_>) {
