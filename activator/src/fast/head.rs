@@ -489,86 +489,121 @@ pub fn parse_response(buf: &[u8], to_head: bool) -> Result<Option<ResponseHead>,
         return Err(BadResponse("101 to a request that asked for no upgrade"));
     }
     let http10 = resp.version == Some(0);
-    let mut close = http10;
     // Relayed as it came only when every line ends in CRLF: a client that splits lines
     // on CRLF alone must read the same headers as this parse did.
-    let mut plain = !http10 && !has_bare_lf(&buf[..len]);
-    let mut length: Option<u64> = None;
-    let mut chunked = false;
-    let mut encoded = false;
-    let mut streaming = false;
-    for h in resp.headers.iter() {
-        let is = |n: &str| h.name.eq_ignore_ascii_case(n);
-        if is("content-length") {
-            let n = content_length(h.value).ok_or(BadResponse("an invalid content-length"))?;
-            if length.is_some_and(|l| l != n) {
-                return Err(BadResponse("two different content-lengths"));
-            }
-            length = Some(n);
-        } else if is("transfer-encoding") {
-            encoded = true;
-            // Only the last coding says whether the message is chunked.
-            chunked = h
-                .value
-                .rsplit(|b| *b == b',')
-                .next()
-                .is_some_and(|t| t.trim_ascii().eq_ignore_ascii_case(b"chunked"));
-        } else if is("connection") {
-            plain = false;
-            for t in h.value.split(|b| *b == b',') {
-                let t = t.trim_ascii();
-                if t.eq_ignore_ascii_case(b"close") {
-                    close = true;
-                } else if t.eq_ignore_ascii_case(b"keep-alive") && http10 {
-                    close = false;
-                }
-            }
-        } else if is("content-type") {
-            streaming = crate::wire::streaming::is_streaming_type(h.value);
-        } else if is("keep-alive")
-            || is("proxy-connection")
-            || is("te")
-            || is("trailer")
-            || is("upgrade")
-            || is(crate::wire::names::HEADER_SERVED_BY)
-        {
-            plain = false;
-        }
-    }
-    // RFC 9112 §6.3: Transfer-Encoding overrides Content-Length, which is removed before
-    // the message goes on (a client reading the length would frame it differently).
-    if encoded && length.is_some() {
-        plain = false;
-    }
+    let plain = !http10 && !has_bare_lf(&buf[..len]);
+    let seen = Seen::scan(resp.headers, http10, plain)?;
     let no_body = to_head || (100..200).contains(&status) || status == 204 || status == 304;
     // HTTP/1.0 has no transfer codings: a body framed by one is refused, as hyper's client
     // refuses it (a response without a body has no framing to get wrong).
-    if http10 && encoded && !no_body {
+    if http10 && seen.encoded && !no_body {
         return Err(BadResponse("transfer-encoding in an HTTP/1.0 response"));
     }
-    let framing = if no_body {
-        BodyFraming::Empty
-    } else if encoded {
-        if chunked {
-            BodyFraming::Chunked
-        } else {
-            BodyFraming::UntilClose
-        }
-    } else {
-        match length {
-            Some(0) => BodyFraming::Empty,
-            Some(n) => BodyFraming::Length(n),
-            None => BodyFraming::UntilClose,
-        }
-    };
+    let framing = seen.framing(no_body);
     Ok(Some(ResponseHead {
         len,
         status,
         framing,
-        close: close || framing == BodyFraming::UntilClose,
-        plain,
-        streaming,
+        close: seen.close || framing == BodyFraming::UntilClose,
+        plain: seen.plain,
+        streaming: seen.streaming,
     }))
+}
+
+/// What a response's headers say about its framing and how it is relayed.
+struct Seen {
+    length: Option<u64>,
+    /// The last transfer coding is chunked.
+    chunked: bool,
+    /// A transfer-encoding header.
+    encoded: bool,
+    close: bool,
+    plain: bool,
+    streaming: bool,
+}
+
+impl Seen {
+    /// The response's headers in order, from what the status line said: the connection
+    /// closes after an HTTP/1.0 response (`http10`) unless kept alive, and `plain` unless a
+    /// header is dropped or rewritten on the way.
+    fn scan(
+        headers: &[httparse::Header<'_>],
+        http10: bool,
+        plain: bool,
+    ) -> Result<Self, BadResponse> {
+        let mut seen = Seen {
+            length: None,
+            chunked: false,
+            encoded: false,
+            close: http10,
+            plain,
+            streaming: false,
+        };
+        for h in headers {
+            let is = |n: &str| h.name.eq_ignore_ascii_case(n);
+            if is("content-length") {
+                let n = content_length(h.value).ok_or(BadResponse("an invalid content-length"))?;
+                if seen.length.is_some_and(|l| l != n) {
+                    return Err(BadResponse("two different content-lengths"));
+                }
+                seen.length = Some(n);
+            } else if is("transfer-encoding") {
+                seen.encoded = true;
+                // Only the last coding says whether the message is chunked.
+                seen.chunked = h
+                    .value
+                    .rsplit(|b| *b == b',')
+                    .next()
+                    .is_some_and(|t| t.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+            } else if is("connection") {
+                seen.plain = false;
+                for t in h.value.split(|b| *b == b',') {
+                    let t = t.trim_ascii();
+                    if t.eq_ignore_ascii_case(b"close") {
+                        seen.close = true;
+                    } else if t.eq_ignore_ascii_case(b"keep-alive") && http10 {
+                        seen.close = false;
+                    }
+                }
+            } else if is("content-type") {
+                seen.streaming = crate::wire::streaming::is_streaming_type(h.value);
+            } else if is("keep-alive")
+                || is("proxy-connection")
+                || is("te")
+                || is("trailer")
+                || is("upgrade")
+                || is(crate::wire::names::HEADER_SERVED_BY)
+            {
+                seen.plain = false;
+            }
+        }
+        // RFC 9112 §6.3: Transfer-Encoding overrides Content-Length, which is removed before
+        // the message goes on (a client reading the length would frame it differently).
+        if seen.encoded && seen.length.is_some() {
+            seen.plain = false;
+        }
+        Ok(seen)
+    }
+
+    /// How the body is delimited: none (`no_body`: a HEAD request, 1xx, 204, 304, or a zero
+    /// length), a length, chunks, or the app closing the connection.
+    fn framing(&self, no_body: bool) -> BodyFraming {
+        if no_body {
+            BodyFraming::Empty
+        } else if self.encoded {
+            if self.chunked {
+                BodyFraming::Chunked
+            } else {
+                BodyFraming::UntilClose
+            }
+        } else {
+            match self.length {
+                Some(0) => BodyFraming::Empty,
+                Some(n) => BodyFraming::Length(n),
+                None => BodyFraming::UntilClose,
+            }
+        }
+    }
 }
 
 /// What the fast lane adds to a response head.
