@@ -864,6 +864,21 @@ async fn the_live_cluster_keeps_the_endpoints_contract() {
     assert!(breaches.is_empty(), "{breaches:#?}");
 }
 
+/// The names of the objects `api` lists that contain `part`.
+async fn names_containing<K>(api: &Api<K>, part: &str) -> Vec<String>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|o| o.name_any())
+        .filter(|n| n.contains(part))
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uninstall_leaves_nothing_and_install_restores_the_product() {
     let Some(env) = env("uninstall_leaves_nothing").await else {
@@ -876,41 +891,17 @@ async fn uninstall_leaves_nothing_and_install_restores_the_product() {
     // cluster-wide RBAC and admission policy, and no app pod it made.
     let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
         Api::all(env.client.clone());
-    let left: Vec<String> = crds
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .map(|c| c.name_any())
-        .filter(|n| n.ends_with("local-activator.dev"))
-        .collect();
+    let left = names_containing(&crds, "local-activator.dev").await;
     assert!(left.is_empty(), "CRDs left: {left:?}");
     let nss: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(env.client.clone());
     assert!(nss.get_opt(SYSTEM_NS).await.unwrap().is_none());
     let roles: Api<k8s_openapi::api::rbac::v1::ClusterRole> = Api::all(env.client.clone());
-    let left: Vec<String> = roles
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .map(|r| r.name_any())
-        .filter(|n| n.contains("local-activator"))
-        .collect();
+    let left = names_containing(&roles, "local-activator").await;
     assert!(left.is_empty(), "ClusterRoles left: {left:?}");
     // The one Role outside its namespace: the API server's address (crds::api_route).
     let roles: Api<k8s_openapi::api::rbac::v1::Role> =
         Api::namespaced(env.client.clone(), crds::api_route::SERVICE_NAMESPACE);
-    let left: Vec<String> = roles
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .map(|r| r.name_any())
-        .filter(|n| n.contains("local-activator"))
-        .collect();
+    let left = names_containing(&roles, "local-activator").await;
     assert!(left.is_empty(), "Roles left in default: {left:?}");
     assert!(env.pods("gone").await.is_empty(), "app pods left");
     script("install", &[]);
