@@ -42,6 +42,13 @@ CLUSTER_CIDR=10.88.0.0/16
 IMAGE_TAG="${LA_IMAGE_TAG:-dev}"
 IMAGE_REPO="${LA_IMAGE_REPO:-localhost/local-activator}"
 PAUSE_IMAGE="$IMAGE_REPO/pause:$IMAGE_TAG"
+# The image registry (Debian's docker-registry, the CNCF distribution registry) on the API
+# server's address: every node's containerd pulls from it over plain HTTP (a hosts.toml under
+# each node's certs.d), hack/images/build pushes to it, the end-to-end tests pull from it.
+# Its storage lives with the image cache, so pushed images survive down.
+REGISTRY_PORT="${LA_REGISTRY_PORT:-5000}"
+REGISTRY="$API_ADDR:$REGISTRY_PORT"
+REGISTRY_REPO="$REGISTRY/local-activator"
 HOSTS_MARK="# local-activator-cluster"
 WAIT_TIMEOUT="${LA_WAIT_TIMEOUT:-120}"
 
@@ -49,6 +56,12 @@ WAIT_TIMEOUT="${LA_WAIT_TIMEOUT:-120}"
 # the node's InternalIP), kubelet port 10250+i and healthz port 10260+i on 127.0.0.1.
 node_name() { echo "$NODE_PREFIX$1"; }
 node_bridge() { echo "la-br$1"; }
+# A fixed, locally administered MAC per bridge. A Linux bridge left to itself takes the lowest
+# MAC of its ports and changes it whenever a pod's veth with a lower one comes or goes; the
+# pods keep the old MAC for their gateway in their ARP caches, so their answers to the host
+# (the kubelet's probes, the tests) are flooded to the other ports and lost: a node's pods
+# unreachable from the host after some pod was deleted. A MAC set by hand never changes.
+node_bridge_mac() { printf '02:88:00:00:%02x:01' "$1"; }
 node_subnet() { echo "10.88.$1.0/24"; }
 node_gw() { echo "10.88.$1.1"; }
 node_port() { echo $((10250 + $1)); }
@@ -205,6 +218,33 @@ wait_apiserver() {
     curl -fsS -m 2 --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" \
     "https://$API_ADDR:$API_PORT/readyz"
 }
+
+# --- the registry (up, hack/images/build) ---------------------------------------------------
+start_registry() {
+  local exe
+  exe=$(command -v docker-registry || command -v registry) ||
+    die "docker-registry missing (apt-get install docker-registry)"
+  mkdir -p "$STATE_DIR/conf" "$CACHE_DIR/registry"
+  cat >"$STATE_DIR/conf/registry.yml" <<EOF
+version: 0.1
+log:
+  level: warn
+storage:
+  filesystem:
+    rootdirectory: $CACHE_DIR/registry
+  delete:
+    enabled: true
+http:
+  addr: $REGISTRY
+health:
+  storagedriver:
+    enabled: false
+EOF
+  start registry "$exe" serve "$STATE_DIR/conf/registry.yml"
+}
+
+# registry_up: the registry answers its API's base endpoint.
+registry_up() { curl -fsS -m 2 -o /dev/null "http://$REGISTRY/v2/"; }
 
 # node_arg I: checks that I names a node of this cluster.
 node_arg() {
