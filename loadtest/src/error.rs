@@ -26,4 +26,6 @@ pub enum Error {
     Options(String),
     #[error("kubeconfig: {0}")]
     KubeConfig(String),
+    #[error("running `{line}`: {message}")]
+    Command { line: String, message: String },
 }

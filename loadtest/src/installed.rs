@@ -52,6 +52,9 @@ pub struct Options {
     /// An HTTP readinessProbe (GET of `path`) with this periodSeconds on the app: the
     /// kubelet then reports Ready only at its probe's period.
     pub readiness_period: Option<u32>,
+    /// The app container's imagePullPolicy: `Never` (the image is on every node) or, for the
+    /// image-pull mode, `IfNotPresent`.
+    pub pull_policy: &'static str,
 }
 
 impl Default for Options {
@@ -63,6 +66,7 @@ impl Default for Options {
             path: "/cgi-bin/app".into(),
             limit: Duration::from_secs(120),
             readiness_period: None,
+            pull_policy: "Never",
         }
     }
 }
@@ -161,9 +165,27 @@ impl InstalledReport {
 }
 
 /// An outcome: time to the first byte, or why it failed.
-type Outcome = Result<Duration, String>;
+pub(crate) type Outcome = Result<Duration, String>;
 
 pub async fn run(client: &Client, opts: &Options) -> Result<InstalledReport, Error> {
+    let nodes = ready_nodes(client).await?;
+    in_namespace(client, async |ns| measure(client, opts, ns, &nodes).await).await
+}
+
+/// The image-pull mode (crate::image_pull): `evict_cmd` removes the image from a node.
+pub async fn run_image_pull(
+    client: &Client,
+    opts: &Options,
+    evict_cmd: &str,
+) -> Result<crate::image_pull::PullReport, Error> {
+    let nodes = ready_nodes(client).await?;
+    in_namespace(client, async |ns| {
+        crate::image_pull::measure(client, opts, evict_cmd, ns, &nodes).await
+    })
+    .await
+}
+
+async fn ready_nodes(client: &Client) -> Result<Vec<String>, Error> {
     let nodes: Vec<String> = Api::<Node>::all(client.clone())
         .list(&ListParams::default())
         .await?
@@ -180,9 +202,17 @@ pub async fn run(client: &Client, opts: &Options) -> Result<InstalledReport, Err
     if nodes.is_empty() {
         return Err(Error::Options("no Ready node".into()));
     }
+    Ok(nodes)
+}
+
+/// Runs `f` in a namespace of its own, deleted afterwards whatever `f` returned.
+async fn in_namespace<T>(
+    client: &Client,
+    f: impl AsyncFnOnce(&str) -> Result<T, Error>,
+) -> Result<T, Error> {
     let ns = format!("installed-{:08x}", rand::random::<u32>());
     crate::cluster::ensure_namespace(client, &ns).await?;
-    let result = measure(client, opts, &ns, &nodes).await;
+    let result = f(&ns).await;
     let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
         .delete(&ns, &DeleteParams::default())
         .await;
@@ -288,21 +318,21 @@ async fn measure(
 /// second it begins; rounds that start the paths at fixed offsets from each other would favour
 /// one path by its phase alone (two runs without this gave the activator 0.78× and 1.62× the
 /// floor). The pause is outside every measured time.
-async fn jitter() {
+pub(crate) async fn jitter() {
     use rand::RngExt;
     let ms = rand::rng().random_range(0..1000u64);
     tokio::time::sleep(Duration::from_millis(ms)).await;
 }
 
 /// The pod spec all three paths run (the activator adds nodeName and its labels).
-fn pod_spec(opts: &Options) -> Value {
+pub(crate) fn pod_spec(opts: &Options) -> Value {
     let mut spec = json!({
         "automountServiceAccountToken": false,
         "enableServiceLinks": false,
         "containers": [{
             "name": "app",
             "image": opts.image,
-            "imagePullPolicy": "Never",
+            "imagePullPolicy": opts.pull_policy,
             "ports": [{"containerPort": 8080}],
         }],
     });
@@ -317,7 +347,7 @@ fn pod_spec(opts: &Options) -> Value {
 
 /// Whether the installed activator pods carry a `node-agent` container and their activator
 /// container is told its socket (`NODE_AGENT_SOCKET` or `--node-agent-socket`).
-async fn node_agent_installed(client: &Client) -> bool {
+pub(crate) async fn node_agent_installed(client: &Client) -> bool {
     let pods: Api<Pod> = Api::all(client.clone());
     let lp = ListParams::default().labels(crds::contract::ACTIVATOR_SELECTOR);
     pods.list(&lp).await.is_ok_and(|l| {
@@ -350,10 +380,21 @@ async fn revision(
     name: &str,
     opts: &Options,
 ) -> Result<(String, SocketAddr), String> {
+    revision_annotated(client, ns, name, opts, json!({})).await
+}
+
+/// [`revision`] with these annotations on the Revision.
+pub(crate) async fn revision_annotated(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    opts: &Options,
+    annotations: Value,
+) -> Result<(String, SocketAddr), String> {
     let rev: Revision = serde_json::from_value(json!({
         "apiVersion": "local-activator.dev/v1alpha1",
         "kind": "Revision",
-        "metadata": {"name": name, "namespace": ns},
+        "metadata": {"name": name, "namespace": ns, "annotations": annotations},
         "spec": {"port": 8080, "activators": 1, "template": {"spec": pod_spec(opts)}},
     }))
     .map_err(|e| e.to_string())?;
@@ -382,7 +423,11 @@ async fn revision(
 /// A watch of the pods labelled `app=<name>`, established (its first list answered) before
 /// this returns, as the activator's own pod watch is before a request comes: the first Ready
 /// pod's node and IP, under `name`.
-async fn watch_ready(client: &Client, ns: &str, name: &str) -> FirstSeen<(String, String)> {
+pub(crate) async fn watch_ready(
+    client: &Client,
+    ns: &str,
+    name: &str,
+) -> FirstSeen<(String, String)> {
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
     let key = name.to_string();
     FirstSeen::start(api, &watcher_labels(name), move |p| {
@@ -394,7 +439,7 @@ async fn watch_ready(client: &Client, ns: &str, name: &str) -> FirstSeen<(String
 }
 
 /// Awaits the Ready pod, then requests it: the time from `t0` to its answer.
-async fn then_request(
+pub(crate) async fn then_request(
     ready: FirstSeen<(String, String)>,
     name: &str,
     opts: &Options,
@@ -418,7 +463,7 @@ fn watcher_labels(name: &str) -> String {
     format!("loadtest.local-activator.dev/app={name}")
 }
 
-fn labels(name: &str) -> BTreeMap<String, String> {
+pub(crate) fn labels(name: &str) -> BTreeMap<String, String> {
     BTreeMap::from([(
         "loadtest.local-activator.dev/app".to_string(),
         name.to_string(),
@@ -426,7 +471,7 @@ fn labels(name: &str) -> BTreeMap<String, String> {
 }
 
 /// A Deployment at 0, then scaled to 1 at `t0`.
-async fn deployment(
+pub(crate) async fn deployment(
     client: &Client,
     ns: &str,
     name: &str,
@@ -463,7 +508,7 @@ async fn deployment(
 }
 
 /// The floor: the pod POSTed with `spec.nodeName` at `t0`.
-async fn raw_pod(
+pub(crate) async fn raw_pod(
     client: &Client,
     ns: &str,
     name: &str,
@@ -490,7 +535,7 @@ async fn raw_pod(
 
 /// Deletes what a round made (Revisions take their pods along) and waits until no pod of the
 /// namespace is left, so that no path runs on nodes busier than another's.
-async fn clean(client: &Client, ns: &str, limit: Duration) -> Result<(), Error> {
+pub(crate) async fn clean(client: &Client, ns: &str, limit: Duration) -> Result<(), Error> {
     let dp = DeleteParams::default();
     let lp = ListParams::default();
     Api::<Revision>::namespaced(client.clone(), ns)

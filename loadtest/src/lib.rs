@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod demo;
 pub mod driver;
 pub mod error;
+pub mod image_pull;
 pub mod installed;
 pub mod nginx;
 pub mod observe;

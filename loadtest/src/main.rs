@@ -128,6 +128,15 @@ enum Cmd {
         /// kubelet reports Ready only at its probe's period, the activator's own check at once.
         #[arg(long)]
         readiness_period: Option<u32>,
+        /// The image-pull mode: the first request after a Revision is created whose image is
+        /// on no node (pulled ahead by its member, not, image present, a Deployment 0 → 1).
+        /// Needs --evict-cmd; the image (--image) must be in a registry the nodes pull from.
+        #[arg(long, requires = "evict_cmd")]
+        image_pull: bool,
+        /// Removes the image from one node: run per node with {node} and {image} replaced,
+        /// e.g. 'hack/cluster/node image-rm {node} {image}' on the local cluster.
+        #[arg(long)]
+        evict_cmd: Option<String>,
         /// Write the report as JSON here.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -278,6 +287,8 @@ async fn main() -> anyhow::Result<()> {
             image,
             path,
             readiness_period,
+            image_pull,
+            evict_cmd,
             json,
         } => {
             let client = match kubeconfig {
@@ -296,6 +307,20 @@ async fn main() -> anyhow::Result<()> {
                 readiness_period,
                 ..Default::default()
             };
+            if image_pull {
+                let evict = evict_cmd.as_deref().unwrap_or_default();
+                let report = loadtest::installed::run_image_pull(&client, &opts, evict).await?;
+                print!("{}", report.table());
+                if let Some(p) = json {
+                    std::fs::write(&p, serde_json::to_string_pretty(&report)?)?;
+                    eprintln!("wrote {}", p.display());
+                }
+                let failed: usize = report.paths.iter().map(|p| p.first_byte_ms.failed).sum();
+                if failed > 0 {
+                    anyhow::bail!("{failed} first request(s) failed");
+                }
+                return Ok(());
+            }
             let report = loadtest::installed::run(&client, &opts).await?;
             print!("{}", report.table());
             if let Some(p) = json {

@@ -2,7 +2,8 @@
 //! real kubelets, real containers, the product installed from `deploy/` with its own
 //! ServiceAccounts and RBAC. Every request goes through a real activator pod to a real app
 //! container (`hack/images/build`'s test app: `/cgi-bin/app` names its pod, `?ms=N` holds the
-//! request N ms).
+//! request N ms), pulled from the cluster's registry (`imagePullPolicy: IfNotPresent`), as on a
+//! real cluster.
 //!
 //! Skipped, with the reason printed, when there is no such cluster: `LA_E2E_KUBECONFIG`, or
 //! `hack/cluster/.state/kubeconfig` of this repository, must exist and answer, and the product
@@ -33,7 +34,8 @@ use serde_json::json;
 use tokio::time::Instant;
 
 const SYSTEM_NS: &str = "local-activator";
-const APP_IMAGE: &str = "localhost/local-activator/testapp:dev";
+/// The test app in the cluster's registry (hack/cluster/up starts it, hack/images/build pushes).
+const APP_IMAGE: &str = "10.88.255.1:5000/local-activator/testapp:dev";
 const APP: &str = "/cgi-bin/app";
 /// A bound on any wait for the cluster (a hang detector, not a timing).
 const LIMIT: Duration = Duration::from_secs(180);
@@ -158,7 +160,7 @@ impl Env {
             "template": {"spec": {"containers": [{
                 "name": "app",
                 "image": APP_IMAGE,
-                "imagePullPolicy": "Never",
+                "imagePullPolicy": "IfNotPresent",
                 "ports": [{"containerPort": 8080}],
             }]}},
         });
@@ -1438,7 +1440,7 @@ async fn control_plane_outage(test: &str, component: &'static str, outage: Durat
             "port": 8080,
             "activators": 1,
             "template": {"spec": {"containers": [{
-                "name": "app", "image": APP_IMAGE, "imagePullPolicy": "Never",
+                "name": "app", "image": APP_IMAGE, "imagePullPolicy": "IfNotPresent",
                 "ports": [{"containerPort": 8080}],
             }]}},
         },
@@ -1661,7 +1663,7 @@ async fn kubelet_sees_a_pod(
         "spec": {
             "nodeName": node,
             "terminationGracePeriodSeconds": 0,
-            "containers": [{"name": "app", "image": APP_IMAGE, "imagePullPolicy": "Never"}],
+            "containers": [{"name": "app", "image": APP_IMAGE, "imagePullPolicy": "IfNotPresent"}],
         },
     }))
     .ok()?;
@@ -1936,4 +1938,108 @@ async fn a_nodes_containerd_killed_and_restarted_keeps_warm_traffic_elsewhere() 
         "warm on another node: {failed} of {n} failed"
     );
     assert!(f.ok(), "a cold start after the restart: {f:?}");
+}
+
+/// The image-pull test's app: the test app plus a Java runtime from Debian (~190 MB in four
+/// layers; hack/images/build testapp-big), only in the registry, never imported.
+const BIG_IMAGE: &str = "10.88.255.1:5000/local-activator/testapp-big:dev";
+
+/// Whether node `index`'s containerd holds `image` (hack/cluster/node image-has).
+fn node_has_image(index: &str, image: &str) -> bool {
+    std::process::Command::new(repo().join("hack/cluster/node"))
+        .args(["image-has", index, image])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// The kubelet's `Pulled` event of the pod's container: "already present on machine", or
+/// "Successfully pulled image ... in 5.461s ...". Awaited (the kubelet sends its events in
+/// batches).
+async fn pulled_event(client: &Client, ns: &str, pod: &str) -> String {
+    use k8s_openapi::api::core::v1::Event;
+    let api: Api<Event> = Api::namespaced(client.clone(), ns);
+    let lp = ListParams::default().fields(&format!("involvedObject.name={pod},reason=Pulled"));
+    let found = async {
+        loop {
+            if let Some(e) = api
+                .list(&lp)
+                .await
+                .ok()
+                .and_then(|l| l.items.into_iter().next())
+            {
+                return e.message.unwrap_or_default();
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    tokio::time::timeout(LIMIT, found)
+        .await
+        .unwrap_or_else(|_| panic!("a Pulled event for {pod}"))
+}
+
+/// Issue 28: a new Revision whose image is on no node. Its members pull the image before any
+/// request (the kubelet then finds it present), non-members do not pull it, and the first
+/// request is a cold start without a pull.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_pull_a_new_revisions_image_before_its_first_request() {
+    let Some(env) = env("members_pull_a_new_revisions_image").await else {
+        return;
+    };
+    let nodes: Vec<String> = env.activators().await.into_keys().collect();
+    assert!(nodes.len() >= 3, "three nodes: {nodes:?}");
+    for n in &nodes {
+        script("node", &["image-rm", &node_index(n), BIG_IMAGE]);
+        assert!(
+            !node_has_image(&node_index(n), BIG_IMAGE),
+            "{n} still has it"
+        );
+    }
+    let members = env
+        .revision("big", 2, |s| {
+            s["activators"] = 2.into();
+            s["template"]["spec"]["containers"][0]["image"] = BIG_IMAGE.into();
+        })
+        .await;
+    let t0 = Instant::now();
+    // No request yet: each member's node gets the image by itself.
+    for m in &members {
+        let index = node_index(&m.node);
+        let pulled = async {
+            while !node_has_image(&index, BIG_IMAGE) {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        };
+        tokio::time::timeout(LIMIT, pulled)
+            .await
+            .unwrap_or_else(|_| panic!("{} pulls {BIG_IMAGE} ahead of any request", m.node));
+        eprintln!(
+            "{}: {BIG_IMAGE} present {} ms after the subset was written",
+            m.node,
+            t0.elapsed().as_millis()
+        );
+    }
+    // Only the members pull: N nodes, not every node.
+    for n in nodes
+        .iter()
+        .filter(|n| !members.iter().any(|m| m.node == **n))
+    {
+        assert!(
+            !node_has_image(&node_index(n), BIG_IMAGE),
+            "{n} is not a member of big's subset and pulled its image"
+        );
+    }
+    let cold = env.get(&members[0], "big", APP).await;
+    assert!(cold.ok() && cold.cold, "{cold:?}");
+    let pod = cold.pod.clone().expect("the app names its pod");
+    let pulled = pulled_event(&env.client, &env.ns, &pod).await;
+    assert!(
+        pulled.contains("already present"),
+        "the kubelet found the image on the node: {pulled}"
+    );
+    eprintln!(
+        "first request after the pull ahead, on {}: request -> answer {} ms, phases {:?}",
+        members[0].node,
+        cold.latency.as_millis(),
+        cold.phases
+    );
 }
