@@ -271,6 +271,18 @@ async fn pull_everywhere(
     nodes: &[String],
     opts: &Options,
 ) -> Result<(), Error> {
+    pull_everywhere_keep(client, ns, prefix, nodes, opts).await?;
+    clean(client, ns, opts.limit).await
+}
+
+/// As [`pull_everywhere`], the pods left running (their image stays on their node).
+async fn pull_everywhere_keep(
+    client: &Client,
+    ns: &str,
+    prefix: &str,
+    nodes: &[String],
+    opts: &Options,
+) -> Result<(), Error> {
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
     for (i, node) in nodes.iter().enumerate() {
         let mut spec = pod_spec(opts);
@@ -298,7 +310,7 @@ async fn pull_everywhere(
                 message: e.to_string(),
             })?;
     }
-    clean(client, ns, opts.limit).await
+    Ok(())
 }
 
 /// The namespace emptied (a running container keeps its image's content on the node), then
@@ -311,7 +323,11 @@ async fn evict(
     opts: &Options,
 ) -> Result<(), Error> {
     clean(client, ns, opts.limit).await?;
-    let image = &opts.image;
+    run_per_node(cmd, nodes, &opts.image).await
+}
+
+/// Runs `cmd` once per node, `{node}` and `{image}` replaced; the first failure is returned.
+async fn run_per_node(cmd: &str, nodes: &[String], image: &str) -> Result<(), Error> {
     for node in nodes {
         let line = cmd.replace("{node}", node).replace("{image}", image);
         let out = tokio::process::Command::new("sh")
@@ -450,4 +466,219 @@ mod tests {
         let present = "Container image \"x:dev\" already present on machine";
         assert_eq!(pulled_in(present), None);
     }
+}
+
+/// Warm traffic on one node while its activator pre-pulls ten images, against the same traffic
+/// just before: the pulls must not slow requests being served.
+#[derive(Debug, Clone, Serialize)]
+pub struct WarmDuringPulls {
+    pub node: String,
+    pub images: usize,
+    /// Concurrent clients of the warm revision, closed loop, through the node's activator.
+    pub clients: usize,
+    pub before_ms: Percentiles,
+    pub during_ms: Percentiles,
+    /// From the pull revisions' creation to every image present on the node.
+    pub pulls_s: f64,
+    /// during p99 ÷ before p99 (None when either window had failures).
+    pub p99_ratio: Option<f64>,
+    pub p50_ratio: Option<f64>,
+    pub errors: Vec<String>,
+}
+
+impl WarmDuringPulls {
+    pub fn table(&self) -> String {
+        let row = |name: &str, p: &Percentiles| {
+            format!(
+                "{name:<15} {:>6} {:>6} {:>9.2} {:>9.2} {:>9.2} {:>9.2}\n",
+                p.count, p.failed, p.p50, p.p90, p.p99, p.max
+            )
+        };
+        let ratio = |r: Option<f64>| r.map_or("invalid (failures)".into(), |r| format!("{r:.2}"));
+        let mut s = format!(
+            "warm requests on {} ({} clients) while its activator pre-pulls {} images ({:.1} s \
+             until all were on the node)\nwindow          count failed    p50 ms    p90 ms    \
+             p99 ms    max ms\n",
+            self.node, self.clients, self.images, self.pulls_s
+        );
+        s += &row("before pulls", &self.before_ms);
+        s += &row("during pulls", &self.during_ms);
+        s += &format!(
+            "during ÷ before: p50 {}, p99 {}\n",
+            ratio(self.p50_ratio),
+            ratio(self.p99_ratio)
+        );
+        for e in self.errors.iter().take(5) {
+            s += &format!("  failed: {e}\n");
+        }
+        s
+    }
+}
+
+/// What the warm-during-pulls measure needs from the caller.
+pub struct PullLoad<'a> {
+    /// The ten (or so) images, each present on no node after `evict_cmd`.
+    pub images: Vec<String>,
+    pub evict_cmd: &'a str,
+    /// Exit status 0 when `{node}` holds `{image}` (`hack/cluster/node image-has {node}
+    /// {image}`): the end of the pulls, seen at once (a Node's status.images lags).
+    pub has_cmd: &'a str,
+    pub clients: usize,
+    /// The window before the pulls.
+    pub before: Duration,
+}
+
+/// A warm revision on one node; the pull images present on every other node (so that only
+/// this node pulls), removed from it; warm traffic for `before`, then the pull revisions
+/// created (every node a member) and the same traffic until the node holds every image.
+pub async fn warm_during_pulls(
+    client: &Client,
+    opts: &Options,
+    load: &PullLoad<'_>,
+    ns: &str,
+    nodes: &[String],
+) -> Result<WarmDuringPulls, Error> {
+    let opts = Options {
+        pull_policy: "IfNotPresent",
+        ..opts.clone()
+    };
+    let driver = Driver::new();
+    let m = revision_annotated(client, ns, "warm", &opts, json!({}))
+        .await
+        .map_err(Error::Options)?;
+    let wake = driver.get_named((&m.0, m.1), ns, "warm", &opts.path).await;
+    if !wake.ok() {
+        return Err(Error::Options(format!("waking warm: {:?}", wake.error)));
+    }
+    let others: Vec<String> = nodes.iter().filter(|n| **n != m.0).cloned().collect();
+    for (i, image) in load.images.iter().enumerate() {
+        let o = Options {
+            image: image.clone(),
+            ..opts.clone()
+        };
+        pull_everywhere_keep(client, ns, &format!("pre-{i}"), &others, &o).await?;
+    }
+    for image in &load.images {
+        run_per_node(load.evict_cmd, std::slice::from_ref(&m.0), image).await?;
+    }
+    let entry = (m.0.clone(), m.1);
+    let clients = load.clients;
+    let traffic = |until: tokio::sync::watch::Receiver<bool>| {
+        let driver = driver.clone();
+        let entry = entry.clone();
+        let path = opts.path.clone();
+        let ns = ns.to_string();
+        async move {
+            let per_client = (0..clients).map(|_| {
+                let (driver, entry, path, ns) =
+                    (driver.clone(), entry.clone(), path.clone(), ns.clone());
+                let until = until.clone();
+                async move {
+                    let mut out = vec![];
+                    while !*until.borrow() {
+                        out.push(
+                            driver
+                                .get_named((&entry.0, entry.1), &ns, "warm", &path)
+                                .await,
+                        );
+                    }
+                    out
+                }
+            });
+            futures::future::join_all(per_client)
+                .await
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>()
+        }
+    };
+    // Before.
+    let (stop, until) = tokio::sync::watch::channel(false);
+    let before = tokio::spawn(traffic(until));
+    tokio::time::sleep(load.before).await;
+    let _ = stop.send(true);
+    let before = before.await.map_err(|e| Error::Options(e.to_string()))?;
+    // During: the pull revisions, then traffic until the node holds every image.
+    let (stop, until) = tokio::sync::watch::channel(false);
+    let during = tokio::spawn(traffic(until));
+    let t0 = Instant::now();
+    for (i, image) in load.images.iter().enumerate() {
+        let o = Options {
+            image: image.clone(),
+            ..opts.clone()
+        };
+        let name = format!("pull-{i}");
+        revision_all_members(client, ns, &name, &o, nodes.len())
+            .await
+            .map_err(Error::Options)?;
+    }
+    let all_there = async {
+        for image in &load.images {
+            while run_per_node(load.has_cmd, std::slice::from_ref(&m.0), image)
+                .await
+                .is_err()
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    let pulled = tokio::time::timeout(opts.limit, all_there).await;
+    let pulls_s = t0.elapsed().as_secs_f64();
+    let _ = stop.send(true);
+    let during = during.await.map_err(|e| Error::Options(e.to_string()))?;
+    if pulled.is_err() {
+        return Err(Error::Timeout {
+            what: format!("{} to pull the {} images", m.0, load.images.len()),
+            secs: opts.limit.as_secs(),
+        });
+    }
+    let window = |v: &[crate::driver::Sample]| {
+        let ok: Vec<Duration> = v.iter().filter(|s| s.ok()).map(|s| s.latency).collect();
+        Percentiles::with_failed(&ok, v.len() - ok.len())
+    };
+    let (b, d) = (window(&before), window(&during));
+    let errors = before
+        .iter()
+        .chain(&during)
+        .filter(|s| !s.ok())
+        .map(|s| {
+            s.error
+                .clone()
+                .unwrap_or_else(|| format!("status {}", s.status))
+        })
+        .collect();
+    let ratio = |x: f64, y: f64| (b.failed == 0 && d.failed == 0 && y > 0.0).then(|| x / y);
+    Ok(WarmDuringPulls {
+        node: m.0,
+        images: load.images.len(),
+        clients: load.clients,
+        p99_ratio: ratio(d.p99, b.p99),
+        p50_ratio: ratio(d.p50, b.p50),
+        before_ms: b,
+        during_ms: d,
+        pulls_s,
+        errors,
+    })
+}
+
+/// A Revision with `members` activators (every node), created without waiting for its subset.
+async fn revision_all_members(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    opts: &Options,
+    members: usize,
+) -> Result<(), String> {
+    let rev: crds::Revision = serde_json::from_value(json!({
+        "apiVersion": "local-activator.dev/v1alpha1",
+        "kind": "Revision",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"port": 8080, "activators": members, "template": {"spec": pod_spec(opts)}},
+    }))
+    .map_err(|e| e.to_string())?;
+    Api::<crds::Revision>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &rev)
+        .await
+        .map(|_| ())
+        .map_err(|e| format!("creating revision {name}: {e}"))
 }

@@ -185,6 +185,19 @@ pub async fn run_image_pull(
     .await
 }
 
+/// Warm traffic during pre-pulls (crate::image_pull::warm_during_pulls).
+pub async fn run_warm_during_pulls(
+    client: &Client,
+    opts: &Options,
+    load: &crate::image_pull::PullLoad<'_>,
+) -> Result<crate::image_pull::WarmDuringPulls, Error> {
+    let nodes = ready_nodes(client).await?;
+    in_namespace(client, async |ns| {
+        crate::image_pull::warm_during_pulls(client, opts, load, ns, &nodes).await
+    })
+    .await
+}
+
 async fn ready_nodes(client: &Client) -> Result<Vec<String>, Error> {
     let nodes: Vec<String> = Api::<Node>::all(client.clone())
         .list(&ListParams::default())

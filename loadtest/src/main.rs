@@ -137,6 +137,20 @@ enum Cmd {
         /// e.g. 'hack/cluster/node image-rm {node} {image}' on the local cluster.
         #[arg(long)]
         evict_cmd: Option<String>,
+        /// With --image-pull, also warm traffic on one node while its activator pre-pulls
+        /// these images: a reference with {i}, numbered 0..--pull-load-count (e.g.
+        /// '10.88.255.1:5000/local-activator/testapp-pull-{i}:dev'). Needs --has-cmd.
+        #[arg(long, requires = "has_cmd")]
+        pull_load: Option<String>,
+        #[arg(long, default_value_t = 10)]
+        pull_load_count: usize,
+        /// Exit status 0 when {node} holds {image}, e.g. 'hack/cluster/node image-has {node}
+        /// {image}'.
+        #[arg(long)]
+        has_cmd: Option<String>,
+        /// Concurrent warm clients during the pull load.
+        #[arg(long, default_value_t = 4)]
+        warm_clients: usize,
         /// Write the report as JSON here.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -289,6 +303,10 @@ async fn main() -> anyhow::Result<()> {
             readiness_period,
             image_pull,
             evict_cmd,
+            pull_load,
+            pull_load_count,
+            has_cmd,
+            warm_clients,
             json,
         } => {
             let client = match kubeconfig {
@@ -315,9 +333,24 @@ async fn main() -> anyhow::Result<()> {
                     std::fs::write(&p, serde_json::to_string_pretty(&report)?)?;
                     eprintln!("wrote {}", p.display());
                 }
-                let failed: usize = report.paths.iter().map(|p| p.first_byte_ms.failed).sum();
+                let mut failed: usize = report.paths.iter().map(|p| p.first_byte_ms.failed).sum();
+                if let Some(template) = &pull_load {
+                    let load = loadtest::image_pull::PullLoad {
+                        images: (0..pull_load_count)
+                            .map(|i| template.replace("{i}", &i.to_string()))
+                            .collect(),
+                        evict_cmd: evict,
+                        has_cmd: has_cmd.as_deref().unwrap_or_default(),
+                        clients: warm_clients,
+                        before: std::time::Duration::from_secs(10),
+                    };
+                    let warm =
+                        loadtest::installed::run_warm_during_pulls(&client, &opts, &load).await?;
+                    print!("{}", warm.table());
+                    failed += warm.before_ms.failed + warm.during_ms.failed;
+                }
                 if failed > 0 {
-                    anyhow::bail!("{failed} first request(s) failed");
+                    anyhow::bail!("{failed} request(s) failed");
                 }
                 return Ok(());
             }
