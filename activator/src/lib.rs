@@ -93,7 +93,15 @@ impl Activator {
             &metrics,
             &stop_caches,
         );
-        let pools = pools(&cfg, client, &api, &caches.pods, &metrics, events, &stop_caches);
+        let pools = pools(
+            &cfg,
+            client,
+            &api,
+            &caches.pods,
+            &metrics,
+            events,
+            &stop_caches,
+        );
         tokio::spawn(node::warm::keep_members_warm(
             member_of,
             pools.clone(),

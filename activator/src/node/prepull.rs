@@ -393,7 +393,9 @@ async fn pull_one(agent: AgentClient, job: Job, metrics: Arc<Metrics>) -> Ran {
         Ok(None) => {}
         Err(ClientError::Agent(reason)) if reason == UNSUPPORTED => return Ran::Unsupported,
         // The pull below would fail the same way, and say why.
-        Err(error) => tracing::debug!(image = %job.image, %error, "asking the node agent for an image"),
+        Err(error) => {
+            tracing::debug!(image = %job.image, %error, "asking the node agent for an image")
+        }
     }
     m.started.inc();
     let started = Instant::now();

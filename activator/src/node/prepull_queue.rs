@@ -71,9 +71,14 @@ pub struct Job {
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum State {
     /// Waiting for a pull slot; `retry`: after a transient failure (goes after first pulls).
-    Ready { seq: u64, retry: bool },
+    Ready {
+        seq: u64,
+        retry: bool,
+    },
     /// Waiting for its back-off to end.
-    Backoff { until: Instant },
+    Backoff {
+        until: Instant,
+    },
     InFlight,
     /// Present on the node (pulled or found).
     Done,

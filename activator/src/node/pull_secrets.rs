@@ -246,7 +246,11 @@ mod tests {
         assert_eq!(user(&k, "r.io:5000/team/app"), Some("port".into()));
         assert_eq!(user(&k, "r.io:5001/a"), None, "another port");
         assert_eq!(user(&k, "eu.cloud.example/a"), Some("glob".into()));
-        assert_eq!(user(&k, "a.eu.cloud.example/a"), None, "label counts differ");
+        assert_eq!(
+            user(&k, "a.eu.cloud.example/a"),
+            None,
+            "label counts differ"
+        );
         assert_eq!(user(&k, "nginx"), Some("hub".into()));
         assert_eq!(user(&k, "library/nginx:1"), Some("hub".into()));
         assert_eq!(user(&k, "docker.io/library/nginx"), Some("hub".into()));
@@ -262,10 +266,7 @@ mod tests {
         )]);
         assert_eq!(k.add_secret(DOCKER_CFG, &data), Ok(1));
         assert_eq!(user(&k, "ghcr.io/o/a"), Some("robot".into()));
-        assert_eq!(
-            k.lookup(&img("ghcr.io/o/a")).unwrap().password(),
-            "pw"
-        );
+        assert_eq!(k.lookup(&img("ghcr.io/o/a")).unwrap().password(), "pw");
         assert!(matches!(
             k.add_secret("Opaque", &data),
             Err(SecretError::WrongType(_))
@@ -290,8 +291,14 @@ mod tests {
 
     #[test]
     fn keys_are_filed_as_the_kubelet_files_them() {
-        assert_eq!(registry_key("https://index.docker.io/v1/"), Some("index.docker.io".into()));
-        assert_eq!(registry_key("http://r.io/v2/team"), Some("r.io/team".into()));
+        assert_eq!(
+            registry_key("https://index.docker.io/v1/"),
+            Some("index.docker.io".into())
+        );
+        assert_eq!(
+            registry_key("http://r.io/v2/team"),
+            Some("r.io/team".into())
+        );
         assert_eq!(registry_key("R.io:5000/"), Some("r.io:5000".into()));
         assert_eq!(registry_key("r.io/v1x"), Some("r.io/v1x".into()));
         assert_eq!(registry_key("https:///x"), None);
