@@ -396,11 +396,19 @@ fn pull_secret_rbac_is_rendered_only_when_opted_in() {
                         .any(|x| x == "secrets" || x == "serviceaccounts")
                 })
             })
-            .map(|d| d["metadata"]["name"].as_str().unwrap_or_default().to_owned())
+            .map(|d| {
+                d["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned()
+            })
             .collect()
     };
     for (what, docs) in render::all_renderings() {
-        assert!(reads_secrets(&docs).is_empty(), "{what} grants Secret reads");
+        assert!(
+            reads_secrets(&docs).is_empty(),
+            "{what} grants Secret reads"
+        );
     }
     let mut on = render::values(&[]);
     on["activator"]["flags"]["prepullSecrets"] = true.into();
@@ -409,7 +417,11 @@ fn pull_secret_rbac_is_rendered_only_when_opted_in() {
         reads_secrets(&docs),
         ["local-activator:activator-pull-secrets"]
     );
-    let role = render::find(&docs, "ClusterRole", "local-activator:activator-pull-secrets");
+    let role = render::find(
+        &docs,
+        "ClusterRole",
+        "local-activator:activator-pull-secrets",
+    );
     assert_eq!(
         role["rules"],
         json!([{"apiGroups": [""], "resources": ["secrets", "serviceaccounts"], "verbs": ["get"]}])
