@@ -130,6 +130,20 @@ pub struct Args {
     /// pod watch alone says where a pod is (docs/node-agent.md).
     #[arg(long, env = "NODE_AGENT_SOCKET")]
     pub node_agent_socket: Option<std::path::PathBuf>,
+    /// Pull member revisions' images through the node agent before their first request
+    /// (needs --node-agent-socket; docs/node-agent.md).
+    #[arg(long, env = "PREPULL", default_value = "true", num_args = 0..=1,
+          default_missing_value = "true", value_parser = BoolishValueParser::new())]
+    pub prepull: bool,
+    /// Image pulls in flight at once on this node.
+    #[arg(long, env = "PREPULL_CONCURRENCY", default_value = "2", value_parser = at_least_one)]
+    pub prepull_concurrency: usize,
+    /// Read revisions' image pull secrets (and their service accounts') to pre-pull private
+    /// images. Needs `get` on Secrets and ServiceAccounts (an opt-in RBAC block, see
+    /// docs/security.md). Off: revisions naming pull secrets are not pre-pulled.
+    #[arg(long, env = "PREPULL_SECRETS", default_value = "false", num_args = 0..=1,
+          default_missing_value = "true", value_parser = BoolishValueParser::new())]
+    pub prepull_secrets: bool,
     /// The directory's replicas (the subsetter's pods, in this activator's namespace), by
     /// label: a Host or revision the API server does not answer is looked up there, so warm
     /// traffic survives an API server outage. Empty: no directory.
@@ -173,6 +187,9 @@ impl Args {
         cfg.drain_timeout = self.drain_timeout;
         cfg.body_idle_timeout = self.body_idle_timeout;
         cfg.node_agent = self.node_agent_socket.clone();
+        cfg.prepull = self.prepull;
+        cfg.prepull_concurrency = self.prepull_concurrency;
+        cfg.prepull_secrets = self.prepull_secrets;
         cfg.directory = if self.directory_selector.is_empty() {
             DirectorySource::Off
         } else {
@@ -305,6 +322,9 @@ mod tests {
             "--body-idle-timeout=PT10S",
             "--fast-lane=false",
             "--node-agent-socket=/run/local-activator/agent.sock",
+            "--prepull=false",
+            "--prepull-concurrency=5",
+            "--prepull-secrets",
             "--directory-selector=app=dir",
             "--directory-port=7000",
         ])
@@ -332,6 +352,9 @@ mod tests {
         want.body_idle_timeout = Duration::from_secs(10);
         want.fast_lane = false;
         want.node_agent = Some("/run/local-activator/agent.sock".into());
+        want.prepull = false;
+        want.prepull_concurrency = 5;
+        want.prepull_secrets = true;
         want.directory = DirectorySource::Pods {
             namespace: "ops".into(),
             selector: "app=dir".into(),
@@ -366,6 +389,7 @@ mod tests {
     fn bad_values_are_refused_with_a_reason() {
         let cases = [
             ("--queue-limit=0", "must be at least 1"),
+            ("--prepull-concurrency=0", "must be at least 1"),
             ("--queue-limit=-3", "not a whole number"),
             ("--queue-limit-total=lots", "not a whole number"),
             ("--max-pods-per-revision=0", "must be at least 1"),

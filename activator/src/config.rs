@@ -72,6 +72,14 @@ pub struct ActivatorConfig {
     /// The node agent's socket ([`crate::node::node_addr`]): a starting pod's address from the
     /// container runtime as soon as its sandbox has one. None: from the pod watch only.
     pub node_agent: Option<std::path::PathBuf>,
+    /// Whether member revisions' images are pulled ahead of their first request, through the
+    /// node agent ([`crate::node::prepull`]); nothing without `node_agent`.
+    pub prepull: bool,
+    /// Pulls in flight at once on this node.
+    pub prepull_concurrency: usize,
+    /// Whether revisions' image pull secrets (and their service accounts') are read to
+    /// pre-pull private images (needs `get` on Secrets and ServiceAccounts: docs/security.md).
+    pub prepull_secrets: bool,
     /// Where a Host or revision the API server does not answer is looked up
     /// ([`crate::cache::directory`]): the subsetter's replicas.
     pub directory: crate::cache::directory::DirectorySource,
@@ -85,6 +93,15 @@ impl ActivatorConfig {
             pool_idle_timeout: self.pool_idle_timeout,
             connect_retries: self.connect_retries,
             body_idle_timeout: self.body_idle_timeout,
+        }
+    }
+
+    /// What the pre-pull takes of this.
+    pub fn prepull(&self) -> crate::node::prepull::PrepullConfig {
+        crate::node::prepull::PrepullConfig {
+            concurrency: self.prepull_concurrency,
+            secrets: self.prepull_secrets,
+            ..Default::default()
         }
     }
 
@@ -118,6 +135,9 @@ impl ActivatorConfig {
             fast_lane: true,
             hop: crate::pipeline::hop::HopAuth::none(),
             node_agent: None,
+            prepull: true,
+            prepull_concurrency: 2,
+            prepull_secrets: false,
             directory: crate::cache::directory::DirectorySource::Off,
         }
     }

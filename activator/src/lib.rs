@@ -80,11 +80,33 @@ impl Activator {
         let metrics = Arc::new(Metrics::default());
         let (client, api) = counted_client(client, &metrics);
         let (caches, member_of) = Caches::start(&cfg, &client, &stop_caches);
-        let pools = pools(&cfg, client, &api, &caches.pods, &metrics, &stop_caches);
+        let events = crate::ops::events::EventSink::new(
+            client.clone(),
+            cfg.pod_name.clone(),
+            crate::ops::events::EventConfig::default(),
+        );
+        let prepull = start_prepull(
+            &cfg,
+            &client,
+            &caches.revisions,
+            &events,
+            &metrics,
+            &stop_caches,
+        );
+        let pools = pools(
+            &cfg,
+            client,
+            &api,
+            &caches.pods,
+            &metrics,
+            events,
+            &stop_caches,
+        );
         tokio::spawn(node::warm::keep_members_warm(
             member_of,
             pools.clone(),
             caches.revisions.clone(),
+            prepull,
             stop_caches.child_token(),
         ));
         let serving = Serving {
@@ -285,6 +307,34 @@ impl Caches {
     }
 }
 
+/// The pre-pull of member revisions' images, with a node agent to pull through (on this,
+/// the control runtime: never a serving thread).
+fn start_prepull(
+    cfg: &ActivatorConfig,
+    client: &kube::Client,
+    revisions: &RevisionCache,
+    events: &crate::ops::events::EventSink,
+    metrics: &Arc<Metrics>,
+    stop_caches: &CancellationToken,
+) -> Option<node::prepull::Prepull> {
+    let socket = cfg.node_agent.as_ref()?;
+    if !node::prepull::enabled(cfg.prepull, Some(socket)) {
+        return None;
+    }
+    Some(node::prepull::Prepull::start(
+        node::prepull::PrepullDeps {
+            agent_socket: socket.clone(),
+            node: cfg.node_name.clone(),
+            cfg: cfg.prepull(),
+            client: client.clone(),
+            revisions: revisions.clone(),
+            events: events.clone(),
+            metrics: metrics.clone(),
+        },
+        stop_caches.child_token(),
+    ))
+}
+
 /// The pools of this node's revisions (their scalers stop with `stop_caches`).
 fn pools(
     cfg: &ActivatorConfig,
@@ -292,13 +342,9 @@ fn pools(
     api: &api_health::ApiHealth,
     pods: &PodCache,
     metrics: &Arc<Metrics>,
+    events: crate::ops::events::EventSink,
     stop_caches: &CancellationToken,
 ) -> Pools {
-    let events = crate::ops::events::EventSink::new(
-        client.clone(),
-        cfg.pod_name.clone(),
-        crate::ops::events::EventConfig::default(),
-    );
     Pools::new(Shared {
         client,
         api: api.clone(),

@@ -33,6 +33,8 @@ fn exposition() -> String {
         })
         .inc();
     m.observe_ready_lead(None);
+    m.prepull
+        .failed(activator::ops::metrics::PullFailReason::NotFound);
     m.pod_address
         .get_or_create(&activator::ops::metrics::AddressFrom {
             source: activator::ops::metrics::AddressSource::Agent,

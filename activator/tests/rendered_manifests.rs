@@ -378,3 +378,72 @@ fn without_the_agent_there_is_no_agent_and_no_host_path() {
         }
     }
 }
+
+/// The pre-pull's read of pull secrets is opt-in: the default chart grants no Secret or
+/// ServiceAccount read to anyone; `activator.flags.prepullSecrets` adds exactly `get` on both,
+/// bound to the activator's ServiceAccount, and turns the flag on.
+#[test]
+fn pull_secret_rbac_is_rendered_only_when_opted_in() {
+    let reads_secrets = |docs: &[Value]| -> Vec<String> {
+        docs.iter()
+            .filter(|d| d["kind"] == "ClusterRole" || d["kind"] == "Role")
+            .filter(|d| {
+                d["rules"].as_array().into_iter().flatten().any(|r| {
+                    r["resources"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|x| x == "secrets" || x == "serviceaccounts")
+                })
+            })
+            .map(|d| {
+                d["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned()
+            })
+            .collect()
+    };
+    for (what, docs) in render::all_renderings() {
+        assert!(
+            reads_secrets(&docs).is_empty(),
+            "{what} grants Secret reads"
+        );
+    }
+    let mut on = render::values(&[]);
+    on["activator"]["flags"]["prepullSecrets"] = true.into();
+    let docs = render::helm_template(&on, render::RELEASE_NAMESPACE);
+    assert_eq!(
+        reads_secrets(&docs),
+        ["local-activator:activator-pull-secrets"]
+    );
+    let role = render::find(
+        &docs,
+        "ClusterRole",
+        "local-activator:activator-pull-secrets",
+    );
+    assert_eq!(
+        role["rules"],
+        json!([{"apiGroups": [""], "resources": ["secrets", "serviceaccounts"], "verbs": ["get"]}])
+    );
+    let binding = render::find(
+        &docs,
+        "ClusterRoleBinding",
+        "local-activator:activator-pull-secrets",
+    );
+    assert_eq!(binding["subjects"][0]["name"], "activator");
+    assert_eq!(
+        binding["roleRef"]["name"],
+        "local-activator:activator-pull-secrets"
+    );
+    let c = render::first_container(render::find(&docs, KIND, BIN));
+    let mut argv = vec![BIN.to_string(), "--node-name=n".to_string()];
+    argv.extend(
+        c["args"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|a| a.as_str().unwrap().to_string()),
+    );
+    assert!(Args::try_parse_from(&argv).unwrap().prepull_secrets);
+}

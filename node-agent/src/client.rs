@@ -14,6 +14,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
 
 use crate::error::{ClientError, ProtocolError};
+use crate::image::{Credentials, ImageId, ImageInfo, ImageRef};
 use crate::line::{LineError, LineReader};
 use crate::protocol::{Answer, MAX_ANSWER_LINE, PodUid, Request};
 
@@ -80,7 +81,37 @@ impl AgentClient {
             Answer::Addr(ip) => Ok(Some(ip)),
             Answer::None => Ok(None),
             Answer::Error(reason) => Err(ClientError::Agent(reason)),
-            Answer::Pong => Err(ClientError::Protocol(ProtocolError::Mismatch)),
+            _ => Err(ClientError::Protocol(ProtocolError::Mismatch)),
+        }
+    }
+
+    /// The image with this reference, if the node's runtime holds it (protocol v2).
+    pub async fn image_status(&self, image: &ImageRef) -> Result<Option<ImageInfo>, ClientError> {
+        match self.exchange(&Request::Image(image.clone())).await? {
+            Answer::Present(info) => Ok(Some(info)),
+            Answer::None => Ok(None),
+            Answer::Error(reason) => Err(ClientError::Agent(reason)),
+            _ => Err(ClientError::Protocol(ProtocolError::Mismatch)),
+        }
+    }
+
+    /// Has the node's runtime pull the image (protocol v2). A pull takes minutes: use a
+    /// client of its own, [`AgentClient::with_timeout`] above the agent's pull timeout, so
+    /// its connections are not the ones `pod_addr` waits for. An `error` answer's reason is
+    /// one of [`crate::protocol::PullFailure`]'s.
+    pub async fn pull(
+        &self,
+        image: &ImageRef,
+        auth: Option<&Credentials>,
+    ) -> Result<ImageId, ClientError> {
+        let request = Request::Pull {
+            image: image.clone(),
+            auth: auth.cloned(),
+        };
+        match self.exchange(&request).await? {
+            Answer::Pulled(id) => Ok(id),
+            Answer::Error(reason) => Err(ClientError::Agent(reason)),
+            _ => Err(ClientError::Protocol(ProtocolError::Mismatch)),
         }
     }
 
@@ -89,7 +120,7 @@ impl AgentClient {
         match self.exchange(&Request::Ping).await? {
             Answer::Pong => Ok(()),
             Answer::Error(reason) => Err(ClientError::Agent(reason)),
-            Answer::Addr(_) | Answer::None => Err(ClientError::Protocol(ProtocolError::Mismatch)),
+            _ => Err(ClientError::Protocol(ProtocolError::Mismatch)),
         }
     }
 
@@ -178,6 +209,14 @@ async fn ask(mut conn: Conn, line: &[u8]) -> Result<(Answer, Conn), Failure> {
             | (
                 Ok(Request::Addr(_)),
                 Answer::Addr(_) | Answer::None | Answer::Error(_)
+            )
+            | (
+                Ok(Request::Image(_)),
+                Answer::Present(_) | Answer::None | Answer::Error(_)
+            )
+            | (
+                Ok(Request::Pull { .. }),
+                Answer::Pulled(_) | Answer::Error(_)
             )
     );
     if !fits {

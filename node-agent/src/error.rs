@@ -22,6 +22,12 @@ pub enum ProtocolError {
     BadAddress,
     #[error("bad error reason")]
     BadReason,
+    #[error("not a valid image reference")]
+    BadImage,
+    #[error("malformed registry credentials")]
+    BadCredentials,
+    #[error("not a valid image id or size")]
+    BadImageId,
     #[error("an answer that does not match the request")]
     Mismatch,
     #[error("more than one answer line for one request")]

@@ -16,8 +16,8 @@ use tracing_subscriber::EnvFilter;
 #[derive(Parser, Debug)]
 #[command(
     name = "node-agent",
-    about = "Answers 'which IP does pod <uid> have on this node' from the container runtime, \
-             for the activator, over a unix socket"
+    about = "Answers 'which IP does pod <uid> have on this node' and pulls images ahead of \
+             their pods, from the container runtime, for the activator, over a unix socket"
 )]
 struct Args {
     /// The socket to serve (on the emptyDir shared with the activator container).
@@ -49,6 +49,12 @@ struct Args {
     /// The bound on each CRI call.
     #[arg(long, env = "NODE_AGENT_CRI_TIMEOUT", default_value = "1s", value_parser = duration)]
     cri_timeout: Duration,
+    /// The bound on one image pull (`pull`; large images from a slow registry take minutes).
+    #[arg(long, env = "NODE_AGENT_PULL_TIMEOUT", default_value = "10m", value_parser = duration)]
+    pull_timeout: Duration,
+    /// Image pulls in flight at once; one more is answered `error busy`.
+    #[arg(long, env = "NODE_AGENT_MAX_PULLS", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..))]
+    max_pulls: u16,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -96,8 +102,9 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
 
     let listener = bind(&args.listen)?;
-    let backend = CriBackend::connect_with_timeout(&args.cri_endpoint, args.cri_timeout)
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let backend =
+        CriBackend::connect_with_timeouts(&args.cri_endpoint, args.cri_timeout, args.pull_timeout)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
     match backend.version().await {
         Ok(v) => tracing::info!(
             endpoint = %args.cri_endpoint,
@@ -127,6 +134,8 @@ async fn main() -> anyhow::Result<()> {
         line_timeout: args.line_timeout,
         idle_timeout: args.idle_timeout,
         allowed_uid,
+        pull_timeout: args.pull_timeout,
+        max_pulls: usize::from(args.max_pulls),
         ..ServerConfig::default()
     };
     tracing::info!(socket = %args.listen.display(), ?cfg, "serving");

@@ -1,13 +1,21 @@
-//! Protocol v1 between the activator (client) and the node agent: pure parsing and encoding,
-//! no IO.
+//! The protocol between the activator (client) and the node agent: pure parsing and encoding,
+//! no IO. Version 2 adds the image verbs; every v1 line is unchanged, byte for byte.
 //!
 //! ```text
-//! request = ( "addr " uid / "ping" ) LF            ; at most 64 bytes with the LF
+//! request = ( "addr " uid / "ping" ) LF                ; v1: at most 64 bytes with the LF
+//!         / "image " image-ref LF                      ; at most 262 bytes with the LF
+//!         / "pull " image-ref [ " auth " credentials ] LF   ; at most 5727 bytes with the LF
 //! answer  = ( "addr " ip / "none" / "pong" / "error " reason ) LF
+//!         / "present " image-id " " size LF            ; answers `image`; `none` if absent
+//!         / "pulled " image-id LF                      ; answers `pull`
 //! uid     = 8hexl "-" 4hexl "-" 4hexl "-" 4hexl "-" 12hexl   ; hexl = 0-9 / a-f
 //! ip      = an IPv4 or IPv6 address as Rust's `IpAddr` Display writes it
 //! reason  = 1*200( %x20-7E )
+//! size    = "0" / %x31-39 *19DIGIT                     ; a u64, no leading zero
 //! ```
+//!
+//! `image-ref`, `credentials` and `image-id` are defined in [`crate::image`]. A pull's
+//! failures are answered with one of the [`PullFailure`] reasons.
 //!
 //! Both sides parse strictly: one spelling per message, so what is accepted is exactly what
 //! [`Request::encode`] / [`Answer::encode`] write, and a line that is not is refused whole
@@ -19,18 +27,36 @@ use std::net::IpAddr;
 use std::str::FromStr;
 
 use crate::error::ProtocolError;
+use crate::image::{
+    Credentials, ImageId, ImageInfo, ImageRef, MAX_CREDENTIALS_B64, MAX_IMAGE_ID, MAX_IMAGE_REF,
+};
 
-/// The longest request line, "\n" included. `addr <36-byte uid>\n` is 42 bytes; the slack
-/// leaves room for a later verb without a new version, and is still small enough that the
-/// agent never holds more than this per connection.
+/// The longest v1 request line (`addr`, `ping`), "\n" included. `addr <36-byte uid>\n` is 42
+/// bytes.
 pub const MAX_REQUEST_LINE: usize = 64;
+
+/// The longest `image` request line, "\n" included.
+pub const MAX_IMAGE_LINE: usize = "image ".len() + MAX_IMAGE_REF + 1;
+
+/// The longest `pull` request line, "\n" included: a reference and credentials, both at their
+/// bounds.
+pub const MAX_PULL_LINE: usize =
+    "pull ".len() + MAX_IMAGE_REF + " auth ".len() + MAX_CREDENTIALS_B64 + 1;
+
+/// The most the agent holds of one request line: the longest verb's bound. Each verb is then
+/// held to its own bound, so an `addr` line of 65 bytes is still refused as too long.
+pub const MAX_ANY_REQUEST_LINE: usize = MAX_PULL_LINE;
 
 /// The longest reason in an `error` answer.
 pub const MAX_REASON: usize = 200;
 
-/// The longest answer line, "\n" included: `error ` + a reason of [`MAX_REASON`] bytes. An
-/// address answer is shorter (an IPv6 address is at most 45 characters).
-pub const MAX_ANSWER_LINE: usize = "error ".len() + MAX_REASON + 1;
+/// The longest `error` answer line, "\n" included.
+pub const MAX_ERROR_LINE: usize = "error ".len() + MAX_REASON + 1;
+
+/// The longest answer line, "\n" included: `present ` + an image id + a size (20 digits at
+/// most). An `error` line (207 bytes) and an address answer (an IPv6 address is at most 45
+/// characters) are shorter.
+pub const MAX_ANSWER_LINE: usize = "present ".len() + MAX_IMAGE_ID + 1 + 20 + 1;
 
 /// The length of a textual UUID.
 pub const UID_LEN: usize = 36;
@@ -100,17 +126,43 @@ pub enum Request {
     Addr(PodUid),
     /// `ping`: is the agent there.
     Ping,
+    /// `image <ref>` (v2): does the runtime hold this image, and how big is it.
+    Image(ImageRef),
+    /// `pull <ref> [auth <credentials>]` (v2): have the runtime pull this image.
+    Pull {
+        image: ImageRef,
+        auth: Option<Credentials>,
+    },
 }
 
 impl Request {
     /// Parses one whole line, its "\n" included.
     pub fn parse(line: &[u8]) -> Result<Request, ProtocolError> {
-        if line.len() > MAX_REQUEST_LINE {
+        let max = if line.starts_with(b"pull ") {
+            MAX_PULL_LINE
+        } else if line.starts_with(b"image ") {
+            MAX_IMAGE_LINE
+        } else {
+            MAX_REQUEST_LINE
+        };
+        if line.len() > max {
             return Err(ProtocolError::TooLong);
         }
         let body = line_body(line)?;
         if body == b"ping" {
             return Ok(Request::Ping);
+        }
+        if let Some(image) = body.strip_prefix(b"image ") {
+            return ImageRef::from_bytes(image).map(Request::Image);
+        }
+        if let Some(args) = body.strip_prefix(b"pull ") {
+            let (image, auth) = match find(args, b" auth ") {
+                Some(at) => (&args[..at], Some(&args[at + b" auth ".len()..])),
+                None => (args, None),
+            };
+            let image = ImageRef::from_bytes(image)?;
+            let auth = auth.map(Credentials::decode).transpose()?;
+            return Ok(Request::Pull { image, auth });
         }
         match body.strip_prefix(b"addr ") {
             // `is_uid` accepts ASCII only, so the bytes are valid UTF-8.
@@ -128,8 +180,18 @@ impl Request {
         match self {
             Request::Addr(uid) => format!("addr {uid}\n").into_bytes(),
             Request::Ping => b"ping\n".to_vec(),
+            Request::Image(image) => format!("image {image}\n").into_bytes(),
+            Request::Pull { image, auth: None } => format!("pull {image}\n").into_bytes(),
+            Request::Pull {
+                image,
+                auth: Some(auth),
+            } => format!("pull {image} auth {}\n", auth.encode()).into_bytes(),
         }
     }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
 }
 
 /// An answer from the agent.
@@ -144,6 +206,10 @@ pub enum Answer {
     /// `error <reason>`: the request could not be answered. Built through [`Answer::error`] so
     /// the reason is always in the allowed charset and length.
     Error(String),
+    /// `present <id> <size>` (v2): the runtime holds the image asked about.
+    Present(ImageInfo),
+    /// `pulled <id>` (v2): the pull asked for is done; the runtime calls the image this.
+    Pulled(ImageId),
 }
 
 impl Answer {
@@ -186,6 +252,20 @@ impl Answer {
             let text = std::str::from_utf8(reason).map_err(|_| ProtocolError::BadReason)?;
             return Ok(Answer::Error(text.to_owned()));
         }
+        if let Some(id) = body.strip_prefix(b"pulled ") {
+            return image_id(id).map(Answer::Pulled);
+        }
+        if let Some(args) = body.strip_prefix(b"present ") {
+            let (id, size) = args
+                .iter()
+                .position(|&b| b == b' ')
+                .map(|sp| (&args[..sp], &args[sp + 1..]))
+                .ok_or(ProtocolError::BadImageId)?;
+            return Ok(Answer::Present(ImageInfo {
+                id: image_id(id)?,
+                size: size_of(size)?,
+            }));
+        }
         Err(ProtocolError::UnknownVerb)
     }
 
@@ -197,7 +277,102 @@ impl Answer {
             Answer::None => b"none\n".to_vec(),
             Answer::Pong => b"pong\n".to_vec(),
             Answer::Error(reason) => format!("error {}\n", sanitise_reason(reason)).into_bytes(),
+            Answer::Present(info) => format!("present {} {}\n", info.id, info.size).into_bytes(),
+            Answer::Pulled(id) => format!("pulled {id}\n").into_bytes(),
         }
+    }
+}
+
+fn image_id(b: &[u8]) -> Result<ImageId, ProtocolError> {
+    // `line_body` has already refused anything outside printable ASCII.
+    std::str::from_utf8(b)
+        .map_err(|_| ProtocolError::BadImageId)
+        .and_then(ImageId::new)
+}
+
+/// A size in canonical decimal: no sign, no leading zero, fits a u64.
+fn size_of(b: &[u8]) -> Result<u64, ProtocolError> {
+    let canonical =
+        !b.is_empty() && b.iter().all(u8::is_ascii_digit) && (b.len() == 1 || b[0] != b'0');
+    if !canonical {
+        return Err(ProtocolError::BadImageId);
+    }
+    std::str::from_utf8(b)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or(ProtocolError::BadImageId)
+}
+
+/// Why a pull failed, as the agent says it in `error <reason>`. The reasons are few and fixed
+/// so the activator can act on them (retry or not, which Event to write) and count them.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum PullFailure {
+    /// `bad name`: the runtime or registry refused the reference itself.
+    BadName,
+    /// `not found`: no such repository, tag or digest.
+    NotFound,
+    /// `unauthorized`: the registry wants (other) credentials.
+    Unauthorized,
+    /// `runtime timeout`: the pull took longer than the agent's pull timeout.
+    RuntimeTimeout,
+    /// `runtime unreachable`: the runtime's socket did not answer.
+    RuntimeUnreachable,
+    /// `busy`: the agent already has its most pulls in flight.
+    Busy,
+    /// `runtime error <code>`: anything else, with the gRPC code (a registry that is down or
+    /// slow, a full disk).
+    Runtime(String),
+    /// A reason this version does not know (an older or newer agent, a backend's own).
+    Other(String),
+}
+
+impl PullFailure {
+    pub const BAD_NAME: &'static str = "bad name";
+    pub const NOT_FOUND: &'static str = "not found";
+    pub const UNAUTHORIZED: &'static str = "unauthorized";
+    pub const RUNTIME_TIMEOUT: &'static str = "runtime timeout";
+    pub const RUNTIME_UNREACHABLE: &'static str = "runtime unreachable";
+    pub const BUSY: &'static str = "busy";
+    const RUNTIME_ERROR: &'static str = "runtime error ";
+
+    /// The failure an `error` reason names.
+    pub fn from_reason(reason: &str) -> PullFailure {
+        match reason {
+            Self::BAD_NAME => PullFailure::BadName,
+            Self::NOT_FOUND => PullFailure::NotFound,
+            Self::UNAUTHORIZED => PullFailure::Unauthorized,
+            Self::RUNTIME_TIMEOUT => PullFailure::RuntimeTimeout,
+            Self::RUNTIME_UNREACHABLE => PullFailure::RuntimeUnreachable,
+            Self::BUSY => PullFailure::Busy,
+            other => match other.strip_prefix(Self::RUNTIME_ERROR) {
+                Some(code) => PullFailure::Runtime(code.to_owned()),
+                None => PullFailure::Other(other.to_owned()),
+            },
+        }
+    }
+
+    /// The reason as the agent writes it.
+    pub fn reason(&self) -> String {
+        match self {
+            PullFailure::BadName => Self::BAD_NAME.into(),
+            PullFailure::NotFound => Self::NOT_FOUND.into(),
+            PullFailure::Unauthorized => Self::UNAUTHORIZED.into(),
+            PullFailure::RuntimeTimeout => Self::RUNTIME_TIMEOUT.into(),
+            PullFailure::RuntimeUnreachable => Self::RUNTIME_UNREACHABLE.into(),
+            PullFailure::Busy => Self::BUSY.into(),
+            PullFailure::Runtime(code) => format!("{}{code}", Self::RUNTIME_ERROR),
+            PullFailure::Other(reason) => reason.clone(),
+        }
+    }
+
+    /// Whether trying again later may succeed with nothing changed. The image's name and the
+    /// registry's answer about it do not change by themselves: those wait for a new image or
+    /// new credentials.
+    pub fn is_transient(&self) -> bool {
+        !matches!(
+            self,
+            PullFailure::BadName | PullFailure::NotFound | PullFailure::Unauthorized
+        )
     }
 }
 
@@ -392,6 +567,11 @@ mod tests {
     #[test]
     fn answer_parse_refuses_bad_reasons_and_shapes() {
         let over = format!("error {}\n", "x".repeat(MAX_REASON + 1));
+        assert_eq!(
+            Answer::parse(over.as_bytes()),
+            Err(ProtocolError::BadReason)
+        );
+        let over = format!("error {}\n", "x".repeat(MAX_ANSWER_LINE));
         assert_eq!(Answer::parse(over.as_bytes()), Err(ProtocolError::TooLong));
         for line in [
             "error \n",
@@ -417,13 +597,174 @@ mod tests {
     fn error_reasons_are_sanitised_for_the_wire() {
         let a = Answer::error(&format!("line\nbreak\r\0é{}", "y".repeat(300)));
         let line = a.encode();
-        assert_eq!(line.len(), MAX_ANSWER_LINE);
+        assert_eq!(line.len(), MAX_ERROR_LINE);
         assert_eq!(Answer::parse(&line), Ok(a));
         assert!(line.starts_with(b"error line?break???"));
         // An Error built directly, bypassing the constructor, is still encoded validly.
         let raw = Answer::Error("a\nb".into()).encode();
         assert_eq!(raw, b"error a?b\n");
         assert_eq!(Answer::Error(String::new()).encode(), b"error error\n");
+    }
+
+    const IMG: &str = "registry.example.com:5000/team/app:v1";
+
+    fn image(s: &str) -> ImageRef {
+        ImageRef::new(s).unwrap()
+    }
+
+    #[test]
+    fn accepts_the_v2_requests() {
+        assert_eq!(
+            req(&format!("image {IMG}\n")),
+            Ok(Request::Image(image(IMG)))
+        );
+        assert_eq!(
+            req(&format!("pull {IMG}\n")),
+            Ok(Request::Pull {
+                image: image(IMG),
+                auth: None
+            })
+        );
+        let auth = Credentials::new("robot", "s3cret").unwrap();
+        assert_eq!(
+            req(&format!("pull {IMG} auth {}\n", auth.encode())),
+            Ok(Request::Pull {
+                image: image(IMG),
+                auth: Some(auth)
+            })
+        );
+    }
+
+    #[test]
+    fn refuses_every_malformed_v2_request() {
+        let auth = Credentials::new("u", "p").unwrap().encode();
+        let long_ref = format!("r.io/{}", "a".repeat(MAX_IMAGE_REF));
+        let cases: Vec<(String, ProtocolError)> = vec![
+            (format!("image {long_ref}\n"), ProtocolError::TooLong),
+            (format!("pull {long_ref}\n"), ProtocolError::BadImage),
+            (
+                format!("pull {IMG} auth {}\n", "A".repeat(MAX_PULL_LINE)),
+                ProtocolError::TooLong,
+            ),
+            ("image Nginx\n".into(), ProtocolError::BadImage),
+            ("pull NGINX\n".into(), ProtocolError::BadImage),
+            ("image \n".into(), ProtocolError::BadImage),
+            ("pull \n".into(), ProtocolError::BadImage),
+            ("image\n".into(), ProtocolError::UnknownVerb),
+            ("pull\n".into(), ProtocolError::UnknownVerb),
+            ("PULL nginx\n".into(), ProtocolError::UnknownVerb),
+            ("pull  nginx\n".into(), ProtocolError::BadImage),
+            ("pull nginx \n".into(), ProtocolError::BadImage),
+            ("pull nginx@sha256:abc\n".into(), ProtocolError::BadImage),
+            (
+                format!("pull nginx@sha256:{}\n", "A".repeat(64)),
+                ProtocolError::BadImage,
+            ),
+            ("pull ngi\0nx\n".into(), ProtocolError::BadByte),
+            ("pull nginx\r\n".into(), ProtocolError::BadByte),
+            ("pull nginx\x1b[31m\n".into(), ProtocolError::BadByte),
+            ("pull nginx\nping\n".into(), ProtocolError::BadByte),
+            ("pull nginx auth \n".into(), ProtocolError::BadCredentials),
+            ("pull nginx auth\n".into(), ProtocolError::BadImage),
+            (
+                format!("pull nginx auth {auth} \n"),
+                ProtocolError::BadCredentials,
+            ),
+            (
+                format!("pull nginx auth {auth} auth {auth}\n"),
+                ProtocolError::BadCredentials,
+            ),
+            (
+                "pull nginx auth !!!!\n".into(),
+                ProtocolError::BadCredentials,
+            ),
+            (
+                format!("pull nginx token {auth}\n"),
+                ProtocolError::BadImage,
+            ),
+            (
+                format!("image nginx auth {auth}\n"),
+                ProtocolError::BadImage,
+            ),
+            (format!("pull auth {auth}\n"), ProtocolError::BadImage),
+        ];
+        for (line, want) in cases {
+            assert_eq!(req(&line), Err(want), "{line:?}");
+        }
+    }
+
+    #[test]
+    fn each_verb_has_its_own_line_limit() {
+        // A v1 verb is still held to 64 bytes, though the agent reads up to the pull bound.
+        let addr = format!("addr {UID}{}\n", " ".repeat(MAX_REQUEST_LINE));
+        assert_eq!(req(&addr), Err(ProtocolError::TooLong));
+        let longest = Request::Pull {
+            image: image(&format!("r.io/{}", "a".repeat(MAX_IMAGE_REF - 5))),
+            auth: Some(
+                Credentials::new("u", &"p".repeat(crate::image::MAX_CREDENTIALS - 2)).unwrap(),
+            ),
+        };
+        let line = longest.encode();
+        assert_eq!(line.len(), MAX_PULL_LINE);
+        assert_eq!(Request::parse(&line), Ok(longest));
+        let longest_image = Request::Image(image(&format!("r.io/{}", "a".repeat(250))));
+        assert_eq!(longest_image.encode().len(), MAX_IMAGE_LINE);
+    }
+
+    #[test]
+    fn v2_answers_round_trip_and_refuse_bad_shapes() {
+        let id = ImageId::new("sha256:0123abcd").unwrap();
+        for a in [
+            Answer::Pulled(id.clone()),
+            Answer::Present(ImageInfo {
+                id: id.clone(),
+                size: 0,
+            }),
+            Answer::Present(ImageInfo {
+                id: ImageId::new(&"x".repeat(MAX_IMAGE_ID)).unwrap(),
+                size: u64::MAX,
+            }),
+        ] {
+            let line = a.encode();
+            assert!(line.len() <= MAX_ANSWER_LINE, "{line:?}");
+            assert_eq!(Answer::parse(&line), Ok(a));
+        }
+        for line in [
+            "pulled \n",
+            "pulled a b\n",
+            "pulled\n",
+            "present sha256:x\n",
+            "present sha256:x \n",
+            "present sha256:x 01\n",
+            "present sha256:x -1\n",
+            "present sha256:x +1\n",
+            "present sha256:x 18446744073709551616\n",
+            "present sha256:x 1 2\n",
+            "present  1\n",
+        ] {
+            assert!(Answer::parse(line.as_bytes()).is_err(), "{line:?}");
+        }
+    }
+
+    #[test]
+    fn pull_failures_round_trip_through_their_reasons() {
+        for f in [
+            PullFailure::BadName,
+            PullFailure::NotFound,
+            PullFailure::Unauthorized,
+            PullFailure::RuntimeTimeout,
+            PullFailure::RuntimeUnreachable,
+            PullFailure::Busy,
+            PullFailure::Runtime("Internal".into()),
+            PullFailure::Other("backend timeout".into()),
+        ] {
+            assert_eq!(PullFailure::from_reason(&f.reason()), f);
+        }
+        assert!(!PullFailure::NotFound.is_transient());
+        assert!(!PullFailure::Unauthorized.is_transient());
+        assert!(!PullFailure::BadName.is_transient());
+        assert!(PullFailure::RuntimeTimeout.is_transient());
+        assert!(PullFailure::Runtime("Unknown".into()).is_transient());
     }
 
     proptest! {
@@ -463,6 +804,53 @@ mod tests {
             for ip in [IpAddr::from(v6), IpAddr::from(v4)] {
                 let a = Answer::Addr(ip);
                 prop_assert_eq!(Answer::parse(&a.encode()), Ok(a));
+            }
+        }
+
+        #[test]
+        fn v2_requests_round_trip(
+            host in "[a-z0-9]{1,10}(\\.[a-z0-9]{1,5}){0,2}",
+            port in proptest::option::of(1u16..),
+            path in proptest::collection::vec("[a-z0-9]{1,8}([._-][a-z0-9]{1,8})?", 1..4),
+            tag in proptest::option::of("[A-Za-z0-9_][A-Za-z0-9_.-]{0,20}"),
+            digest in proptest::option::of("[0-9a-f]{64}"),
+            auth in proptest::option::of(("[^:\\p{Cc}]{1,20}", "[^\\p{Cc}]{0,40}")),
+        ) {
+            let mut s = format!("{host}.io");
+            if let Some(p) = port {
+                s.push_str(&format!(":{p}"));
+            }
+            s = format!("{s}/{}", path.join("/"));
+            if let Some(t) = tag {
+                s.push_str(&format!(":{t}"));
+            }
+            if let Some(d) = digest {
+                s.push_str(&format!("@sha256:{d}"));
+            }
+            let image = ImageRef::new(&s).unwrap();
+            let auth = auth.map(|(u, p)| Credentials::new(&u, &p).unwrap());
+            for r in [Request::Image(image.clone()), Request::Pull { image, auth }] {
+                let line = r.encode();
+                prop_assert_eq!(Request::parse(&line), Ok(r));
+            }
+        }
+
+        #[test]
+        fn v2_request_parse_on_near_misses(
+            pos in 0usize..100, byte in any::<u8>(), cut in 0usize..100
+        ) {
+            let auth = Credentials::new("robot", "pw").unwrap().encode();
+            let mut line = format!("pull ghcr.io/o/app:v1@sha256:{} auth {auth}\n", "ab".repeat(32))
+                .into_bytes();
+            let pos = pos % line.len();
+            line[pos] = byte;
+            if let Ok(r) = Request::parse(&line) {
+                prop_assert_eq!(r.encode(), line.clone());
+            }
+            line.truncate(cut.min(line.len()));
+            line.push(b'\n');
+            if let Ok(r) = Request::parse(&line) {
+                prop_assert_eq!(r.encode(), line);
             }
         }
     }

@@ -15,20 +15,47 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::BackendError;
+use crate::image::{Credentials, ImageId, ImageInfo, ImageRef};
 use crate::line::{LineError, LineReader};
-use crate::protocol::{Answer, BAD_REQUEST, MAX_REQUEST_LINE, PodUid, Request};
+use crate::protocol::{Answer, BAD_REQUEST, MAX_ANY_REQUEST_LINE, PodUid, PullFailure, Request};
 
 /// What [`Backend::pod_addr`] returns: a boxed future, so the trait stays object-safe without
 /// async-trait.
 pub type BackendFuture<'a> =
     Pin<Box<dyn Future<Output = Result<Option<IpAddr>, BackendError>> + Send + 'a>>;
 
+/// What [`Backend::image_status`] returns.
+pub type ImageFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<Option<ImageInfo>, BackendError>> + Send + 'a>>;
+
+/// What [`Backend::pull_image`] returns. A failure's reason should be one of
+/// [`PullFailure`]'s, so the activator can tell a transient failure from a final one.
+pub type PullFuture<'a> = Pin<Box<dyn Future<Output = Result<ImageId, BackendError>> + Send + 'a>>;
+
 /// Where answers come from: the CRI in production, a fake in tests and in kubesim.
 pub trait Backend: Send + Sync {
     /// The address of the newest ready sandbox of the pod with this UID, `None` when there is
     /// none (yet) or it has no address.
     fn pod_addr<'a>(&'a self, uid: &'a PodUid) -> BackendFuture<'a>;
+
+    /// The image with this reference, if the runtime holds it. A backend without images (the
+    /// simulated nodes) answers `error unsupported`.
+    fn image_status<'a>(&'a self, _image: &'a ImageRef) -> ImageFuture<'a> {
+        Box::pin(async { Err(BackendError::new(UNSUPPORTED)) })
+    }
+
+    /// Pulls the image, with the credentials given.
+    fn pull_image<'a>(
+        &'a self,
+        _image: &'a ImageRef,
+        _auth: Option<&'a Credentials>,
+    ) -> PullFuture<'a> {
+        Box::pin(async { Err(BackendError::new(UNSUPPORTED)) })
+    }
 }
+
+/// The reason a backend without images gives.
+pub const UNSUPPORTED: &str = "unsupported";
 
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
@@ -42,6 +69,11 @@ pub struct ServerConfig {
     pub backend_timeout: Duration,
     /// The only peer uid served (the activator container's `runAsUser`); `None` serves any.
     pub allowed_uid: Option<u32>,
+    /// One image pull; past it the answer is `error runtime timeout`. Pulls of large images
+    /// from a slow registry take minutes.
+    pub pull_timeout: Duration,
+    /// Pulls in flight at once, over all connections; one more is answered `error busy`.
+    pub max_pulls: usize,
 }
 
 impl Default for ServerConfig {
@@ -52,6 +84,8 @@ impl Default for ServerConfig {
             idle_timeout: Duration::from_secs(60),
             backend_timeout: Duration::from_secs(3),
             allowed_uid: None,
+            pull_timeout: Duration::from_secs(600),
+            max_pulls: 2,
         }
     }
 }
@@ -70,6 +104,7 @@ pub async fn serve(
 ) {
     let max = cfg.max_connections.min(Semaphore::MAX_PERMITS);
     let slots = Arc::new(Semaphore::new(max));
+    let pulls = Arc::new(Semaphore::new(cfg.max_pulls.min(Semaphore::MAX_PERMITS)));
     let cfg = Arc::new(cfg);
     let mut refused: u64 = 0;
     loop {
@@ -98,11 +133,12 @@ pub async fn serve(
             drop(stream);
             continue;
         };
-        let (backend, cfg, stop) = (backend.clone(), cfg.clone(), stop.clone());
+        let (backend, cfg, stop, pulls) =
+            (backend.clone(), cfg.clone(), stop.clone(), pulls.clone());
         tokio::spawn(async move {
             tokio::select! {
                 _ = stop.cancelled() => {}
-                _ = connection(stream, backend.as_ref(), &cfg) => {}
+                _ = connection(stream, backend.as_ref(), &cfg, &pulls) => {}
             }
             drop(slot);
         });
@@ -114,7 +150,12 @@ pub async fn serve(
     }
 }
 
-async fn connection(stream: UnixStream, backend: &dyn Backend, cfg: &ServerConfig) {
+async fn connection(
+    stream: UnixStream,
+    backend: &dyn Backend,
+    cfg: &ServerConfig,
+    pulls: &Semaphore,
+) {
     if let Some(allowed) = cfg.allowed_uid {
         // Checked before reading a byte: another process on the node that can reach the
         // emptyDir (a compromised neighbour) gets nothing, not even a parse error.
@@ -135,7 +176,9 @@ async fn connection(stream: UnixStream, backend: &dyn Backend, cfg: &ServerConfi
             }
         }
     }
-    let mut lines = LineReader::new(stream, MAX_REQUEST_LINE);
+    // Up to the longest verb's bound (a pull with credentials); each verb's own bound is
+    // checked by the parser.
+    let mut lines = LineReader::new(stream, MAX_ANY_REQUEST_LINE);
     loop {
         let line = match lines
             .next_line(Some(cfg.idle_timeout), Some(cfg.line_timeout))
@@ -156,6 +199,10 @@ async fn connection(stream: UnixStream, backend: &dyn Backend, cfg: &ServerConfi
         let answer = match Request::parse(&line) {
             Ok(Request::Ping) => Answer::Pong,
             Ok(Request::Addr(uid)) => lookup(backend, &uid, cfg).await,
+            Ok(Request::Image(image)) => image_status(backend, &image, cfg).await,
+            Ok(Request::Pull { image, auth }) => {
+                pull(backend, &image, auth.as_ref(), cfg, pulls).await
+            }
             Err(error) => {
                 // Debug, not warn: a hostile client could otherwise fill the node's logs.
                 tracing::debug!(%error, "malformed request: closing");
@@ -180,6 +227,51 @@ async fn lookup(backend: &dyn Backend, uid: &PodUid, cfg: &ServerConfig) -> Answ
         Err(_) => {
             tracing::debug!(%uid, "backend timeout");
             Answer::error("backend timeout")
+        }
+    }
+}
+
+async fn image_status(backend: &dyn Backend, image: &ImageRef, cfg: &ServerConfig) -> Answer {
+    match tokio::time::timeout(cfg.backend_timeout, backend.image_status(image)).await {
+        Ok(Ok(Some(info))) => Answer::Present(info),
+        Ok(Ok(None)) => Answer::None,
+        Ok(Err(error)) => {
+            tracing::debug!(%image, %error, "backend error");
+            Answer::error(&error.reason)
+        }
+        Err(_) => Answer::error("backend timeout"),
+    }
+}
+
+/// One pull, if a pull slot is free; the slot is held until the runtime answers or the pull
+/// timeout passes.
+async fn pull(
+    backend: &dyn Backend,
+    image: &ImageRef,
+    auth: Option<&Credentials>,
+    cfg: &ServerConfig,
+    pulls: &Semaphore,
+) -> Answer {
+    let Ok(_slot) = pulls.try_acquire() else {
+        tracing::debug!(%image, "pull refused: every pull slot is taken");
+        return Answer::error(PullFailure::BUSY);
+    };
+    let started = tokio::time::Instant::now();
+    // Never the credentials in a log line: the username at most.
+    let user = auth.map(Credentials::username);
+    tracing::info!(%image, ?user, "pulling");
+    match tokio::time::timeout(cfg.pull_timeout, backend.pull_image(image, auth)).await {
+        Ok(Ok(id)) => {
+            tracing::info!(%image, %id, took = ?started.elapsed(), "pulled");
+            Answer::Pulled(id)
+        }
+        Ok(Err(error)) => {
+            tracing::info!(%image, %error, took = ?started.elapsed(), "pull failed");
+            Answer::error(&error.reason)
+        }
+        Err(_) => {
+            tracing::warn!(%image, timeout = ?cfg.pull_timeout, "pull timed out");
+            Answer::error(PullFailure::RUNTIME_TIMEOUT)
         }
     }
 }
@@ -518,3 +610,6 @@ mod tests {
         assert!(read_to_close(&mut s).await.is_empty());
     }
 }
+
+#[cfg(test)]
+mod image_tests;

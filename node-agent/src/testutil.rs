@@ -4,8 +4,8 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::net::{UnixListener, UnixStream};
@@ -13,8 +13,20 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::BackendError;
-use crate::protocol::PodUid;
-use crate::server::{Backend, BackendFuture, ServerConfig, serve};
+use crate::image::{Credentials, ImageId, ImageInfo, ImageRef};
+use crate::protocol::{PodUid, PullFailure};
+use crate::server::{Backend, BackendFuture, ImageFuture, PullFuture, ServerConfig, serve};
+
+/// The fake holds this image from the start.
+pub(crate) const IMG_PRESENT: &str = "registry.test/app:v1";
+/// Pulls of this one succeed.
+pub(crate) const IMG_PULLABLE: &str = "registry.test/app:v2";
+/// The registry has no such image.
+pub(crate) const IMG_MISSING: &str = "registry.test/missing:v1";
+/// Pulls need the credentials robot:pw.
+pub(crate) const IMG_PRIVATE: &str = "registry.test/private/app:v1";
+/// Pulls of this one wait until the test opens [`FakeBackend::slow_gate`].
+pub(crate) const IMG_SLOW: &str = "registry.test/slow:v1";
 
 pub(crate) const UID_A: &str = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
 pub(crate) const UID_B: &str = "11111111-2222-4333-8444-555555555555";
@@ -49,6 +61,12 @@ pub(crate) struct FakeBackend {
     addrs: HashMap<String, IpAddr>,
     hang: bool,
     pub(crate) calls: AtomicUsize,
+    /// Each pull asked for: the image and the username of its credentials.
+    pub(crate) pulls: Mutex<Vec<(String, Option<String>)>>,
+    /// Images held: those pulled join the one held from the start.
+    images: Mutex<HashMap<String, ImageInfo>>,
+    /// Slow pulls wait for a permit here.
+    pub(crate) slow_gate: tokio::sync::Semaphore,
 }
 
 impl FakeBackend {
@@ -61,6 +79,15 @@ impl FakeBackend {
             ]),
             hang: false,
             calls: AtomicUsize::new(0),
+            pulls: Mutex::new(Vec::new()),
+            images: Mutex::new(HashMap::from([(
+                IMG_PRESENT.to_owned(),
+                ImageInfo {
+                    id: ImageId::new("sha256:aaaa").unwrap(),
+                    size: 1234,
+                },
+            )])),
+            slow_gate: tokio::sync::Semaphore::new(0),
         }
     }
 
@@ -88,6 +115,46 @@ impl Backend for FakeBackend {
                 }
                 other => Ok(self.addrs.get(other).copied()),
             }
+        })
+    }
+
+    fn image_status<'a>(&'a self, image: &'a ImageRef) -> ImageFuture<'a> {
+        Box::pin(async move { Ok(self.images.lock().unwrap().get(image.as_str()).cloned()) })
+    }
+
+    fn pull_image<'a>(
+        &'a self,
+        image: &'a ImageRef,
+        auth: Option<&'a Credentials>,
+    ) -> PullFuture<'a> {
+        Box::pin(async move {
+            self.pulls.lock().unwrap().push((
+                image.as_str().to_owned(),
+                auth.map(|a| a.username().to_owned()),
+            ));
+            match image.as_str() {
+                IMG_MISSING => return Err(BackendError::new(PullFailure::NOT_FOUND)),
+                IMG_PRIVATE
+                    if auth.map(|a| (a.username(), a.password())) != Some(("robot", "pw")) =>
+                {
+                    return Err(BackendError::new(PullFailure::UNAUTHORIZED));
+                }
+                IMG_SLOW => {
+                    let permit = self.slow_gate.acquire().await.expect("gate closed");
+                    permit.forget();
+                }
+                _ => {}
+            }
+            let id = ImageId::new(&format!("sha256:{}", image.as_str().len())).unwrap();
+            let info = ImageInfo {
+                id: id.clone(),
+                size: 1000 + image.as_str().len() as u64,
+            };
+            self.images
+                .lock()
+                .unwrap()
+                .insert(image.as_str().to_owned(), info);
+            Ok(id)
         })
     }
 }

@@ -83,6 +83,27 @@ impl RevisionCache {
         }
     }
 
+    /// A member revision at least as new as `generation` (its subset's observedGeneration):
+    /// the copy held if it is, else a read (shared with [`RevisionCache::prefetch`]'s).
+    pub async fn get_member(
+        &self,
+        key: &RevisionKey,
+        generation: Option<i64>,
+    ) -> Result<Option<Arc<Revision>>, kube::Error> {
+        let held = self.fetched.get(key).and_then(|e| e.revision.clone());
+        if let Some(rev) = held
+            && generation.is_none_or(|g| rev.metadata.generation >= Some(g))
+        {
+            return Ok(Some(rev));
+        }
+        self.fetch_shared(key, generation)
+            .await
+            .map_err(|e| match &*e {
+                kube::Error::Api(s) => kube::Error::Api(s.clone()),
+                other => kube::Error::Service(other.to_string().into()),
+            })
+    }
+
     /// This node left `key`'s subset: its copy ages out like any other.
     pub fn unpin(&self, key: &RevisionKey) {
         self.pinned.remove(key);

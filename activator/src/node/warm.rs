@@ -1,7 +1,8 @@
 //! The revisions of this node's subsets are read ahead of their first request (a member's
 //! cold start then makes one API request, the pod create). Those with a share of minScale
 //! here also get a pool (and so their pods) without waiting for a request; the pool keeps
-//! them while the share lasts.
+//! them while the share lasts. With a node agent, their images are pulled ahead too
+//! (`prepull`).
 
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_util::sync::CancellationToken;
@@ -10,12 +11,14 @@ use crate::cache::endpoints::MemberEvent;
 use crate::cache::revisions::RevisionCache;
 use crate::node::pool;
 use crate::node::pools::Pools;
+use crate::node::prepull::Prepull;
 
 /// Follows this node's memberships (`member_of`, from the subset watch) until `stop`.
 pub(crate) async fn keep_members_warm(
     mut member_of: UnboundedReceiver<MemberEvent>,
     pools: Pools,
     revisions: RevisionCache,
+    prepull: Option<Prepull>,
     stop: CancellationToken,
 ) {
     loop {
@@ -26,6 +29,9 @@ pub(crate) async fn keep_members_warm(
         let (key, me) = match event {
             MemberEvent::Left(key) => {
                 revisions.unpin(&key);
+                if let Some(p) = &prepull {
+                    p.left(key);
+                }
                 continue;
             }
             MemberEvent::Member {
@@ -34,6 +40,9 @@ pub(crate) async fn keep_members_warm(
                 generation,
             } => {
                 revisions.prefetch(&key, generation);
+                if let Some(p) = &prepull {
+                    p.member(key.clone(), generation);
+                }
                 if me.min_pods == 0 {
                     continue;
                 }

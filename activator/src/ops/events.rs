@@ -32,6 +32,9 @@ pub const REPORTING_CONTROLLER: &str = "local-activator.dev/activator";
 pub const REASON_COLD_START_FAILED: &str = "ColdStartFailed";
 /// Reason of the event written when this activator's node has no room for a revision's pod.
 pub const REASON_NODE_FULL: &str = "NodeFull";
+/// Reason of the event written when a member could not pull a revision's image ahead of its
+/// first request.
+pub const REASON_IMAGE_PULL_FAILED: &str = "ImagePullFailed";
 /// The API server refuses notes longer than this (bytes).
 const MAX_NOTE: usize = 1024;
 
@@ -168,6 +171,31 @@ impl EventSink {
         )
     }
 
+    /// Reports that this activator's node could not pull `image` for `rev` ahead of its first
+    /// request: reason `ImagePullFailed`, action `PullImage`, the Node as the related object.
+    /// One per (revision, image, why) per window: a revision with two bad images hears of
+    /// both. Returns whether the event was queued, as [`EventSink::cold_start_failed`].
+    pub fn image_pull_failed(&self, rev: &Revision, node: &str, image: &str, why: &str) -> bool {
+        self.publish_keyed(
+            rev,
+            format!("{REASON_IMAGE_PULL_FAILED}/{image}/{why}"),
+            Event {
+                type_: EventType::Warning,
+                reason: REASON_IMAGE_PULL_FAILED.into(),
+                note: Some(truncate(format!(
+                    "node {node} could not pull image {image} ahead of the first request: {why}"
+                ))),
+                action: "PullImage".into(),
+                secondary: Some(ObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Node".into()),
+                    name: Some(node.into()),
+                    ..Default::default()
+                }),
+            },
+        )
+    }
+
     /// Events not written because the queue was full or the rate was exceeded (duplicates
     /// within the window are not counted).
     pub fn dropped(&self) -> u64 {
@@ -177,13 +205,19 @@ impl EventSink {
     }
 
     fn publish(&self, rev: &Revision, event: Event) -> bool {
+        let reason = event.reason.clone();
+        self.publish_keyed(rev, reason, event)
+    }
+
+    /// As `publish`, limited per (revision, `limit_key`) rather than per (revision, reason).
+    fn publish_keyed(&self, rev: &Revision, limit_key: String, event: Event) -> bool {
         let Some(inner) = &self.inner else {
             return false;
         };
         let key = Key {
             namespace: rev.metadata.namespace.clone().unwrap_or_default(),
             name: rev.metadata.name.clone().unwrap_or_default(),
-            reason: event.reason.clone(),
+            reason: limit_key,
         };
         let regarding = regarding(rev);
         let mut limits = inner.limits.locked();
@@ -453,6 +487,7 @@ mod tests {
         let sink = EventSink::disabled();
         assert!(!sink.cold_start_failed(&rev, "Timeout", "no pod".into()));
         assert!(!sink.node_full(&rev, "n", "maxPods"));
+        assert!(!sink.image_pull_failed(&rev, "n", "r.io/a:v1", "not found"));
         assert_eq!(sink.dropped(), 0);
     }
 }

@@ -142,6 +142,130 @@ pub struct ReasonLabel {
     pub reason: PodReason,
 }
 
+/// Why a pre-pull failed (or was not made).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum PullFailReason {
+    BadName,
+    NotFound,
+    Unauthorized,
+    RuntimeTimeout,
+    RuntimeUnreachable,
+    Busy,
+    RuntimeError,
+    /// The node agent did not answer (or broke the protocol).
+    AgentUnreachable,
+    /// The revision names pull secrets and `--prepull-secrets` is off: not pre-pulled.
+    NeedsPullSecret,
+    /// Its pull secrets could not be read or parsed.
+    BadPullSecret,
+    Other,
+}
+
+label_value!(PullFailReason {
+    BadName => "bad_name",
+    NotFound => "not_found",
+    Unauthorized => "unauthorized",
+    RuntimeTimeout => "runtime_timeout",
+    RuntimeUnreachable => "runtime_unreachable",
+    Busy => "busy",
+    RuntimeError => "runtime_error",
+    AgentUnreachable => "agent_unreachable",
+    NeedsPullSecret => "needs_pull_secret",
+    BadPullSecret => "bad_pull_secret",
+    Other => "other",
+});
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PullFailLabel {
+    pub reason: PullFailReason,
+}
+
+fn pull_histogram() -> Histogram {
+    // 50 ms .. ~27 min.
+    Histogram::new(exponential_buckets(0.05, 2.0, 16))
+}
+
+/// The pre-pull's metrics (`node::prepull`).
+pub struct PrepullMetrics {
+    /// Pulls asked of the node agent.
+    pub started: Counter,
+    pub succeeded: Counter,
+    /// Images the runtime already held: no pull made.
+    pub present: Counter,
+    pub failed: Family<PullFailLabel, Counter>,
+    /// How long each pull asked of the agent took, whatever its outcome.
+    pub duration: Histogram,
+    /// Sizes of the images pulled, as the runtime reports them (ImageStatus).
+    pub bytes: Counter,
+    /// Images waiting for a pull slot or a retry.
+    pub queue_depth: Gauge,
+    pub in_flight: Gauge,
+}
+
+impl Default for PrepullMetrics {
+    fn default() -> Self {
+        Self {
+            started: Counter::default(),
+            succeeded: Counter::default(),
+            present: Counter::default(),
+            failed: Family::default(),
+            duration: pull_histogram(),
+            bytes: Counter::default(),
+            queue_depth: Gauge::default(),
+            in_flight: Gauge::default(),
+        }
+    }
+}
+
+impl PrepullMetrics {
+    pub fn failed(&self, reason: PullFailReason) {
+        self.failed.get_or_create(&PullFailLabel { reason }).inc();
+    }
+
+    fn register(&self, r: &mut Registry) {
+        r.register(
+            "prepull_started",
+            "Image pulls the pre-pull asked of the node agent",
+            self.started.clone(),
+        );
+        r.register(
+            "prepull_succeeded",
+            "Image pulls the pre-pull finished",
+            self.succeeded.clone(),
+        );
+        r.register(
+            "prepull_present",
+            "Images of member revisions the node already held (no pull made)",
+            self.present.clone(),
+        );
+        r.register(
+            "prepull_failed",
+            "Image pre-pulls that failed or were not made, by reason",
+            self.failed.clone(),
+        );
+        r.register(
+            "prepull_duration_seconds",
+            "How long each image pull asked of the node agent took",
+            self.duration.clone(),
+        );
+        r.register(
+            "prepull_bytes",
+            "Sizes of the images pre-pulled, as the container runtime reports them",
+            self.bytes.clone(),
+        );
+        r.register(
+            "prepull_queue_depth",
+            "Images waiting for a pull slot or for their retry",
+            self.queue_depth.clone(),
+        );
+        r.register(
+            "prepull_in_flight",
+            "Image pulls in flight",
+            self.in_flight.clone(),
+        );
+    }
+}
+
 fn phase_histogram() -> Histogram {
     // 0.25 ms .. ~65 s.
     Histogram::new(exponential_buckets(0.000_25, 2.0, 19))
@@ -205,6 +329,8 @@ pub struct Metrics {
     pub moved_on_accept: Counter,
     /// Connections moved off a hot serving thread between two requests.
     pub moved_off_hot_thread: Counter,
+    /// Images pulled ahead of their revisions' first requests.
+    pub prepull: PrepullMetrics,
 }
 
 impl Default for Metrics {
@@ -235,6 +361,7 @@ impl Default for Metrics {
             fast_lane_handovers: Counter::default(),
             moved_on_accept: Counter::default(),
             moved_off_hot_thread: Counter::default(),
+            prepull: PrepullMetrics::default(),
         }
     }
 }
@@ -432,6 +559,7 @@ impl Metrics {
              the time to one busy less than --thread-cool",
             self.moved_off_hot_thread.clone(),
         );
+        self.prepull.register(&mut r);
         r
     }
 }

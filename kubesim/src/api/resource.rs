@@ -225,6 +225,30 @@ pub(crate) fn builtins() -> Vec<ResourceDef> {
         status: false,
         generation: false,
     });
+    // Read by the activator's pre-pull (--prepull-secrets): a revision's image pull secrets
+    // and its service account's.
+    let secret = builtin(B {
+        group: "",
+        version: "v1",
+        plural: "secrets",
+        singular: "secret",
+        kind: "Secret",
+        short: &[],
+        namespaced: true,
+        status: false,
+        generation: false,
+    });
+    let sa = builtin(B {
+        group: "",
+        version: "v1",
+        plural: "serviceaccounts",
+        singular: "serviceaccount",
+        kind: "ServiceAccount",
+        short: &["sa"],
+        namespaced: true,
+        status: false,
+        generation: false,
+    });
     // Served for `default/kubernetes`, the API server's own address, which in-cluster
     // components read at start (crds::api_route).
     let endpoints = builtin(B {
@@ -262,7 +286,9 @@ pub(crate) fn builtins() -> Vec<ResourceDef> {
     });
     crd.categories = vec!["api-extensions".into()];
     crd.unconditional_update = false;
-    vec![ns, node, pod, ev, ev2, cm, lease, endpoints, eps, crd]
+    vec![
+        ns, node, pod, ev, ev2, cm, secret, sa, lease, endpoints, eps, crd,
+    ]
 }
 
 /// All served group/version/resources, in discovery order.

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+use k8s_cri::v1::image_service_server::{ImageService, ImageServiceServer};
 use k8s_cri::v1::runtime_service_server::{RuntimeService, RuntimeServiceServer};
 use k8s_cri::v1::*;
 use tokio::net::UnixListener;
@@ -30,6 +31,101 @@ struct FakeCri {
     ips: HashMap<String, String>,
     lists: Mutex<Vec<ListPodSandboxRequest>>,
     statuses: Mutex<Vec<String>>,
+    /// Images held, by the reference they were pulled by: (id, size).
+    images: Mutex<HashMap<String, (String, u64)>>,
+    pulls: Mutex<Vec<PullImageRequest>>,
+}
+
+const IMG_HELD: &str = "registry.test/app:v1";
+const IMG_OK: &str = "registry.test/app:v2";
+const IMG_MISSING: &str = "registry.test/missing:v1";
+const IMG_PRIVATE: &str = "registry.test/private/app:v1";
+const IMG_SLOW: &str = "registry.test/slow:v1";
+const IMG_REFUSED: &str = "registry.test/refused:v1";
+const IMG_BROKEN: &str = "registry.test/broken:v1";
+
+/// An image service answering as containerd does: registry failures as `Unknown` with the
+/// registry's words in the message.
+#[tonic::async_trait]
+impl ImageService for FakeCri {
+    async fn list_images(
+        &self,
+        _: Request<ListImagesRequest>,
+    ) -> Result<Response<ListImagesResponse>, Status> {
+        Err(Status::unimplemented("list_images"))
+    }
+
+    async fn image_status(
+        &self,
+        request: Request<ImageStatusRequest>,
+    ) -> Result<Response<ImageStatusResponse>, Status> {
+        let name = request
+            .into_inner()
+            .image
+            .map(|i| i.image)
+            .unwrap_or_default();
+        let image = self
+            .images
+            .lock()
+            .unwrap()
+            .get(&name)
+            .map(|(id, size)| Image {
+                id: id.clone(),
+                size: *size,
+                repo_tags: vec![name.clone()],
+                ..Default::default()
+            });
+        Ok(Response::new(ImageStatusResponse {
+            image,
+            ..Default::default()
+        }))
+    }
+
+    async fn pull_image(
+        &self,
+        request: Request<PullImageRequest>,
+    ) -> Result<Response<PullImageResponse>, Status> {
+        let request = request.into_inner();
+        self.pulls.lock().unwrap().push(request.clone());
+        let name = request.image.map(|i| i.image).unwrap_or_default();
+        let auth = request.auth.map(|a| (a.username, a.password));
+        match name.as_str() {
+            IMG_MISSING => {
+                return Err(Status::unknown(format!(
+                    "failed to pull and unpack image \"{name}\": failed to resolve reference \"{name}\": {name}: not found"
+                )));
+            }
+            IMG_PRIVATE if auth != Some(("robot".into(), "pw".into())) => {
+                return Err(Status::unknown(format!(
+                    "failed to pull and unpack image \"{name}\": failed to resolve reference \"{name}\": unexpected status from HEAD request: 401 Unauthorized"
+                )));
+            }
+            IMG_SLOW => std::future::pending::<()>().await,
+            IMG_REFUSED => return Err(Status::invalid_argument("invalid reference")),
+            IMG_BROKEN => return Err(Status::internal("no space left on device\nsecret path")),
+            _ => {}
+        }
+        let id = format!("sha256:{:064x}", name.len());
+        self.images
+            .lock()
+            .unwrap()
+            .insert(name, (id.clone(), 4_000_000));
+        Ok(Response::new(PullImageResponse { image_ref: id }))
+    }
+
+    async fn remove_image(
+        &self,
+        _: Request<RemoveImageRequest>,
+    ) -> Result<Response<RemoveImageResponse>, Status> {
+        Err(Status::unimplemented("remove_image"))
+    }
+
+    async fn image_fs_info(
+        &self,
+        _: Request<ImageFsInfoRequest>,
+    ) -> Result<Response<ImageFsInfoResponse>, Status> {
+        Err(Status::unimplemented("image_fs_info"))
+    }
 }
 
 fn sandbox(id: &str, uid: &str, ready: bool, created_at: i64) -> PodSandbox {
@@ -78,6 +174,10 @@ impl FakeCri {
             .into_iter()
             .map(|(k, v)| (k.to_owned(), v.to_owned()))
             .collect(),
+            images: Mutex::new(HashMap::from([(
+                IMG_HELD.to_owned(),
+                ("sha256:held".to_owned(), 1234),
+            )])),
             ..Default::default()
         }
     }
@@ -210,6 +310,7 @@ impl Runtime {
         let stop = CancellationToken::new();
         let server = tonic::transport::Server::builder()
             .add_service(RuntimeServiceServer::from_arc(fake.clone()))
+            .add_service(ImageServiceServer::from_arc(fake.clone()))
             .serve_with_incoming_shutdown(
                 UnixListenerStream::new(listener),
                 stop.clone().cancelled_owned(),
@@ -371,6 +472,166 @@ async fn end_to_end_client_agent_runtime() {
         Err(crate::error::ClientError::Agent(reason)) => {
             assert_eq!(reason, "runtime error Internal")
         }
+        other => panic!("{other:?}"),
+    }
+    stop.cancel();
+    agent.await.unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+fn image(s: &str) -> ImageRef {
+    ImageRef::new(s).unwrap()
+}
+
+#[tokio::test]
+async fn image_status_and_pulls_through_the_image_service() {
+    let rt = Runtime::start();
+    let cri = CriBackend::connect_with_timeouts(
+        &rt.endpoint(),
+        Duration::from_secs(1),
+        Duration::from_millis(300),
+    )
+    .unwrap();
+    assert_eq!(
+        cri.image_status(&image(IMG_HELD)).await.unwrap(),
+        Some(ImageInfo {
+            id: ImageId::new("sha256:held").unwrap(),
+            size: 1234
+        })
+    );
+    assert_eq!(cri.image_status(&image(IMG_OK)).await.unwrap(), None);
+    let id = cri.pull_image(&image(IMG_OK), None).await.unwrap();
+    assert!(id.as_str().starts_with("sha256:"));
+    assert_eq!(
+        cri.image_status(&image(IMG_OK))
+            .await
+            .unwrap()
+            .map(|i| i.size),
+        Some(4_000_000)
+    );
+    let fail = |img: &'static str, auth: Option<Credentials>| {
+        let cri = cri.clone();
+        async move {
+            cri.pull_image(&image(img), auth.as_ref())
+                .await
+                .unwrap_err()
+                .reason
+        }
+    };
+    assert_eq!(fail(IMG_MISSING, None).await, "not found");
+    assert_eq!(fail(IMG_PRIVATE, None).await, "unauthorized");
+    assert_eq!(
+        fail(
+            IMG_PRIVATE,
+            Some(Credentials::new("robot", "nope").unwrap())
+        )
+        .await,
+        "unauthorized"
+    );
+    assert_eq!(fail(IMG_REFUSED, None).await, "bad name");
+    // The runtime's message stays in the agent's log.
+    assert_eq!(fail(IMG_BROKEN, None).await, "runtime error Internal");
+    assert_eq!(fail(IMG_SLOW, None).await, "runtime timeout");
+    let auth = Credentials::new("robot", "pw").unwrap();
+    cri.pull_image(&image(IMG_PRIVATE), Some(&auth))
+        .await
+        .unwrap();
+    // The request the runtime got: the reference as given, the credentials as fields.
+    let pulls = rt.fake.pulls.lock().unwrap().clone();
+    let last = pulls.last().unwrap();
+    assert_eq!(last.image.as_ref().unwrap().image, IMG_PRIVATE);
+    let a = last.auth.as_ref().unwrap();
+    assert_eq!((a.username.as_str(), a.password.as_str()), ("robot", "pw"));
+    assert_eq!(pulls.len(), 8);
+}
+
+#[tokio::test]
+async fn an_absent_runtime_fails_pulls_as_unreachable() {
+    let dir = temp_dir();
+    let cri = CriBackend::connect(&format!("unix://{}", dir.join("cri.sock").display())).unwrap();
+    assert_eq!(
+        cri.pull_image(&image(IMG_OK), None)
+            .await
+            .unwrap_err()
+            .reason,
+        "runtime unreachable"
+    );
+    assert_eq!(
+        cri.image_status(&image(IMG_OK)).await.unwrap_err().reason,
+        "runtime unreachable"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn runtime_messages_are_classified() {
+    let cases = [
+        // containerd 1.7 / 2.x
+        (
+            "failed to pull and unpack image \"docker.io/library/nope:latest\": failed to resolve reference \"docker.io/library/nope:latest\": docker.io/library/nope:latest: not found",
+            Some("not found"),
+        ),
+        (
+            "failed to pull and unpack image \"ghcr.io/o/p:v1\": failed to resolve reference \"ghcr.io/o/p:v1\": failed to authorize: failed to fetch anonymous token: unexpected status from GET request to https://ghcr.io/token?scope=repository%3Ao%2Fp%3Apull&service=ghcr.io: 401 Unauthorized",
+            Some("unauthorized"),
+        ),
+        (
+            "failed to pull and unpack image \"docker.io/library/x:1\": failed to resolve reference: pull access denied, repository does not exist or may require authorization: server message: insufficient_scope: authorization failed",
+            Some("unauthorized"),
+        ),
+        (
+            "failed to pull and unpack image \"r.io/a:1\": failed to copy: httpReadSeeker: failed open: unexpected status code https://r.io/v2/a/manifests/sha256:00: 404 Not Found",
+            Some("not found"),
+        ),
+        // CRI-O
+        (
+            "reading manifest latest in quay.io/o/nope: manifest unknown",
+            Some("not found"),
+        ),
+        (
+            "reading manifest v1 in quay.io/o/private: unauthorized: access to the requested resource is not authorized",
+            Some("unauthorized"),
+        ),
+        ("invalid reference format", Some("bad name")),
+        (
+            "failed to pull and unpack image \"r.io/a:1\": failed to do request: Head \"https://r.io/v2/a/manifests/1\": dial tcp 10.0.0.1:443: i/o timeout",
+            None,
+        ),
+        ("no space left on device", None),
+    ];
+    for (message, want) in cases {
+        assert_eq!(classify_pull_message(message), want, "{message}");
+    }
+}
+
+#[tokio::test]
+async fn end_to_end_pull_client_agent_runtime() {
+    let rt = Runtime::start();
+    let cri = CriBackend::connect(&rt.endpoint()).unwrap();
+    let dir = temp_dir();
+    let sock = dir.join("agent.sock");
+    let stop = CancellationToken::new();
+    let agent = tokio::spawn(serve(
+        UnixListener::bind(&sock).unwrap(),
+        Arc::new(cri),
+        ServerConfig::default(),
+        stop.clone(),
+    ));
+    let client = AgentClient::new(&sock).with_timeout(Duration::from_secs(10));
+    assert_eq!(client.image_status(&image(IMG_OK)).await.unwrap(), None);
+    let auth = Credentials::new("robot", "pw").unwrap();
+    client.pull(&image(IMG_OK), None).await.unwrap();
+    client.pull(&image(IMG_PRIVATE), Some(&auth)).await.unwrap();
+    assert_eq!(
+        client
+            .image_status(&image(IMG_OK))
+            .await
+            .unwrap()
+            .map(|i| i.size),
+        Some(4_000_000)
+    );
+    match client.pull(&image(IMG_MISSING), None).await {
+        Err(crate::error::ClientError::Agent(reason)) => assert_eq!(reason, "not found"),
         other => panic!("{other:?}"),
     }
     stop.cancel();
