@@ -13,6 +13,10 @@ pub const REVISION_LABEL: &str = "local-activator.dev/revision";
 pub const REVISION_UID_LABEL: &str = "local-activator.dev/revision-uid";
 /// App pod label: the node whose activator created the pod.
 pub const NODE_LABEL: &str = "local-activator.dev/node";
+/// A Revision annotation: `"false"` turns its members' pre-pull of its images off (the
+/// kubelet pulls at the first cold start, as without the pre-pull). Read when a member first
+/// reads the revision (or its spec changes): set it at creation.
+pub const PREPULL_ANNOTATION: &str = "local-activator.dev/prepull";
 /// On a namespace: its Revisions belong to the subsetter this value names (a test rig's, a
 /// canary's). A subsetter installed with the default `--namespace-selector`
 /// ([`OTHER_SUBSETTERS_EXCLUDED`]) leaves such a namespace alone.

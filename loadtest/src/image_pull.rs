@@ -30,6 +30,8 @@ use serde::Serialize;
 use serde_json::json;
 use tokio::time::Instant;
 
+use crds::contract::PREPULL_ANNOTATION;
+
 use crate::Error;
 use crate::anatomy::ColdPhases;
 use crate::driver::Driver;
@@ -37,9 +39,6 @@ use crate::installed::{
     Options, Outcome, PathFigures, clean, deployment, jitter, pod_spec, revision_annotated,
 };
 use crate::stats::Percentiles;
-
-/// The Revision annotation that turns its members' pre-pull off.
-pub const PREPULL_ANNOTATION: &str = "local-activator.dev/prepull";
 
 #[derive(Debug, Clone, Serialize)]
 pub struct PullReport {

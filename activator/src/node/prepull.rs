@@ -30,7 +30,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::cache::revisions::RevisionCache;
-use crate::node::prepull_images::{Wanted, wanted};
+use crate::node::prepull_images::{Wanted, opted_out, wanted};
 use crate::node::prepull_queue::{Job, Outcome, PullQueue, RetryPolicy};
 use crate::node::pull_secrets::Keyring;
 use crate::ops::events::EventSink;
@@ -232,6 +232,11 @@ impl Runner {
             return;
         };
         self.members.insert(key.clone(), (epoch, Some(rev.clone())));
+        if opted_out(&rev) {
+            tracing::debug!(revision = %key, "pre-pull turned off by the revision's annotation");
+            self.queue.remove_revision(&key);
+            return;
+        }
         let template = match rev.spec.template.parse() {
             Ok(t) => t,
             Err(error) => {

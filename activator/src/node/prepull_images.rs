@@ -66,6 +66,15 @@ pub fn wanted(template: &PodTemplateSpec) -> Wanted {
     w
 }
 
+/// Whether the revision turns its pre-pull off (`local-activator.dev/prepull: "false"`).
+pub fn opted_out(rev: &crds::Revision) -> bool {
+    rev.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(crds::contract::PREPULL_ANNOTATION))
+        .is_some_and(|v| v == "false")
+}
+
 fn pulls(c: &Container) -> bool {
     c.image_pull_policy.as_deref() != Some("Never")
 }
@@ -73,6 +82,28 @@ fn pulls(c: &Container) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_false_turns_the_pre_pull_off() {
+        let rev = |annotations: serde_json::Value| -> crds::Revision {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "local-activator.dev/v1alpha1", "kind": "Revision",
+                "metadata": {"name": "r", "namespace": "n", "annotations": annotations},
+                "spec": {"template": {"spec": {"containers": [{"name": "a", "image": "x"}]}}},
+            }))
+            .unwrap()
+        };
+        assert!(opted_out(&rev(
+            serde_json::json!({"local-activator.dev/prepull": "false"})
+        )));
+        assert!(!opted_out(&rev(
+            serde_json::json!({"local-activator.dev/prepull": "true"})
+        )));
+        assert!(!opted_out(&rev(
+            serde_json::json!({"local-activator.dev/prepull": "False"})
+        )));
+        assert!(!opted_out(&rev(serde_json::json!({}))));
+    }
 
     fn template(json: serde_json::Value) -> PodTemplateSpec {
         serde_json::from_value(json).unwrap()
