@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Nodes","type":"string","jsonPath":".status.activators[*].node"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Degraded","type":"string","jsonPath":".status.conditions[?(@.type==\"Degraded\")].status"}"#,
+    printcolumn = r#"{"name":"Images","type":"integer","priority":1,"description":"members whose node holds the revision's images","jsonPath":".status.imageMembers.holding"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 pub struct ActivationEndpointsSpec {}
@@ -44,6 +45,26 @@ pub struct ActivationEndpointsStatus {
     /// `Ready`; `Degraded` when fewer than the wanted N members exist, or N = 1.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// How many members' nodes already hold every image of the revision's template (their
+    /// `Node.status.images`): a cold start there needs no image pull. Absent when the template
+    /// names no image or no member's node has a Node object. Informational: readers must not
+    /// require it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_members: Option<ImageMembers>,
+}
+
+/// `holding` of `of` members hold the revision's images.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageMembers {
+    /// Members whose node reports every image of the template.
+    #[schemars(range(min = 0))]
+    pub holding: i32,
+    /// Members.
+    #[schemars(range(min = 0))]
+    pub of: i32,
 }
 
 /// One activator of a revision's subset.

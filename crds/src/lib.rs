@@ -20,6 +20,7 @@ pub mod revision;
 
 pub use activation_endpoints::{
     ActivationEndpoints, ActivationEndpointsSpec, ActivationEndpointsStatus, ActivatorMember,
+    ImageMembers,
 };
 pub use key::ObjectKey;
 pub use revision::{PodTemplate, Revision, RevisionSpec, RevisionStatus};

@@ -778,6 +778,47 @@ mod tests {
         assert!(set.get("n1").unwrap().facts.is_none());
     }
 
+    /// A heartbeat that lists the same images in another order (or under names that
+    /// normalise alike) is no change; a pulled image is, and only the images changed.
+    #[test]
+    fn only_a_real_change_of_a_nodes_images_changes_its_activator() {
+        let with_images = |rv: &str, images: serde_json::Value| {
+            let mut n = node("n1", true, 0, false);
+            n.metadata.resource_version = Some(rv.into());
+            n.status.as_mut().unwrap().images = Some(serde_json::from_value(images).unwrap());
+            n
+        };
+        let mut set = ActivatorSet::default();
+        set.apply_pod(&pod("a1", "n1", "10.0.0.1", true));
+        let d = set.apply_node(&with_images(
+            "1",
+            serde_json::json!([{"names": ["nginx:1.27"]}, {"names": ["registry:5000/app:v1"]}]),
+        ));
+        assert_eq!(d.changed, BTreeSet::from(["n1".to_string()]));
+        let before = set.get("n1").unwrap().facts.clone().unwrap();
+        let beat = with_images(
+            "2",
+            serde_json::json!([
+                {"names": ["registry:5000/app:v1"], "sizeBytes": 5},
+                {"names": ["docker.io/library/nginx:1.27"]}
+            ]),
+        );
+        assert!(set.apply_node(&beat).is_empty(), "same images, other order");
+        let pulled = with_images(
+            "3",
+            serde_json::json!([
+                {"names": ["nginx:1.27"]},
+                {"names": ["registry:5000/app:v1"]},
+                {"names": ["registry:5000/app:v2"]}
+            ]),
+        );
+        let d = set.apply_node(&pulled);
+        assert_eq!(d.changed, BTreeSet::from(["n1".to_string()]));
+        let after = set.get("n1").unwrap().facts.clone().unwrap();
+        assert!(after.same_placement(&before), "only the images changed");
+        assert_ne!(after.images, before.images);
+    }
+
     #[test]
     fn most_nodes_not_ready_at_once_is_a_disruption_one_is_not() {
         let mut set = ActivatorSet::default();

@@ -29,6 +29,10 @@ pub struct Args {
     /// Subset policy: random or least-loaded.
     #[arg(long, default_value = "random")]
     pub policy: String,
+    /// Least-loaded prefers activators whose node already holds the revision's images
+    /// (`Node.status.images`), within its balance bound; `--image-locality=false` turns it off.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub image_locality: bool,
     /// Run without leader election (tests, a single replica).
     #[arg(long)]
     pub no_leader_election: bool,
@@ -68,7 +72,7 @@ pub struct Args {
     #[arg(long)]
     pub endpoint_slices: bool,
     /// A ConfigMap in the subsetter's namespace whose keys (policy, maxNodeSelection,
-    /// writeQPS, writeBurst) override these flags while it exists; re-read when it changes.
+    /// writeQPS, writeBurst, imageLocality) override these flags while it exists; re-read when it changes.
     #[arg(long, env = "SETTINGS_CONFIG_MAP")]
     pub settings_config_map: Option<String>,
     /// `/metrics` and `/healthz`.
@@ -94,9 +98,20 @@ pub enum Command {
         /// baseline; at most 2,048 activators).
         #[arg(long, default_value = "least-loaded")]
         policy: String,
-        /// Seed of the random policy.
+        /// Seed of the random policy and of the nodes' images.
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Distinct images; revision i runs image i mod this. 500 at a share of 0.1 gives
+        /// each node about 50 images, a kubelet's nodeStatusMaxImages.
+        #[arg(long, default_value_t = 500)]
+        images: usize,
+        /// The share of nodes holding each image (drawn per node and image).
+        #[arg(long, default_value_t = 0.1)]
+        image_share: f64,
+        /// Least-loaded prefers nodes holding the revision's image (as `--image-locality`
+        /// of the controller).
+        #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+        image_locality: bool,
         /// Also write the figures as JSON here.
         #[arg(long)]
         json: Option<std::path::PathBuf>,

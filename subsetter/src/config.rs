@@ -35,6 +35,9 @@ pub struct Config {
     /// A ConfigMap (name, namespace) whose keys override the policy, maxNodeSelection and the
     /// write rate while it exists (`settings.rs`); re-read when it changes.
     pub settings_config_map: Option<(String, String)>,
+    /// Least-loaded prefers activators whose node already holds the revision's images, within
+    /// its balance bound (docs/subsetter.md, "Image locality"). On by default.
+    pub image_locality: bool,
 }
 
 impl Default for Config {
@@ -50,6 +53,7 @@ impl Default for Config {
             write_burst: 200,
             concurrency: DEFAULT_CONCURRENCY,
             settings_config_map: None,
+            image_locality: true,
             endpoint_slices: false,
             rebalance_interval: Duration::from_secs(60),
             rebalance: crate::rebalance::Limits {

@@ -48,6 +48,8 @@ pub struct Context {
 pub struct Tuned {
     pub policy: Arc<dyn SubsetPolicy>,
     pub max_node_selection: usize,
+    /// Least-loaded prefers nodes holding the revision's images (`Config::image_locality`).
+    pub image_locality: bool,
 }
 
 impl Context {
@@ -64,6 +66,7 @@ impl Context {
         let tuned = RwLock::new(Tuned {
             policy,
             max_node_selection: config.default_activators,
+            image_locality: config.image_locality,
         });
         Self {
             client,
@@ -93,6 +96,7 @@ impl Context {
             t.policy = Arc::from(p);
         }
         t.max_node_selection = s.max_node_selection;
+        t.image_locality = s.image_locality;
         self.writes.reconfigure(s.write_qps, s.write_burst);
     }
 

@@ -224,6 +224,7 @@ impl Subsetter {
                 max_node_selection: self.config.default_activators,
                 write_qps: self.config.write_qps,
                 write_burst: self.config.write_burst,
+                image_locality: self.config.image_locality,
             };
             let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &ns);
             tokio::spawn(watch_settings(api, name, base, Arc::clone(&ctx)))

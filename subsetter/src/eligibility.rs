@@ -41,9 +41,21 @@ pub struct NodeFacts {
     pub unschedulable: bool,
     pub labels: BTreeMap<String, String>,
     pub taints: Vec<Taint>,
+    /// The images the node holds (`status.images`), for image locality (`images.rs`); not a
+    /// matter of eligibility.
+    pub images: crate::images::ImageSet,
 }
 
 impl NodeFacts {
+    /// Whether `other` says the same about where pods may run (everything but the images):
+    /// a node that only pulled or dropped an image is no news to a short subset.
+    pub fn same_placement(&self, other: &NodeFacts) -> bool {
+        self.name == other.name
+            && self.unschedulable == other.unschedulable
+            && self.labels == other.labels
+            && self.taints == other.taints
+    }
+
     pub fn of(node: &Node) -> Self {
         let spec = node.spec.as_ref();
         Self {
@@ -61,6 +73,7 @@ impl NodeFacts {
                     effect: t.effect.clone(),
                 })
                 .collect(),
+            images: crate::images::ImageSet::of_node(node),
         }
     }
 }
@@ -259,6 +272,7 @@ mod tests {
                     effect: (*e).into(),
                 })
                 .collect(),
+            images: Default::default(),
         }
     }
 

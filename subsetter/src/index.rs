@@ -15,6 +15,14 @@ use hashbrown::hash_map::{EntryRef, RawEntryMut};
 use crate::activators::Activator;
 use crate::load_index::LoadIndex;
 
+/// The images `a`'s node holds (none without a Node object).
+fn images_of(a: &Activator) -> crate::images::ImageSet {
+    a.facts
+        .as_ref()
+        .map(|f| f.images.clone())
+        .unwrap_or_default()
+}
+
 /// A revision (and its ActivationEndpoints): namespace and name. The name the subsetter has
 /// always used for the one key type of `crds`.
 pub use crds::ObjectKey as Key;
@@ -178,9 +186,11 @@ impl MembershipIndex {
     /// rebuilt from them, O(A log A).
     pub fn set_available(&mut self, available: &BTreeMap<String, Activator>) {
         let by_node = &self.by_node;
-        let mut loads = LoadIndex::new(available.keys().map(String::as_str), |n| {
-            by_node.get(n).map(FastSet::len).unwrap_or(0)
-        });
+        let mut loads = LoadIndex::default();
+        for (n, a) in available {
+            let load = by_node.get(n.as_str()).map(FastSet::len).unwrap_or(0);
+            loads.insert_holding(n, load, &images_of(a));
+        }
         loads.clean = available
             .values()
             .filter(|a| {
@@ -206,9 +216,12 @@ impl MembershipIndex {
                 .is_none_or(|f| !f.unschedulable && f.taints.is_empty())
         };
         match (old, new) {
-            (None, Some(_)) => self.loads.insert(node, self.load(node)),
+            (None, Some(a)) => self
+                .loads
+                .insert_holding(node, self.load(node), &images_of(a)),
             (Some(_), None) => self.loads.remove(node),
-            _ => {}
+            (Some(_), Some(a)) => self.loads.set_images(node, &images_of(a)),
+            (None, None) => {}
         }
         if old.is_some_and(clean) {
             self.loads.clean = self.loads.clean.saturating_sub(1);

@@ -13,6 +13,7 @@ pub mod eligibility;
 pub mod endpoint_slice;
 pub mod error;
 pub mod hosts;
+pub mod images;
 pub mod index;
 pub mod load_index;
 mod locks;

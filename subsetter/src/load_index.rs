@@ -10,6 +10,16 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use crate::images::ImageSet;
+
+/// How many holders of an image [`LoadIndex::least_loaded_holding`] looks through one by one;
+/// an image on more nodes is found by walking the load classes instead (about
+/// nodes / holders steps).
+const SCAN_HOLDERS: usize = 256;
+/// Steps a walk of the load classes may take before it looks through the holders instead
+/// (when most holders are too loaded to be picked, the walk would pass every other node).
+const WALK_STEPS: usize = 1024;
+
 /// A position on the ring: FNV-1a 64 (stable across processes, unlike std's seeded hasher),
 /// then MurmurHash3's 64-bit finalizer, because names that differ only in their last
 /// characters (`r1`, `r2`…) would otherwise sit next to each other and all pick one node.
@@ -36,6 +46,8 @@ struct Slot {
     load: usize,
     hash: u64,
     name: Arc<str>,
+    /// The images the node holds (shared with its facts).
+    images: ImageSet,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -49,6 +61,8 @@ pub struct LoadIndex {
     pub clean: usize,
     /// The empty name: with a ring position, the least entry at that position.
     origin: Arc<str>,
+    /// Image fingerprint → the available nodes holding it (image locality).
+    holders: foldhash::HashMap<u64, foldhash::HashSet<Arc<str>>>,
 }
 
 impl LoadIndex {
@@ -86,6 +100,11 @@ impl LoadIndex {
 
     /// `node` became available, in `load` subsets. O(log A); a node already in is left as it is.
     pub fn insert(&mut self, node: &str, load: usize) {
+        self.insert_holding(node, load, &ImageSet::default());
+    }
+
+    /// [`Self::insert`] of a node holding `images`.
+    pub fn insert_holding(&mut self, node: &str, load: usize, images: &ImageSet) {
         if self.load.contains_key(node) {
             return;
         }
@@ -96,8 +115,65 @@ impl LoadIndex {
             .or_default()
             .insert((hash, Arc::clone(&name)));
         self.nodes.push(Arc::clone(&name));
+        self.link_images(&name, images);
+        self.load.insert(
+            Arc::clone(&name),
+            Slot {
+                load,
+                hash,
+                name,
+                images: images.clone(),
+            },
+        );
+    }
+
+    fn link_images(&mut self, name: &Arc<str>, images: &ImageSet) {
+        for f in images.fingerprints() {
+            self.holders.entry(*f).or_default().insert(Arc::clone(name));
+        }
+    }
+
+    fn unlink_images(&mut self, name: &str, images: &ImageSet) {
+        for f in images.fingerprints() {
+            if let Some(set) = self.holders.get_mut(f) {
+                set.remove(name);
+                if set.is_empty() {
+                    self.holders.remove(f);
+                }
+            }
+        }
+    }
+
+    /// `node` now holds `images` (an image pulled or removed). O(images); an unchanged set
+    /// costs a comparison.
+    pub fn set_images(&mut self, node: &str, images: &ImageSet) {
+        let Some(slot) = self.load.get(node) else {
+            return;
+        };
+        if slot.images == *images {
+            return;
+        }
+        let (name, old) = (Arc::clone(&slot.name), slot.images.clone());
+        self.unlink_images(node, &old);
+        self.link_images(&name, images);
+        if let Some(slot) = self.load.get_mut(node) {
+            slot.images = images.clone();
+        }
+    }
+
+    /// Whether `node` is available and holds every image of `wanted`.
+    pub fn holds(&self, node: &str, wanted: &[u64]) -> bool {
         self.load
-            .insert(Arc::clone(&name), Slot { load, hash, name });
+            .get(node)
+            .is_some_and(|s| s.images.holds_all(wanted))
+    }
+
+    /// Image fingerprints known and (node, fingerprint) pairs: the size of the locality index.
+    pub fn image_entries(&self) -> (usize, usize) {
+        (
+            self.holders.len(),
+            self.holders.values().map(|s| s.len()).sum(),
+        )
     }
 
     /// `node` is no longer available. O(log A) plus a scan of `nodes` for its position (a
@@ -106,6 +182,7 @@ impl LoadIndex {
         let Some(slot) = self.load.remove(node) else {
             return;
         };
+        self.unlink_images(node, &slot.images);
         let entry = (slot.hash, slot.name);
         if let Some(set) = self.by_load.get_mut(&slot.load) {
             set.remove(&entry);
@@ -159,6 +236,85 @@ impl LoadIndex {
             }
         }
         None
+    }
+}
+
+impl LoadIndex {
+    /// Image locality ([`crate::policy::LeastLoaded`]): the least-loaded node that `skip`
+    /// does not refuse, unless a node holding every image of `wanted` is at most
+    /// `slack(least load)` subsets busier — then the least-loaded such holder. Ties as in
+    /// [`Self::least_loaded`]. `wanted` empty: [`Self::least_loaded`].
+    pub fn least_loaded_holding(
+        &self,
+        revision_hash: u64,
+        skip: impl Fn(&str) -> bool,
+        wanted: &[u64],
+        slack: impl Fn(usize) -> usize,
+    ) -> Option<&str> {
+        let best = self.least_loaded(revision_hash, &skip)?;
+        if wanted.is_empty() || self.holds(best, wanted) {
+            return Some(best);
+        }
+        let least = self.load.get(best).map_or(0, |s| s.load);
+        let most = least + slack(least);
+        let Some(rarest) = wanted
+            .iter()
+            .map(|w| self.holders.get(w))
+            .min_by_key(|h| h.map_or(0, |h| h.len()))
+            .flatten()
+        else {
+            return Some(best);
+        };
+        let usable = |n: &str| !skip(n) && self.holds(n, wanted);
+        // Few holders: each is looked at. Many: the load classes are walked in the order
+        // `least_loaded` uses until a holder turns up, within a bound of steps.
+        let scan = || {
+            rarest
+                .iter()
+                .filter_map(|n| self.load.get(&**n))
+                .filter(|s| s.load <= most && usable(&s.name))
+                .min_by_key(|s| {
+                    (
+                        s.load,
+                        ring_distance(revision_hash, s.hash),
+                        Arc::clone(&s.name),
+                    )
+                })
+                .map(|s| &*s.name)
+        };
+        let found = if rarest.len() <= SCAN_HOLDERS {
+            scan()
+        } else {
+            match self.walk(revision_hash, most, &usable) {
+                Ok(found) => found,
+                Err(()) => scan(),
+            }
+        };
+        Some(found.unwrap_or(best))
+    }
+
+    /// The first node `usable` accepts, by load (up to `most`) then ring order; `Err` after
+    /// [`WALK_STEPS`] refusals.
+    fn walk(
+        &self,
+        revision_hash: u64,
+        most: usize,
+        usable: &dyn Fn(&str) -> bool,
+    ) -> Result<Option<&str>, ()> {
+        let start = (revision_hash, Arc::clone(&self.origin));
+        let mut steps = 0;
+        for (_, set) in self.by_load.range(..=most) {
+            for (_, n) in set.range(&start..).chain(set.range(..&start)) {
+                if usable(n) {
+                    return Ok(Some(n));
+                }
+                steps += 1;
+                if steps > WALK_STEPS {
+                    return Err(());
+                }
+            }
+        }
+        Ok(None)
     }
 }
 

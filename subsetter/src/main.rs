@@ -74,6 +74,9 @@ async fn main() -> anyhow::Result<()> {
         members,
         policy,
         seed,
+        images,
+        image_share,
+        image_locality,
         json,
     }) = args.command
     {
@@ -83,6 +86,9 @@ async fn main() -> anyhow::Result<()> {
             members,
             policy,
             seed,
+            images,
+            image_share,
+            image_locality,
         };
         return bench(opts, json);
     }
@@ -111,6 +117,7 @@ async fn main() -> anyhow::Result<()> {
         write_burst: args.write_burst,
         concurrency: args.concurrency,
         endpoint_slices: args.endpoint_slices,
+        image_locality: args.image_locality,
         rebalance_interval: std::time::Duration::from_secs(args.rebalance_interval_seconds),
         rebalance: subsetter::rebalance::Limits {
             threshold: args.rebalance_threshold,

@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 use foldhash::HashSet as FastSet;
 
 use crds::contract::{HOST_LABEL_PREFIX, MEMBER_LABEL_PREFIX, host_label, member_label};
-use crds::{ActivationEndpoints, ActivationEndpointsStatus, ActivatorMember, Revision};
+use crds::{
+    ActivationEndpoints, ActivationEndpointsStatus, ActivatorMember, ImageMembers, Revision,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Map, Value, json};
@@ -73,6 +75,9 @@ pub struct SubsetInputs<'a> {
     /// A member to move off (rebalancing): planned as if its activator were unavailable.
     pub evict: Option<&'a str>,
     pub policy: &'a dyn SubsetPolicy,
+    /// Prefer members whose node holds the revision's images (the policy's choice within its
+    /// balance bound; `policy::locality_slack`).
+    pub image_locality: bool,
     pub default_n: usize,
     /// The hosts of the revision that a newer revision takes (gives `HostConflict`).
     pub host_conflicts: &'a [Conflict],
@@ -93,6 +98,16 @@ pub fn subset(inp: &SubsetInputs<'_>) -> SubsetPlan {
     // whose node stopped being one (tainted, cordoned, relabelled) loses its slot.
     let placement = Placement::of_template(&inp.revision.spec.template.0);
     let evicted = |node: &str| inp.evict == Some(node);
+    // The images the pod pulls: the policy prefers nodes holding them when locality is on;
+    // the status counts the members that do either way.
+    let images = crate::images::wanted(&inp.revision.spec.template.0);
+    let locality: &[u64] = if inp.image_locality { &images } else { &[] };
+    let holds = |a: &Activator| {
+        !images.is_empty()
+            && a.facts
+                .as_ref()
+                .is_some_and(|f| f.images.holds_all(&images))
+    };
     let indexed = inp.loads.and_then(|loads| {
         let usable = |node: &str| {
             !evicted(node)
@@ -129,6 +144,7 @@ pub fn subset(inp: &SubsetInputs<'_>) -> SubsetPlan {
             eligible_count,
             current: &current_nodes,
             wanted: n,
+            images: locality,
         })
     });
     let chosen = indexed.unwrap_or_else(|| {
@@ -136,10 +152,11 @@ pub fn subset(inp: &SubsetInputs<'_>) -> SubsetPlan {
             .available
             .iter()
             .filter(|(node, a)| !evicted(node) && eligible(&placement, a))
-            .map(|(node, _)| Candidate {
+            .map(|(node, a)| Candidate {
                 node: node.clone(),
                 load: (inp.load)(node)
                     .saturating_sub(usize::from(current_set.contains(node.as_str()))),
+                holds: !locality.is_empty() && holds(a),
             })
             .collect();
         inp.policy.choose(&SubsetRequest {
@@ -199,8 +216,23 @@ pub fn subset(inp: &SubsetInputs<'_>) -> SubsetPlan {
     desired.extend(conditions::custom_scheduler(
         placement.custom_scheduler.as_deref(),
     ));
+    // Known only where a member's node has a Node object (its images).
+    let image_members = (!images.is_empty()).then(|| {
+        let (mut known, mut holding) = (false, 0);
+        for m in &activators {
+            if let Some(a) = activator_of(&m.node) {
+                known |= a.facts.is_some();
+                holding += i32::from(holds(a));
+            }
+        }
+        known.then(|| ImageMembers {
+            holding,
+            of: i32::try_from(activators.len()).unwrap_or(i32::MAX),
+        })
+    });
     let status = ActivationEndpointsStatus {
         conditions: conditions::merge(existing, &desired, generation, inp.now),
+        image_members: image_members.flatten(),
         activators,
         policy: Some(inp.policy.name().to_owned()),
         observed_generation: generation,
@@ -384,6 +416,7 @@ mod tests {
             loads: None,
             evict: None,
             policy: &LeastLoaded,
+            image_locality: true,
             default_n: 3,
             host_conflicts,
             now: Timestamp::from_second(now).unwrap(),
@@ -635,6 +668,7 @@ mod tests {
                                 effect: "NoSchedule".into(),
                             })
                             .collect(),
+                        images: Default::default(),
                     };
                     let a = Activator {
                         node: node.clone(),
@@ -702,6 +736,7 @@ mod tests {
                     loads: indexed.then(|| ix.loads()),
                     evict: None,
                     policy: policy.as_ref(),
+                    image_locality: true,
                     default_n: 3,
                     host_conflicts: &[],
                     now: Timestamp::from_second(1).unwrap(),

@@ -187,6 +187,7 @@ fn plan_and_reserve(
         loads: Some(index.loads()),
         evict: evict.as_deref(),
         policy: tuned.policy.as_ref(),
+        image_locality: tuned.image_locality,
         default_n: tuned.max_node_selection,
         host_conflicts: &host_conflicts,
         now,

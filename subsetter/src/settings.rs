@@ -17,10 +17,18 @@ pub struct Settings {
     pub write_qps: f64,
     /// `writeBurst`: writes that may go at once after a quiet spell.
     pub write_burst: u32,
+    /// `imageLocality`: least-loaded prefers nodes holding the revision's images.
+    pub image_locality: bool,
 }
 
 /// The ConfigMap keys, as `kubectl edit` shows them.
-pub const KEYS: [&str; 4] = ["policy", "maxNodeSelection", "writeQPS", "writeBurst"];
+pub const KEYS: [&str; 5] = [
+    "policy",
+    "maxNodeSelection",
+    "writeQPS",
+    "writeBurst",
+    "imageLocality",
+];
 
 /// `base` (the flags) with `data`'s keys applied, or every reason `data` is refused.
 pub fn parse(data: &BTreeMap<String, String>, base: &Settings) -> Result<Settings, Vec<String>> {
@@ -45,6 +53,11 @@ pub fn parse(data: &BTreeMap<String, String>, base: &Settings) -> Result<Setting
                 Ok(b) if b >= 1 => s.write_burst = b,
                 _ => errors.push(format!("writeBurst: {v:?} is not a whole number ≥ 1")),
             },
+            "imageLocality" => match v {
+                "true" => s.image_locality = true,
+                "false" => s.image_locality = false,
+                _ => errors.push(format!("imageLocality: {v:?} is not true or false")),
+            },
             other => errors.push(format!(
                 "unknown key {other:?} (known: {})",
                 KEYS.join(", ")
@@ -68,6 +81,7 @@ mod tests {
             max_node_selection: 3,
             write_qps: 100.0,
             write_burst: 200,
+            image_locality: true,
         }
     }
 
@@ -83,6 +97,7 @@ mod tests {
                 ("maxNodeSelection", " 5 "),
                 ("writeQPS", "20.5"),
                 ("writeBurst", "40"),
+                ("imageLocality", "false"),
             ]),
             &base(),
         )
@@ -94,6 +109,7 @@ mod tests {
                 max_node_selection: 5,
                 write_qps: 20.5,
                 write_burst: 40,
+                image_locality: false,
             }
         );
         assert_eq!(parse(&data(&[]), &base()).unwrap(), base());
@@ -107,13 +123,14 @@ mod tests {
                 ("maxNodeSelection", "0"),
                 ("writeQPS", "-1"),
                 ("writeBurst", "many"),
+                ("imageLocality", "yes"),
                 ("maxNodeSelections", "3"),
                 ("zz", "1"),
             ]),
             &base(),
         )
         .unwrap_err();
-        assert_eq!(e.len(), 6, "{e:?}");
+        assert_eq!(e.len(), 7, "{e:?}");
         assert!(
             e.iter()
                 .any(|m| m.contains("unknown key \"maxNodeSelections\""))

@@ -201,6 +201,7 @@ struct Status {
     policy: Option<Arc<str>>,
     observed_generation: Option<i64>,
     conditions: Box<[Cond]>,
+    image_members: Option<crds::ImageMembers>,
 }
 
 /// What the subsetter keeps of one ActivationEndpoints.
@@ -237,6 +238,7 @@ impl Compact {
                     observed_generation: c.observed_generation,
                 })
                 .collect(),
+            image_members: s.image_members,
         });
         Self {
             resource_version: ae.metadata.resource_version.as_deref().map(Box::from),
@@ -307,6 +309,7 @@ impl Compact {
                     observed_generation: c.observed_generation,
                 })
                 .collect(),
+            image_members: s.image_members,
         });
         ae
     }
@@ -503,6 +506,7 @@ mod tests {
                 last_transition_time: Time(Timestamp::from_second(100).unwrap()),
                 observed_generation: Some(3),
             }],
+            image_members: Some(crds::ImageMembers { holding: 1, of: 2 }),
         });
         ae
     }

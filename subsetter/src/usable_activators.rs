@@ -199,6 +199,17 @@ pub const LOSS_SETTLE: std::time::Duration = std::time::Duration::from_secs(3);
 /// repaired: the kubelets' status sync (10 s) clears the controller-manager's unready marks.
 pub const RECOVERY_SETTLE: std::time::Duration = std::time::Duration::from_secs(15);
 
+/// Whether two states of one node's activator differ in more than the node's images.
+fn same_placement(old: &Activator, new: &Activator) -> bool {
+    old.address == new.address
+        && old.pod == new.pod
+        && match (&old.facts, &new.facts) {
+            (Some(o), Some(n)) => o.same_placement(n),
+            (None, None) => true,
+            _ => false,
+        }
+}
+
 /// Applies `diff` (from `set`) to the published activators and the membership index, and
 /// triggers the revisions it concerns.
 fn publish(
@@ -241,8 +252,13 @@ fn publish(
             t.extend(ix.revisions_on(node));
         }
         // A new activator, or a node that changed (a taint lifted, a label added), may
-        // be what a short subset was waiting for.
-        if !diff.added.is_empty() || !diff.changed.is_empty() {
+        // be what a short subset was waiting for; a node that only pulled or dropped an
+        // image is not (its own subsets are planned above: their image count changed).
+        let placement_changed = changes.iter().any(|(_, old, new)| match (old, new) {
+            (Some(o), Some(n)) => !same_placement(o, n),
+            _ => false,
+        });
+        if !diff.added.is_empty() || placement_changed {
             t.extend(ix.short());
         }
         t

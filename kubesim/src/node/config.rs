@@ -5,7 +5,7 @@ use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Taint;
+use k8s_openapi::api::core::v1::{ContainerImage, Taint};
 
 use super::addresses::{MAX_NODES, MAX_PODS_PER_NODE, node_ip};
 use super::error::NodeError;
@@ -39,6 +39,10 @@ pub struct NodeConfig {
     /// Added to the standard labels (hostname, os, instance type).
     pub labels: BTreeMap<String, String>,
     pub taints: Vec<Taint>,
+    /// What the node reports in `status.images` (the images a real kubelet finds in its
+    /// runtime, up to nodeStatusMaxImages): the subsetter prefers members holding a
+    /// revision's image. Given, not pulled: a simulated pull adds nothing here.
+    pub images: Vec<ContainerImage>,
     pub delays: StartDelays,
     pub lease_duration: Duration,
     pub lease_renew_interval: Duration,
@@ -61,6 +65,7 @@ impl NodeConfig {
             memory: "64Gi".into(),
             labels: BTreeMap::new(),
             taints: Vec::new(),
+            images: Vec::new(),
             delays: StartDelays::default(),
             lease_duration: Duration::from_secs(40),
             lease_renew_interval: Duration::from_secs(10),
@@ -95,6 +100,20 @@ impl NodeConfig {
 
     pub fn with_taint(mut self, taint: Taint) -> Self {
         self.taints.push(taint);
+        self
+    }
+
+    /// The node holds an image known by `names` (e.g. `registry:5000/app@sha256:…` and
+    /// `registry:5000/app:v1`, as containerd reports them).
+    pub fn with_image<S: Into<String>>(
+        mut self,
+        names: impl IntoIterator<Item = S>,
+        size_bytes: i64,
+    ) -> Self {
+        self.images.push(ContainerImage {
+            names: Some(names.into_iter().map(Into::into).collect()),
+            size_bytes: Some(size_bytes),
+        });
         self
     }
 

@@ -147,6 +147,7 @@ pub fn node_status(
                 "kubelet is posting ready status",
             ),
         ]),
+        images: (!config.images.is_empty()).then(|| config.images.clone()),
         daemon_endpoints: Some(NodeDaemonEndpoints {
             kubelet_endpoint: Some(DaemonEndpoint { port: KUBELET_PORT }),
         }),
@@ -397,7 +398,8 @@ mod tests {
     fn node_and_status_shape() {
         let config = NodeConfig::numbered(3)
             .with_label("zone", "a")
-            .with_max_pods(50);
+            .with_max_pods(50)
+            .with_image(["registry:5000/app:v1"], 1000);
         let n = serde_json::to_value(node(&config)).unwrap();
         assert_eq!(
             n["metadata"]["labels"]["kubernetes.io/hostname"],
@@ -414,6 +416,16 @@ mod tests {
         let s = serde_json::to_value(node_status(&config, "boot", &t, &t)).unwrap();
         assert_eq!(s["capacity"]["pods"], "50");
         assert_eq!(s["allocatable"]["pods"], "50");
+        assert_eq!(
+            s["images"],
+            json!([{"names": ["registry:5000/app:v1"], "sizeBytes": 1000}])
+        );
+        let bare = NodeConfig::numbered(4);
+        let s = serde_json::to_value(node_status(&bare, "boot", &t, &t)).unwrap();
+        assert!(
+            s.get("images").is_none(),
+            "no images configured: none reported"
+        );
         assert_eq!(
             s["addresses"][0],
             json!({"type": "InternalIP", "address": "127.10.3.1"})

@@ -6,13 +6,18 @@
 //! (members changed) against the least possible.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 use crds::{ActivationEndpoints, Revision};
 use k8s_openapi::jiff::Timestamp;
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
 use serde::Serialize;
 
 use subsetter::activators::{Activator, Available};
+use subsetter::eligibility::NodeFacts;
+use subsetter::images::{self, ImageSet};
 use subsetter::index::{Key, MembershipIndex};
 use subsetter::plan::{self, SubsetInputs};
 use subsetter::policy::{self, SubsetPolicy};
@@ -28,6 +33,12 @@ pub struct BenchOptions {
     pub members: usize,
     pub policy: String,
     pub seed: u64,
+    /// Distinct images; revision `i` runs image `i % images`.
+    pub images: usize,
+    /// The share of nodes each image is on (each node's images drawn independently).
+    pub image_share: f64,
+    /// Least-loaded prefers nodes holding the revision's image.
+    pub image_locality: bool,
 }
 
 /// What it measured (the JSON `--json` writes).
@@ -55,28 +66,64 @@ pub struct BenchReport {
     pub min_churn_on_add: usize,
     /// Balance after the removal and the addition.
     pub max_over_mean_after: f64,
+    /// Image locality: whether it was on, the images and their spread, and the share of
+    /// members whose node holds their revision's image after assignment.
+    pub image_locality: bool,
+    pub images: usize,
+    pub image_share: f64,
+    pub members_holding_image: f64,
+    /// After the repair: the share among the members that replaced the lost activator.
+    pub replacements_holding_image: f64,
+    /// What the subsetter keeps of the nodes' images: the per-node fingerprint sets
+    /// (`images::ImageSet`, 8 bytes a name) and the load index's image → holders entries.
+    pub node_image_fingerprints: usize,
+    pub node_image_bytes: usize,
+    pub holder_entries: usize,
     /// The process's peak resident memory (VmHWM), when /proc tells it.
     pub peak_rss_mib: Option<f64>,
 }
 
-fn activator(i: usize) -> (String, Activator) {
+fn activator(i: usize, images: &ImageSet) -> (String, Activator) {
     let node = format!("node-{i:05}");
     let a = Activator {
         node: node.clone(),
         address: format!("10.{}.{}.{}:8080", i >> 16 & 255, i >> 8 & 255, i & 255),
         pod: format!("activator-{i:05}"),
-        facts: None,
+        facts: Some(Arc::new(NodeFacts {
+            name: node.clone(),
+            images: images.clone(),
+            ..NodeFacts::default()
+        })),
     };
     (node, a)
 }
 
-fn revision(members: usize) -> Result<Revision, String> {
+/// Image `i` by tag and by digest, as containerd names a pulled image.
+fn image_names(i: usize) -> [String; 2] {
+    [
+        format!("registry:5000/app-{i}:v1"),
+        format!("registry:5000/app-{i}@sha256:{i:064x}"),
+    ]
+}
+
+/// Each node's images: every image independently with probability `share`.
+fn node_images(opts: &BenchOptions, rng: &mut StdRng) -> ImageSet {
+    let names: Vec<String> = (0..opts.images)
+        .filter(|_| rng.random_bool(opts.image_share))
+        .flat_map(image_names)
+        .collect();
+    ImageSet::from_names(names.iter().map(String::as_str))
+}
+
+fn revision(members: usize, image: usize) -> Result<Revision, String> {
     serde_json::from_value(serde_json::json!({
         "apiVersion": "local-activator.dev/v1alpha1",
         "kind": "Revision",
         "metadata": {"name": "bench", "namespace": "bench", "generation": 1},
         "spec": {
-            "template": {"spec": {"containers": [{"name": "app", "image": "app"}]}},
+            "template": {"spec": {"containers": [
+                {"name": "app", "image": format!("registry:5000/app-{image}:v1")}
+            ]}},
             "activators": members,
         },
     }))
@@ -96,21 +143,25 @@ fn balance(ix: &MembershipIndex, available: &BTreeMap<String, Activator>) -> (f6
 /// The synthetic cluster and the subsetter's state over it.
 struct World {
     names: Vec<String>,
-    rev: Revision,
+    /// One Revision per image: revision `i` is planned from `revs[i % revs.len()]`.
+    revs: Vec<Revision>,
     /// The ActivationEndpoints as the controller keeps them (`store.rs`).
     store: AeStore,
     ix: MembershipIndex,
     available: Available,
     policy: Box<dyn SubsetPolicy>,
+    image_locality: bool,
     default_n: usize,
     now: Timestamp,
 }
 
 impl World {
     /// Plans `keys` again (in order), as the reconciler does, updating the index and the
-    /// current subsets; the members that joined, in all.
-    fn plan_all(&mut self, keys: &[usize]) -> usize {
+    /// current subsets; the members that joined, in all, and the members holding their
+    /// revision's image.
+    fn plan_all(&mut self, keys: &[usize]) -> (usize, usize) {
         let mut joined = 0;
+        let mut holding = 0;
         for &i in keys {
             let name = format!("rev-{i:06}");
             let key = Key::new("bench", name.clone());
@@ -118,18 +169,23 @@ impl World {
             let current = self.store.current(&key);
             let p = plan::subset(&SubsetInputs {
                 key: &self.names[i],
-                revision: &self.rev,
+                revision: &self.revs[i % self.revs.len()],
                 current: current.as_ref(),
                 available: &self.available,
                 load: &|n| self.ix.load(n),
                 loads: Some(self.ix.loads()),
                 evict: None,
                 policy: self.policy.as_ref(),
+                image_locality: self.image_locality,
                 default_n: self.default_n,
                 host_conflicts: &[],
                 now: self.now,
             });
             joined += p.joined;
+            holding += p
+                .status
+                .image_members
+                .map_or(0, |m| usize::try_from(m.holding).unwrap_or(0));
             let nodes = p.status.activators.iter().map(|m| &m.node);
             self.ix.set(&key, nodes, p.short);
             // What the watch then shows, and the store keeps.
@@ -139,7 +195,7 @@ impl World {
             ae.status = Some(p.status);
             self.store.apply(&ae);
         }
-        joined
+        (joined, holding)
     }
 
     /// The revisions of index keys `keys`, as numbers.
@@ -147,6 +203,16 @@ impl World {
         keys.into_iter()
             .filter_map(|k| k.name.strip_prefix("rev-")?.parse().ok())
             .collect()
+    }
+
+    /// The member nodes of revision `i`, as the store has them.
+    fn members(&self, i: usize) -> Vec<String> {
+        let key = Key::new("bench", format!("rev-{i:06}"));
+        self.store
+            .current(&key)
+            .and_then(|ae| ae.status)
+            .map(|s| s.activators.into_iter().map(|m| m.node).collect())
+            .unwrap_or_default()
     }
 
     /// The activator set changed: the controller rebuilds the load index.
@@ -174,8 +240,14 @@ fn peak_rss_mib() -> Option<f64> {
 }
 
 pub fn run(opts: &BenchOptions) -> Result<BenchReport, String> {
-    if opts.activators < 2 || opts.revisions == 0 || opts.members == 0 {
-        return Err("--activators must be at least 2, --revisions and --members at least 1".into());
+    if opts.activators < 2 || opts.revisions == 0 || opts.members == 0 || opts.images == 0 {
+        return Err(
+            "--activators must be at least 2, --revisions, --members and --images at least 1"
+                .into(),
+        );
+    }
+    if !(0.0..=1.0).contains(&opts.image_share) {
+        return Err("--image-share must be within 0-1".into());
     }
     let policy: Box<dyn SubsetPolicy> = match opts.policy.as_str() {
         "random" => Box::new(policy::Random::seeded(opts.seed)),
@@ -194,15 +266,24 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, String> {
     // Knative's subsets are recomputed from the whole activator set: any change may move
     // any revision's members, so every revision is planned again (and its churn counted).
     let stateless = opts.policy == knative_hash::NAME;
+    let mut rng = StdRng::seed_from_u64(opts.seed);
+    let sets: Vec<ImageSet> = (0..=opts.activators)
+        .map(|_| node_images(opts, &mut rng))
+        .collect();
     let mut w = World {
         names: (0..opts.revisions)
             .map(|i| format!("bench/rev-{i:06}"))
             .collect(),
-        rev: revision(opts.members)?,
+        revs: (0..opts.images.min(opts.revisions))
+            .map(|i| revision(opts.members, i))
+            .collect::<Result<_, _>>()?,
         store: AeStore::default(),
         ix: MembershipIndex::default(),
-        available: (0..opts.activators).map(activator).collect(),
+        available: (0..opts.activators)
+            .map(|i| activator(i, &sets[i]))
+            .collect(),
         policy,
+        image_locality: opts.image_locality,
         default_n: opts.members,
         now: Timestamp::now(),
     };
@@ -210,28 +291,43 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, String> {
     let all: Vec<usize> = (0..opts.revisions).collect();
 
     let t = Instant::now();
-    w.plan_all(&all);
+    let (_, holding) = w.plan_all(&all);
     let assign_ms = ms(t);
     let (max_over_mean, max_members, min_members) = balance(&w.ix, &w.available);
 
     // Lose the activator in the middle of the list: the controller rebuilds the load index
     // and plans the revisions that had it, nothing else.
-    let victim = activator(opts.activators / 2).0;
+    let victim = format!("node-{:05}", opts.activators / 2);
     let t = Instant::now();
     w.available.remove(&victim);
     w.set_available();
     let touched = World::numbers(w.ix.revisions_on(&victim));
-    let churn_on_remove = w.plan_all(if stateless { &all } else { &touched });
+    let before: Vec<Vec<String>> = touched.iter().map(|&i| w.members(i)).collect();
+    let (churn_on_remove, _) = w.plan_all(if stateless { &all } else { &touched });
+    // Of the members that replaced the lost one: how many hold their revision's image.
+    let mut replaced = (0usize, 0usize);
+    for (&i, old) in touched.iter().zip(&before) {
+        let wanted = images::wanted(&w.revs[i % w.revs.len()].spec.template.0);
+        for n in w.members(i).iter().filter(|n| !old.contains(n)) {
+            replaced.0 += 1;
+            let holds = w
+                .available
+                .get(n)
+                .and_then(|a| a.facts.as_ref())
+                .is_some_and(|f| f.images.holds_all(&wanted));
+            replaced.1 += usize::from(holds);
+        }
+    }
     let repair_ms = ms(t);
 
     // A new activator: only short subsets are planned again (none, with enough activators);
     // nothing moves to it until new revisions arrive.
-    let (node, a) = activator(opts.activators);
+    let (node, a) = activator(opts.activators, &sets[opts.activators]);
     let t = Instant::now();
     w.available.insert(node, a);
     w.set_available();
     let short = World::numbers(w.ix.short());
-    let churn_on_add = w.plan_all(if stateless { &all } else { &short });
+    let (churn_on_add, _) = w.plan_all(if stateless { &all } else { &short });
     let add_ms = ms(t);
     let (max_over_mean_after, _, _) = balance(&w.ix, &w.available);
 
@@ -254,6 +350,14 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, String> {
         churn_on_add,
         min_churn_on_add: 0,
         max_over_mean_after,
+        image_locality: opts.image_locality,
+        images: opts.images,
+        image_share: opts.image_share,
+        members_holding_image: holding as f64 / (opts.revisions * opts.members) as f64,
+        replacements_holding_image: replaced.1 as f64 / replaced.0.max(1) as f64,
+        node_image_fingerprints: sets.iter().map(|s| s.fingerprints().len()).sum(),
+        node_image_bytes: sets.iter().map(ImageSet::heap_bytes).sum(),
+        holder_entries: w.ix.loads().image_entries().1,
         peak_rss_mib: peak_rss_mib(),
     })
 }
@@ -269,18 +373,47 @@ mod tests {
             members: 3,
             policy: policy.into(),
             seed: 7,
+            images: 100,
+            image_share: 0.1,
+            image_locality: true,
         }
     }
 
     #[test]
     fn least_loaded_balances_and_repairs_with_the_least_churn() {
-        let r = run(&opts("least-loaded")).unwrap();
+        let r = run(&BenchOptions {
+            image_locality: false,
+            ..opts("least-loaded")
+        })
+        .unwrap();
         // 6,000 memberships over 50 activators: 120 each.
         assert_eq!((r.max_members, r.min_members), (120, 120));
         assert!((r.max_over_mean - 1.0).abs() < 1e-9);
         assert_eq!(r.revisions_touched_on_remove, 120);
         assert_eq!(r.churn_on_remove, r.min_churn_on_remove);
         assert_eq!(r.churn_on_add, 0);
+    }
+
+    #[test]
+    fn image_locality_keeps_balance_and_churn_and_holds_the_image_more_often() {
+        let off = run(&BenchOptions {
+            image_locality: false,
+            ..opts("least-loaded")
+        })
+        .unwrap();
+        let on = run(&opts("least-loaded")).unwrap();
+        assert!(on.max_over_mean <= 1.05, "{on:?}");
+        assert_eq!(on.churn_on_remove, on.min_churn_on_remove);
+        assert_eq!(on.churn_on_add, 0);
+        // Each image on a tenth of the nodes: about a tenth of the members hold it by chance.
+        assert!(off.members_holding_image < 0.2, "{off:?}");
+        assert!(
+            on.members_holding_image > 2.0 * off.members_holding_image,
+            "on {} off {}",
+            on.members_holding_image,
+            off.members_holding_image
+        );
+        assert!(on.node_image_fingerprints > 0 && on.holder_entries > 0);
     }
 
     #[test]

@@ -1,0 +1,384 @@
+//! Which container images a node holds, and which a revision needs, as the subsetter compares
+//! them (image locality, docs/subsetter.md "Image locality"). Pure.
+//!
+//! The kubelet reports a node's images in `Node.status.images[].names` (up to its
+//! `nodeStatusMaxImages`, 50 by default), each name as containerd keeps it: fully qualified
+//! (`docker.io/library/nginx:1.27`, `registry:5000/app@sha256:…`). A template names images the
+//! way people write them (`nginx`, `app:v1`). [`Reference::parse`] brings both to one form
+//! (the rules of `distribution/reference.ParseNormalizedNamed`): a first component that is not
+//! a host (no `.` or `:`, not `localhost`) means Docker Hub, `docker.io/library/` for a single
+//! component, and no tag and no digest means `:latest`.
+//!
+//! A node keeps only a sorted set of 64-bit fingerprints of the normalised names
+//! ([`ImageSet`]), not the names: 8 bytes a name, and a Node update whose images are the same
+//! compares equal without a string. A revision's image matches by digest when it names one
+//! (the digest is what the runtime pulls), else by `name:tag`.
+
+use k8s_openapi::api::core::v1::Node;
+use serde_json::Value;
+
+use crate::load_index::ring_hash;
+
+/// Docker Hub as containerd names it.
+pub const DOCKER_HUB: &str = "docker.io";
+
+/// An image reference in normalised form.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reference {
+    /// The registry host (with port), e.g. `docker.io`, `registry:5000`.
+    pub domain: String,
+    /// The repository path, e.g. `library/nginx`.
+    pub path: String,
+    /// The tag; `latest` when the reference had neither tag nor digest.
+    pub tag: Option<String>,
+    /// `algorithm:hex`, e.g. `sha256:…`.
+    pub digest: Option<String>,
+}
+
+impl Reference {
+    /// Parses and normalises `s`; None for what is not an image reference (a malformed name
+    /// matches nothing rather than something wrong).
+    pub fn parse(s: &str) -> Option<Self> {
+        if s.is_empty() || s.len() > 4096 || s.chars().any(|c| c.is_whitespace()) {
+            return None;
+        }
+        let (rest, digest) = match s.split_once('@') {
+            Some((r, d)) => (r, Some(parse_digest(d)?)),
+            None => (s, None),
+        };
+        // A `:` after the last `/` starts the tag; one before it is a registry's port.
+        let last_slash = rest.rfind('/').map_or(0, |i| i + 1);
+        let (name, tag) = match rest[last_slash..].rfind(':') {
+            Some(i) => {
+                let at = last_slash + i;
+                (&rest[..at], Some(valid_tag(&rest[at + 1..])?.to_owned()))
+            }
+            None => (rest, None),
+        };
+        let (domain, path) = match name.split_once('/') {
+            Some((first, remainder))
+                if first.contains(['.', ':']) || first == "localhost" || has_upper(first) =>
+            {
+                (first, remainder.to_owned())
+            }
+            _ => (DOCKER_HUB, name.to_owned()),
+        };
+        let domain = if domain == "index.docker.io" {
+            DOCKER_HUB
+        } else {
+            domain
+        };
+        if !valid_domain(domain) || !valid_path(&path) {
+            return None;
+        }
+        let path = if domain == DOCKER_HUB && !path.contains('/') {
+            format!("library/{path}")
+        } else {
+            path
+        };
+        let tag = match (tag, &digest) {
+            (None, None) => Some("latest".to_owned()),
+            (t, _) => t,
+        };
+        Some(Self {
+            domain: domain.to_owned(),
+            path,
+            tag,
+            digest,
+        })
+    }
+
+    /// `domain/path@digest`, when there is a digest.
+    pub fn by_digest(&self) -> Option<String> {
+        let d = self.digest.as_ref()?;
+        Some(format!("{}/{}@{d}", self.domain, self.path))
+    }
+
+    /// `domain/path:tag`, when there is a tag.
+    pub fn by_tag(&self) -> Option<String> {
+        let t = self.tag.as_ref()?;
+        Some(format!("{}/{}:{t}", self.domain, self.path))
+    }
+
+    /// What a revision's image is matched by: its digest when it names one, else its tag.
+    pub fn match_key(&self) -> Option<String> {
+        self.by_digest().or_else(|| self.by_tag())
+    }
+}
+
+fn has_upper(s: &str) -> bool {
+    s.chars().any(|c| c.is_ascii_uppercase())
+}
+
+/// `algorithm:encoded`: the algorithm in lower-case letters and digits (with `+._-`
+/// separators), the encoding hex of at least 32 digits.
+fn parse_digest(d: &str) -> Option<String> {
+    let (alg, hex) = d.split_once(':')?;
+    let alg_ok = !alg.is_empty()
+        && alg
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "+._-".contains(c));
+    let hex_ok = hex.len() >= 32 && hex.chars().all(|c| c.is_ascii_hexdigit());
+    (alg_ok && hex_ok).then(|| format!("{alg}:{}", hex.to_ascii_lowercase()))
+}
+
+fn valid_tag(t: &str) -> Option<&str> {
+    let ok = !t.is_empty()
+        && t.len() <= 128
+        && t.chars().enumerate().all(|(i, c)| {
+            c.is_ascii_alphanumeric() || c == '_' || (i > 0 && (c == '.' || c == '-'))
+        });
+    ok.then_some(t)
+}
+
+/// A host (letters, digits, `-`, `.`; or a bracketed IPv6 address) with an optional numeric
+/// port.
+fn valid_domain(d: &str) -> bool {
+    let (host, port) = match d.rsplit_once(':') {
+        Some((h, p)) if !h.ends_with(':') => (h, Some(p)),
+        _ => (d, None),
+    };
+    let host_ok = if let Some(v6) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        !v6.is_empty() && v6.chars().all(|c| c.is_ascii_hexdigit() || c == ':')
+    } else {
+        !host.is_empty()
+            && host.split('.').all(|l| {
+                !l.is_empty()
+                    && !l.starts_with('-')
+                    && !l.ends_with('-')
+                    && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+            })
+    };
+    host_ok
+        && port
+            .is_none_or(|p| !p.is_empty() && p.len() <= 5 && p.chars().all(|c| c.is_ascii_digit()))
+}
+
+/// Path components of lower-case letters, digits and the separators `.`, `_`, `__`, `-`.
+fn valid_path(p: &str) -> bool {
+    !p.is_empty()
+        && p.split('/').all(|c| {
+            !c.is_empty()
+                && c.starts_with(|x: char| x.is_ascii_lowercase() || x.is_ascii_digit())
+                && c.ends_with(|x: char| x.is_ascii_lowercase() || x.is_ascii_digit())
+                && c.chars()
+                    .all(|x| x.is_ascii_lowercase() || x.is_ascii_digit() || "._-".contains(x))
+        })
+}
+
+/// A name's 64-bit fingerprint: stable across processes (FNV-1a with a finalizer).
+pub fn fingerprint(key: &str) -> u64 {
+    ring_hash(key)
+}
+
+/// The images a node holds: the fingerprints of every normalised name it reports (by digest
+/// and by tag), sorted. A node reporting no images has the empty set.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ImageSet(std::sync::Arc<[u64]>);
+
+impl ImageSet {
+    /// From the names a node reports (each may be a tag or a digest reference).
+    pub fn from_names<'a>(names: impl IntoIterator<Item = &'a str>) -> Self {
+        let mut v: Vec<u64> = names
+            .into_iter()
+            .filter_map(Reference::parse)
+            .flat_map(|r| [r.by_digest(), r.by_tag()])
+            .flatten()
+            .map(|k| fingerprint(&k))
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        Self(v.into())
+    }
+
+    /// From fingerprints already computed (synthetic clusters: the bench, tests).
+    pub fn from_fingerprints(mut v: Vec<u64>) -> Self {
+        v.sort_unstable();
+        v.dedup();
+        Self(v.into())
+    }
+
+    /// `node.status.images[].names`.
+    pub fn of_node(node: &Node) -> Self {
+        let images = node.status.as_ref().and_then(|s| s.images.as_ref());
+        Self::from_names(
+            images
+                .into_iter()
+                .flatten()
+                .flat_map(|i| i.names.iter().flatten())
+                .map(String::as_str),
+        )
+    }
+
+    /// Whether every one of `wanted` (fingerprints of match keys) is here.
+    pub fn holds_all(&self, wanted: &[u64]) -> bool {
+        wanted.iter().all(|w| self.0.binary_search(w).is_ok())
+    }
+
+    pub fn fingerprints(&self) -> &[u64] {
+        &self.0
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Bytes this set holds on the heap (shared by its clones: the node's facts and its
+    /// entry in the load index hold one allocation).
+    pub fn heap_bytes(&self) -> usize {
+        self.0.len() * std::mem::size_of::<u64>()
+    }
+}
+
+/// The images a revision's pod pulls (every container and init container), as fingerprints of
+/// their match keys, sorted. An image that cannot be parsed is left out: such a pod cannot
+/// start anywhere, and no node is better for it.
+pub fn wanted(template: &Value) -> Vec<u64> {
+    let spec = &template["spec"];
+    let mut v: Vec<u64> = ["initContainers", "containers"]
+        .iter()
+        .filter_map(|k| spec[k].as_array())
+        .flatten()
+        .filter_map(|c| c["image"].as_str())
+        .filter_map(Reference::parse)
+        .filter_map(|r| r.match_key())
+        .map(|k| fingerprint(&k))
+        .collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const D: &str = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+    fn key(s: &str) -> Option<String> {
+        Reference::parse(s)?.match_key()
+    }
+
+    #[test]
+    fn short_names_are_docker_hub_library_at_latest() {
+        assert_eq!(
+            key("nginx").as_deref(),
+            Some("docker.io/library/nginx:latest")
+        );
+        assert_eq!(
+            key("nginx:1.27").as_deref(),
+            Some("docker.io/library/nginx:1.27")
+        );
+        assert_eq!(
+            key("bitnami/redis").as_deref(),
+            Some("docker.io/bitnami/redis:latest")
+        );
+        assert_eq!(
+            key("index.docker.io/library/nginx:1").as_deref(),
+            Some("docker.io/library/nginx:1")
+        );
+        assert_eq!(
+            key("docker.io/library/nginx:1"),
+            key("nginx:1"),
+            "what containerd reports is what the template means"
+        );
+    }
+
+    #[test]
+    fn registries_ports_and_localhost_are_domains() {
+        let r = Reference::parse("registry:5000/app:v1").unwrap();
+        assert_eq!(
+            (r.domain.as_str(), r.path.as_str()),
+            ("registry:5000", "app")
+        );
+        assert_eq!(r.tag.as_deref(), Some("v1"));
+        // A port, not a tag: the default tag applies.
+        assert_eq!(
+            key("registry:5000/app").as_deref(),
+            Some("registry:5000/app:latest")
+        );
+        assert_eq!(
+            key("localhost/app").as_deref(),
+            Some("localhost/app:latest")
+        );
+        assert_eq!(
+            key("ghcr.io/org/team/app:2").as_deref(),
+            Some("ghcr.io/org/team/app:2")
+        );
+    }
+
+    #[test]
+    fn a_digest_is_what_matches_when_there_is_one() {
+        let with_tag = format!("registry:5000/app:v1@{D}");
+        assert_eq!(key(&with_tag), Some(format!("registry:5000/app@{D}")));
+        let r =
+            Reference::parse(&format!("app@{}", D.to_uppercase().replace("SHA", "sha"))).unwrap();
+        assert_eq!(r.tag, None, "a digest alone gets no default tag");
+        assert_eq!(
+            r.digest.as_deref(),
+            Some(D),
+            "hex is compared in lower case"
+        );
+    }
+
+    #[test]
+    fn malformed_references_are_refused() {
+        for bad in [
+            "",
+            "app name",
+            "App",
+            "app:",
+            "app:-x",
+            "/app",
+            "app//x",
+            "app@sha256:abc",
+            "app@:0123456789abcdef0123456789abcdef",
+            "registry:5000/",
+            "app:v1:v2/x",
+        ] {
+            assert_eq!(Reference::parse(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_node_holds_what_it_reports_by_tag_and_by_digest() {
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": "n1"},
+            "status": {"images": [
+                {"names": [format!("registry:5000/app@{D}"), "registry:5000/app:v1"],
+                 "sizeBytes": 1000},
+                {"names": ["docker.io/library/nginx:1.27"]},
+                {"names": ["not an image"]},
+                {}
+            ]}
+        }))
+        .unwrap();
+        let set = ImageSet::of_node(&node);
+        let want = |image: &str| wanted(&json!({"spec": {"containers": [{"image": image}]}}));
+        assert!(set.holds_all(&want("registry:5000/app:v1")));
+        assert!(set.holds_all(&want(&format!("registry:5000/app@{D}"))));
+        assert!(set.holds_all(&want(&format!("registry:5000/app:v2@{D}"))));
+        assert!(set.holds_all(&want("nginx:1.27")));
+        assert!(!set.holds_all(&want("nginx")), "latest is not 1.27");
+        assert!(!set.holds_all(&want("registry:5000/app:v2")));
+        assert_eq!(set.fingerprints().len(), 3);
+        // Both containers' images are needed.
+        let two = wanted(&json!({"spec": {
+            "initContainers": [{"image": "nginx:1.27"}],
+            "containers": [{"image": "registry:5000/app:v1"}, {"name": "no image"}]
+        }}));
+        assert_eq!(two.len(), 2);
+        assert!(set.holds_all(&two));
+        assert!(ImageSet::default().holds_all(&[]));
+        assert!(!ImageSet::default().holds_all(&two));
+    }
+
+    #[test]
+    fn the_same_names_in_another_order_are_the_same_set() {
+        let a = ImageSet::from_names(["nginx:1", "redis", "docker.io/library/nginx:1"]);
+        let b = ImageSet::from_names(["docker.io/library/redis:latest", "nginx:1"]);
+        assert_eq!(a, b);
+        assert_eq!(a.heap_bytes(), 16);
+    }
+}
