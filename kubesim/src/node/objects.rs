@@ -421,9 +421,9 @@ mod tests {
             json!([{"names": ["registry:5000/app:v1"], "sizeBytes": 1000}])
         );
         let bare = NodeConfig::numbered(4);
-        let s = serde_json::to_value(node_status(&bare, "boot", &t, &t)).unwrap();
+        let bare_status = serde_json::to_value(node_status(&bare, "boot", &t, &t)).unwrap();
         assert!(
-            s.get("images").is_none(),
+            bare_status.get("images").is_none(),
             "no images configured: none reported"
         );
         assert_eq!(
