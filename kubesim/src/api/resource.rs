@@ -225,8 +225,10 @@ pub(crate) fn builtins() -> Vec<ResourceDef> {
         status: false,
         generation: false,
     });
-    // Read by the activator's pre-pull (--prepull-secrets): a revision's image pull secrets
-    // and its service account's.
+    // Read by the activator's pre-pull (--prepull-secrets): a revision's image pull secrets.
+    // ServiceAccounts are not served: loadtest waits for a namespace's `default` one where
+    // they are (a real cluster's controller creates it), and kubesim has no such controller;
+    // the pre-pull skips a service account it cannot find, as the kubelet does.
     let secret = builtin(B {
         group: "",
         version: "v1",
@@ -234,17 +236,6 @@ pub(crate) fn builtins() -> Vec<ResourceDef> {
         singular: "secret",
         kind: "Secret",
         short: &[],
-        namespaced: true,
-        status: false,
-        generation: false,
-    });
-    let sa = builtin(B {
-        group: "",
-        version: "v1",
-        plural: "serviceaccounts",
-        singular: "serviceaccount",
-        kind: "ServiceAccount",
-        short: &["sa"],
         namespaced: true,
         status: false,
         generation: false,
@@ -287,7 +278,7 @@ pub(crate) fn builtins() -> Vec<ResourceDef> {
     crd.categories = vec!["api-extensions".into()];
     crd.unconditional_update = false;
     vec![
-        ns, node, pod, ev, ev2, cm, secret, sa, lease, endpoints, eps, crd,
+        ns, node, pod, ev, ev2, cm, secret, lease, endpoints, eps, crd,
     ]
 }
 
