@@ -51,8 +51,9 @@ pub struct PullReport {
     pub kubelet_pull_ms: Vec<(String, Percentiles)>,
     /// Cold starts of "pulled ahead" whose kubelet found the image present (of all of them).
     pub ahead_found_present: usize,
-    /// From the subset written to the member's Node reporting the image (outside the measured
-    /// time: the pre-pull's own length, as the kubelet's status shows it, up to ~40 s late).
+    /// From the subset written to the member's node holding the image (outside the measured
+    /// time: the pre-pull's own length; through `status.images` without `--has-cmd`, late by
+    /// up to minutes).
     pub ahead_ready_ms: Percentiles,
     /// The activator's phases (p50, ms from the request's arrival) on the two activator paths
     /// that differ: pod usable, first byte.
@@ -87,7 +88,7 @@ impl PullReport {
         }
         s += &format!(
             "pulled ahead: the kubelet found the image present in {} of {} cold starts; image \
-             reported on the member's node p50 {:.0} ms after the subset\n",
+             on the member's node p50 {:.0} ms after the subset\n",
             self.ahead_found_present, self.runs, self.ahead_ready_ms.p50
         );
         for (path, usable, first) in &self.phases {
@@ -111,11 +112,15 @@ impl PullReport {
     }
 }
 
-/// Runs the rounds in namespace `ns` over the Ready `nodes`.
+/// Runs the rounds in namespace `ns` over the Ready `nodes`. With `has_cmd` (exit status 0
+/// when `{node}` holds `{image}`), "pulled ahead" waits for the member's node to hold the
+/// image by asking it; without, for the Node's `status.images`, which the kubelet refreshes
+/// from a list it re-reads every 30 s and was seen to lag by minutes.
 pub async fn measure(
     client: &Client,
     opts: &Options,
     evict_cmd: &str,
+    has_cmd: Option<&str>,
     ns: &str,
     nodes: &[String],
 ) -> Result<PullReport, Error> {
@@ -157,19 +162,25 @@ pub async fn measure(
         let name = format!("dep-{r}");
         dep.push(deployment(client, ns, &name, &opts, &driver).await);
         collect_pulls(client, ns, &format!("d-{name}"), &mut pulls[1].1).await;
-        // pulled ahead: the member pulls before the request. Every node's status first says
-        // the image is gone, so that the member's reporting it means it pulled it again.
+        // pulled ahead: the member pulls before the request. Without `has_cmd`, every node's
+        // status first says the image is gone, so that the member's reporting it means it
+        // pulled it again.
         evict(client, ns, evict_cmd, nodes, &opts).await?;
-        for node in nodes {
-            node_reports_image(client, node, &opts.image, false, opts.limit)
-                .await
-                .map_err(Error::Options)?;
+        if has_cmd.is_none() {
+            for node in nodes {
+                node_reports_image(client, node, &opts.image, false, opts.limit)
+                    .await
+                    .map_err(Error::Options)?;
+            }
         }
         let name = format!("ahead-{r}");
         let outcome = async {
             let m = revision_annotated(client, ns, &name, &opts, json!({})).await?;
             let t = Instant::now();
-            node_reports_image(client, &m.0, &opts.image, true, opts.limit).await?;
+            match has_cmd {
+                Some(cmd) => node_holds(cmd, &m.0, &opts.image, opts.limit).await?,
+                None => node_reports_image(client, &m.0, &opts.image, true, opts.limit).await?,
+            }
             ahead_ready.push(t.elapsed());
             jitter().await;
             let s = driver.get_named((&m.0, m.1), ns, &name, &opts.path).await;
@@ -349,6 +360,19 @@ async fn run_per_node(cmd: &str, nodes: &[String], image: &str) -> Result<(), Er
         }
     }
     Ok(())
+}
+
+/// Awaits `cmd` saying `node` holds `image` (asked every 100 ms).
+async fn node_holds(cmd: &str, node: &str, image: &str, limit: Duration) -> Result<(), String> {
+    let nodes = [node.to_string()];
+    let held = async {
+        while run_per_node(cmd, &nodes, image).await.is_err() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::time::timeout(limit, held)
+        .await
+        .map_err(|_| format!("{node} did not hold {image} within {limit:?}"))
 }
 
 /// Awaits `image` among `node`'s `status.images` (`present`), or not among them (the kubelet
@@ -613,12 +637,7 @@ pub async fn warm_during_pulls(
     }
     let all_there = async {
         for image in &load.images {
-            while run_per_node(load.has_cmd, std::slice::from_ref(&m.0), image)
-                .await
-                .is_err()
-            {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
+            let _ = node_holds(load.has_cmd, &m.0, image, opts.limit).await;
         }
     };
     let pulled = tokio::time::timeout(opts.limit, all_there).await;

@@ -177,10 +177,11 @@ pub async fn run_image_pull(
     client: &Client,
     opts: &Options,
     evict_cmd: &str,
+    has_cmd: Option<&str>,
 ) -> Result<crate::image_pull::PullReport, Error> {
     let nodes = ready_nodes(client).await?;
     in_namespace(client, async |ns| {
-        crate::image_pull::measure(client, opts, evict_cmd, ns, &nodes).await
+        crate::image_pull::measure(client, opts, evict_cmd, has_cmd, ns, &nodes).await
     })
     .await
 }

@@ -145,7 +145,8 @@ enum Cmd {
         #[arg(long, default_value_t = 10)]
         pull_load_count: usize,
         /// Exit status 0 when {node} holds {image}, e.g. 'hack/cluster/node image-has {node}
-        /// {image}'.
+        /// {image}': how the image-pull mode sees a pre-pull end (without it: the Node's
+        /// status.images, which can lag by minutes).
         #[arg(long)]
         has_cmd: Option<String>,
         /// Concurrent warm clients during the pull load.
@@ -327,7 +328,9 @@ async fn main() -> anyhow::Result<()> {
             };
             if image_pull {
                 let evict = evict_cmd.as_deref().unwrap_or_default();
-                let report = loadtest::installed::run_image_pull(&client, &opts, evict).await?;
+                let report =
+                    loadtest::installed::run_image_pull(&client, &opts, evict, has_cmd.as_deref())
+                        .await?;
                 print!("{}", report.table());
                 if let Some(p) = json {
                     std::fs::write(&p, serde_json::to_string_pretty(&report)?)?;
