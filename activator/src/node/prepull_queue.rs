@@ -150,7 +150,16 @@ impl<R: Clone + Eq + Hash> PullQueue<R> {
             let Some(entry) = self.entries.get_mut(image) else {
                 continue;
             };
-            entry.revisions.insert(rev.clone());
+            let joined = entry.revisions.insert(rev.clone());
+            if joined && entry.state == State::Done {
+                // Done was true when it was checked: the kubelet's image garbage collection
+                // (or anyone with the runtime) may have removed the image since, and this
+                // revision's first request is still to come. A re-check is one ImageStatus
+                // (the job asks before it pulls); the pull follows only if it is gone.
+                entry.state = State::Ready { seq, retry: false };
+                self.next_seq += 1;
+                self.ready.insert((false, seq, image.clone()));
+            }
             if entry.auth != *auth {
                 // New credentials: the next pull uses them, and a final failure (most often
                 // unauthorized) is worth another try.
@@ -335,8 +344,14 @@ mod tests {
         assert!(q.next(t).is_none());
         let revs = q.finished(&img("r.io/shared:v1"), &Outcome::Pulled, t, 0.0);
         assert_eq!(revs.len(), 1001);
-        // Done: a new revision naming it pulls nothing.
+        // Done: the revisions already counted ask nothing more...
+        q.set_revision(1, vec![(img("r.io/shared:v1"), None)]);
+        assert!(q.next(t).is_none());
+        // ...a new one has it checked again (the image may have been collected since): one
+        // job, whatever the number of revisions joining before it runs.
         q.set_revision(2000, vec![(img("r.io/shared:v1"), None)]);
+        q.set_revision(2001, vec![(img("r.io/shared:v1"), None)]);
+        assert_eq!(drain(&mut q, t), ["r.io/shared:v1"]);
         assert!(q.next(t).is_none());
     }
 
