@@ -168,6 +168,11 @@ impl LoadIndex {
             .is_some_and(|s| s.images.holds_all(wanted))
     }
 
+    /// Whether any available node reports an image.
+    pub fn has_images(&self) -> bool {
+        !self.holders.is_empty()
+    }
+
     /// Image fingerprints known and (node, fingerprint) pairs: the size of the locality index.
     pub fn image_entries(&self) -> (usize, usize) {
         (
@@ -265,9 +270,17 @@ impl LoadIndex {
         else {
             return Some(best);
         };
-        let usable = |n: &str| !skip(n) && self.holds(n, wanted);
+        // A node's images are looked at before `skip` is asked: most nodes walked past do not
+        // hold the image, and `skip` is the caller's eligibility check (a lookup in its tree
+        // of activators, a dozen string compares), which made the walk most of the
+        // assignment time when it came first.
+        let usable = |n: &str| {
+            rarest.contains(n) && (wanted.len() == 1 || self.holds(n, wanted)) && !skip(n)
+        };
         // Few holders: each is looked at. Many: the load classes are walked in the order
-        // `least_loaded` uses until a holder turns up, within a bound of steps.
+        // `least_loaded` uses until a holder turns up. Holders spread evenly turn up about
+        // every nodes / holders steps; a walk longer than the holders are many costs more than
+        // looking through them, so it stops there (holders all too busy, or bunched).
         let scan = || {
             rarest
                 .iter()
@@ -285,7 +298,7 @@ impl LoadIndex {
         let found = if rarest.len() <= SCAN_HOLDERS {
             scan()
         } else {
-            match self.walk(revision_hash, most, &usable) {
+            match self.walk(revision_hash, most, rarest.len(), &usable) {
                 Ok(found) => found,
                 Err(()) => scan(),
             }
@@ -294,11 +307,12 @@ impl LoadIndex {
     }
 
     /// The first node `usable` accepts, by load (up to `most`) then ring order; `Err` after
-    /// [`WALK_STEPS`] refusals.
+    /// `bound` refusals (at most [`WALK_STEPS`]).
     fn walk(
         &self,
         revision_hash: u64,
         most: usize,
+        bound: usize,
         usable: &dyn Fn(&str) -> bool,
     ) -> Result<Option<&str>, ()> {
         let start = (revision_hash, Arc::clone(&self.origin));
@@ -309,7 +323,7 @@ impl LoadIndex {
                     return Ok(Some(n));
                 }
                 steps += 1;
-                if steps > WALK_STEPS {
+                if steps > bound.min(WALK_STEPS) {
                     return Err(());
                 }
             }
