@@ -261,8 +261,11 @@ const WANTED_CACHE_ENTRIES: usize = 1 << 18;
 /// 64 bits among 2^18 is a chance of about 2^-28, and would cost one revision its preference.
 #[derive(Debug, Default)]
 pub struct WantedCache {
-    by_uid: std::sync::Mutex<foldhash::HashMap<u64, (Option<i64>, std::sync::Arc<[u64]>)>>,
+    by_uid: std::sync::Mutex<foldhash::HashMap<u64, Generation>>,
 }
+
+/// A cached revision: the generation parsed and its images.
+type Generation = (Option<i64>, std::sync::Arc<[u64]>);
 
 impl WantedCache {
     /// The images `template` pulls, for the revision `uid` at `generation`: parsed on the first
