@@ -41,6 +41,9 @@ pub struct Context {
     /// The EndpointSlice last applied per revision (`Config::endpoint_slices`), to apply
     /// only what changed.
     slices: Mutex<HashMap<Key, Vec<ActivatorMember>>>,
+    /// Each revision's images by uid and generation (image locality), parsed once a
+    /// generation rather than on every plan.
+    pub(crate) wanted_images: crate::images::WantedCache,
 }
 
 /// What the settings ConfigMap can change while running.
@@ -78,6 +81,7 @@ impl Context {
             failures: Mutex::default(),
             evictions: Mutex::default(),
             slices: Mutex::default(),
+            wanted_images: Default::default(),
         }
     }
 

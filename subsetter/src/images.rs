@@ -249,6 +249,68 @@ pub fn wanted(template: &Value) -> Vec<u64> {
     v
 }
 
+/// Entries [`WantedCache`] keeps before it starts over: a revision deleted leaves its entry
+/// behind, and clearing now and then (each live revision then parses once more) bounds that
+/// without a hook on deletes. 2^18 entries are about 16 MB at most.
+const WANTED_CACHE_ENTRIES: usize = 1 << 18;
+
+/// [`wanted`] of each revision, by uid and generation. A plan runs on every reconcile (a
+/// membership change, a node's update, a rebalance) but a template changes only with the
+/// revision's generation: parsing it each time was a sixth of the assignment time with image
+/// locality off (docs/benchmarks.md). Keyed by the uid's fingerprint: two uids colliding in
+/// 64 bits among 2^18 is a chance of about 2^-28, and would cost one revision its preference.
+#[derive(Debug, Default)]
+pub struct WantedCache {
+    by_uid: std::sync::Mutex<foldhash::HashMap<u64, Generation>>,
+}
+
+/// A cached revision: the generation parsed and its images.
+type Generation = (Option<i64>, std::sync::Arc<[u64]>);
+
+impl WantedCache {
+    /// The images `template` pulls, for the revision `uid` at `generation`: parsed on the first
+    /// call for that generation, shared after. Without a uid (an object built in a test) it
+    /// parses every time.
+    pub fn get(
+        &self,
+        uid: Option<&str>,
+        generation: Option<i64>,
+        template: &Value,
+    ) -> std::sync::Arc<[u64]> {
+        let Some(uid) = uid else {
+            return wanted(template).into();
+        };
+        let key = fingerprint(uid);
+        let mut map = self
+            .by_uid
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((g, w)) = map.get(&key)
+            && *g == generation
+        {
+            return std::sync::Arc::clone(w);
+        }
+        if map.len() >= WANTED_CACHE_ENTRIES {
+            map.clear();
+        }
+        let w: std::sync::Arc<[u64]> = wanted(template).into();
+        map.insert(key, (generation, std::sync::Arc::clone(&w)));
+        w
+    }
+
+    /// Revisions cached.
+    pub fn len(&self) -> usize {
+        self.by_uid
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -380,5 +442,30 @@ mod tests {
         let b = ImageSet::from_names(["docker.io/library/redis:latest", "nginx:1"]);
         assert_eq!(a, b);
         assert_eq!(a.heap_bytes(), 16);
+    }
+
+    #[test]
+    fn the_cache_parses_a_generation_once_and_a_new_one_again() {
+        let cache = WantedCache::default();
+        let t1 = json!({"spec": {"containers": [{"image": "nginx:1"}]}});
+        let t2 = json!({"spec": {"containers": [{"image": "nginx:2"}]}});
+        let first = cache.get(Some("u1"), Some(1), &t1);
+        assert_eq!(&*first, wanted(&t1).as_slice());
+        // Same generation: what was parsed, even if handed another template (it cannot
+        // differ for one generation; this shows nothing is parsed).
+        let again = cache.get(Some("u1"), Some(1), &t2);
+        assert!(std::sync::Arc::ptr_eq(&first, &again));
+        assert_eq!(
+            &*cache.get(Some("u1"), Some(2), &t2),
+            wanted(&t2).as_slice()
+        );
+        assert_eq!(
+            &*cache.get(Some("u2"), Some(2), &t1),
+            wanted(&t1).as_slice()
+        );
+        assert_eq!(cache.len(), 2);
+        // No uid: parsed, not kept.
+        assert_eq!(&*cache.get(None, Some(1), &t2), wanted(&t2).as_slice());
+        assert_eq!(cache.len(), 2);
     }
 }

@@ -186,11 +186,11 @@ impl MembershipIndex {
     /// rebuilt from them, O(A log A).
     pub fn set_available(&mut self, available: &BTreeMap<String, Activator>) {
         let by_node = &self.by_node;
-        let mut loads = LoadIndex::default();
-        for (n, a) in available {
+        let images: Vec<_> = available.values().map(images_of).collect();
+        let mut loads = LoadIndex::build(available.keys().zip(&images).map(|(n, i)| {
             let load = by_node.get(n.as_str()).map(FastSet::len).unwrap_or(0);
-            loads.insert_holding(n, load, &images_of(a));
-        }
+            (n.as_str(), load, i)
+        }));
         loads.clean = available
             .values()
             .filter(|a| {

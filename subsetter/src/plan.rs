@@ -78,6 +78,10 @@ pub struct SubsetInputs<'a> {
     /// Prefer members whose node holds the revision's images (the policy's choice within its
     /// balance bound; `policy::locality_slack`).
     pub image_locality: bool,
+    /// The images the revision's pod pulls (`images::wanted`, from the caller's
+    /// `images::WantedCache`: a plan does not parse the template for them); empty when
+    /// locality is off or no node reports any image, which leaves `status.imageMembers` out.
+    pub images: &'a [u64],
     pub default_n: usize,
     /// The hosts of the revision that a newer revision takes (gives `HostConflict`).
     pub host_conflicts: &'a [Conflict],
@@ -98,15 +102,12 @@ pub fn subset(inp: &SubsetInputs<'_>) -> SubsetPlan {
     // whose node stopped being one (tainted, cordoned, relabelled) loses its slot.
     let placement = Placement::of_template(&inp.revision.spec.template.0);
     let evicted = |node: &str| inp.evict == Some(node);
-    // The images the pod pulls: the policy prefers nodes holding them when locality is on;
-    // the status counts the members that do either way.
-    let images = crate::images::wanted(&inp.revision.spec.template.0);
-    let locality: &[u64] = if inp.image_locality { &images } else { &[] };
+    // The images the pod pulls (empty with locality off): the policy prefers nodes holding
+    // them when locality is on, and the status counts the members that do.
+    let images = inp.images;
+    let locality: &[u64] = if inp.image_locality { images } else { &[] };
     let holds = |a: &Activator| {
-        !images.is_empty()
-            && a.facts
-                .as_ref()
-                .is_some_and(|f| f.images.holds_all(&images))
+        !images.is_empty() && a.facts.as_ref().is_some_and(|f| f.images.holds_all(images))
     };
     let indexed = inp.loads.and_then(|loads| {
         let usable = |node: &str| {
@@ -417,6 +418,7 @@ mod tests {
             evict: None,
             policy: &LeastLoaded,
             image_locality: true,
+            images: &crate::images::wanted(&rev.spec.template.0),
             default_n: 3,
             host_conflicts,
             now: Timestamp::from_second(now).unwrap(),
@@ -737,6 +739,7 @@ mod tests {
                     evict: None,
                     policy: policy.as_ref(),
                     image_locality: true,
+                    images: &crate::images::wanted(&rev.spec.template.0),
                     default_n: 3,
                     host_conflicts: &[],
                     now: Timestamp::from_second(1).unwrap(),

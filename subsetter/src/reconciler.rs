@@ -178,6 +178,18 @@ fn plan_and_reserve(
     let tuned = ctx.tuned();
     let evict = lock(&ctx.evictions).remove(key);
     let mut index = lock(&ctx.caches.index);
+    // Locality off, or no node reporting an image (kubelets listing none, kubesim without
+    // images): nothing to prefer, and the template is not parsed (a plan costs what it did
+    // before image locality; `status.imageMembers` is then left out).
+    let images = if tuned.image_locality && index.loads().has_images() {
+        ctx.wanted_images.get(
+            rev.metadata.uid.as_deref(),
+            rev.metadata.generation,
+            &rev.spec.template.0,
+        )
+    } else {
+        Arc::from([])
+    };
     let plan = plan::subset(&SubsetInputs {
         key: &key_str,
         revision: rev,
@@ -188,6 +200,7 @@ fn plan_and_reserve(
         evict: evict.as_deref(),
         policy: tuned.policy.as_ref(),
         image_locality: tuned.image_locality,
+        images: &images,
         default_n: tuned.max_node_selection,
         host_conflicts: &host_conflicts,
         now,

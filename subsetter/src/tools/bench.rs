@@ -151,25 +151,36 @@ struct World {
     available: Available,
     policy: Box<dyn SubsetPolicy>,
     image_locality: bool,
+    /// Each revision's images, as the reconciler caches them (by uid: here its name).
+    wanted: images::WantedCache,
     default_n: usize,
     now: Timestamp,
 }
 
 impl World {
     /// Plans `keys` again (in order), as the reconciler does, updating the index and the
-    /// current subsets; the members that joined, in all, and the members holding their
-    /// revision's image.
-    fn plan_all(&mut self, keys: &[usize]) -> (usize, usize) {
+    /// current subsets; the members that joined, in all.
+    fn plan_all(&mut self, keys: &[usize]) -> usize {
         let mut joined = 0;
-        let mut holding = 0;
         for &i in keys {
             let name = format!("rev-{i:06}");
             let key = Key::new("bench", name.clone());
             // What a reconcile plans from: the object rebuilt from the store.
             let current = self.store.current(&key);
+            let rev = &self.revs[i % self.revs.len()];
+            // Every revision has its own entry, parsed on its first plan, as in the reconciler.
+            let wanted = if self.image_locality && self.ix.loads().has_images() {
+                self.wanted.get(
+                    Some(&self.names[i]),
+                    rev.metadata.generation,
+                    &rev.spec.template.0,
+                )
+            } else {
+                Arc::from([])
+            };
             let p = plan::subset(&SubsetInputs {
                 key: &self.names[i],
-                revision: &self.revs[i % self.revs.len()],
+                revision: rev,
                 current: current.as_ref(),
                 available: &self.available,
                 load: &|n| self.ix.load(n),
@@ -177,15 +188,12 @@ impl World {
                 evict: None,
                 policy: self.policy.as_ref(),
                 image_locality: self.image_locality,
+                images: &wanted,
                 default_n: self.default_n,
                 host_conflicts: &[],
                 now: self.now,
             });
             joined += p.joined;
-            holding += p
-                .status
-                .image_members
-                .map_or(0, |m| usize::try_from(m.holding).unwrap_or(0));
             let nodes = p.status.activators.iter().map(|m| &m.node);
             self.ix.set(&key, nodes, p.short);
             // What the watch then shows, and the store keeps.
@@ -195,7 +203,22 @@ impl World {
             ae.status = Some(p.status);
             self.store.apply(&ae);
         }
-        (joined, holding)
+        joined
+    }
+
+    /// How many of `nodes` hold every image of revision `i` (counted here rather than from
+    /// the plans' `status.imageMembers`, which locality off leaves out).
+    fn holding(&self, i: usize, nodes: &[String]) -> usize {
+        let wanted = images::wanted(&self.revs[i % self.revs.len()].spec.template.0);
+        nodes
+            .iter()
+            .filter(|n| {
+                self.available
+                    .get(n.as_str())
+                    .and_then(|a| a.facts.as_ref())
+                    .is_some_and(|f| f.images.holds_all(&wanted))
+            })
+            .count()
     }
 
     /// The revisions of index keys `keys`, as numbers.
@@ -284,6 +307,7 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, String> {
             .collect(),
         policy,
         image_locality: opts.image_locality,
+        wanted: images::WantedCache::default(),
         default_n: opts.members,
         now: Timestamp::now(),
     };
@@ -291,8 +315,9 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, String> {
     let all: Vec<usize> = (0..opts.revisions).collect();
 
     let t = Instant::now();
-    let (_, holding) = w.plan_all(&all);
+    w.plan_all(&all);
     let assign_ms = ms(t);
+    let holding: usize = all.iter().map(|&i| w.holding(i, &w.members(i))).sum();
     let (max_over_mean, max_members, min_members) = balance(&w.ix, &w.available);
 
     // Lose the activator in the middle of the list: the controller rebuilds the load index
@@ -303,20 +328,17 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, String> {
     w.set_available();
     let touched = World::numbers(w.ix.revisions_on(&victim));
     let before: Vec<Vec<String>> = touched.iter().map(|&i| w.members(i)).collect();
-    let (churn_on_remove, _) = w.plan_all(if stateless { &all } else { &touched });
+    let churn_on_remove = w.plan_all(if stateless { &all } else { &touched });
     // Of the members that replaced the lost one: how many hold their revision's image.
     let mut replaced = (0usize, 0usize);
     for (&i, old) in touched.iter().zip(&before) {
-        let wanted = images::wanted(&w.revs[i % w.revs.len()].spec.template.0);
-        for n in w.members(i).iter().filter(|n| !old.contains(n)) {
-            replaced.0 += 1;
-            let holds = w
-                .available
-                .get(n)
-                .and_then(|a| a.facts.as_ref())
-                .is_some_and(|f| f.images.holds_all(&wanted));
-            replaced.1 += usize::from(holds);
-        }
+        let new: Vec<String> = w
+            .members(i)
+            .into_iter()
+            .filter(|n| !old.contains(n))
+            .collect();
+        replaced.0 += new.len();
+        replaced.1 += w.holding(i, &new);
     }
     let repair_ms = ms(t);
 
@@ -327,7 +349,7 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, String> {
     w.available.insert(node, a);
     w.set_available();
     let short = World::numbers(w.ix.short());
-    let (churn_on_add, _) = w.plan_all(if stateless { &all } else { &short });
+    let churn_on_add = w.plan_all(if stateless { &all } else { &short });
     let add_ms = ms(t);
     let (max_over_mean_after, _, _) = balance(&w.ix, &w.available);
 
