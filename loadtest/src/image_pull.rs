@@ -198,15 +198,7 @@ pub async fn measure(
         clean(client, ns, opts.limit).await?;
         tracing::info!(run = r, "image-pull round done");
     }
-    let fig = |path: &'static str, v: &[Outcome]| {
-        let ok: Vec<Duration> = v.iter().filter_map(|o| o.as_ref().ok().copied()).collect();
-        let errors: Vec<String> = v.iter().filter_map(|o| o.as_ref().err().cloned()).collect();
-        PathFigures {
-            path,
-            first_byte_ms: Percentiles::with_failed(&ok, errors.len()),
-            errors,
-        }
-    };
+    let fig = PathFigures::of;
     let paths = vec![
         fig("present", &present),
         fig("pulled ahead", &ahead),

@@ -80,6 +80,26 @@ pub struct PathFigures {
     pub errors: Vec<String>,
 }
 
+impl PathFigures {
+    /// A path's outcomes: the answered ones' percentiles with the failures counted beside
+    /// them, and why each failure failed.
+    pub(crate) fn of(path: &'static str, outcomes: &[Outcome]) -> Self {
+        let ok: Vec<Duration> = outcomes
+            .iter()
+            .filter_map(|o| o.as_ref().ok().copied())
+            .collect();
+        let errors: Vec<String> = outcomes
+            .iter()
+            .filter_map(|o| o.as_ref().err().cloned())
+            .collect();
+        PathFigures {
+            path,
+            first_byte_ms: Percentiles::with_failed(&ok, errors.len()),
+            errors,
+        }
+    }
+}
+
 /// The activator's own account of its cold starts (Server-Timing), p50 of each phase, ms from
 /// the request's arrival.
 #[derive(Debug, Clone, Serialize)]
@@ -286,15 +306,7 @@ async fn measure(
         clean(client, ns, opts.limit).await?;
         tracing::info!(run = r, "round done");
     }
-    let fig = |path: &'static str, v: &[Outcome]| {
-        let ok: Vec<Duration> = v.iter().filter_map(|o| o.as_ref().ok().copied()).collect();
-        let errors: Vec<String> = v.iter().filter_map(|o| o.as_ref().err().cloned()).collect();
-        PathFigures {
-            path,
-            first_byte_ms: Percentiles::with_failed(&ok, errors.len()),
-            errors,
-        }
-    };
+    let fig = PathFigures::of;
     let (a, d, p) = (
         fig("activator", &act),
         fig("deployment", &dep),
