@@ -124,10 +124,7 @@ pub async fn measure(
     ns: &str,
     nodes: &[String],
 ) -> Result<PullReport, Error> {
-    let opts = Options {
-        pull_policy: "IfNotPresent",
-        ..opts.clone()
-    };
+    let opts = pulling(opts);
     let driver = Driver::new();
     let (mut present, mut ahead, mut no_ahead, mut dep) = (vec![], vec![], vec![], vec![]);
     let (mut present_phases, mut ahead_phases) = (vec![], vec![]);
@@ -238,6 +235,14 @@ pub async fn measure(
         deployment_over_ahead_p50: ratio(&paths[3], &paths[1]),
         paths,
     })
+}
+
+/// `opts` with the app pulled when absent (the image-pull mode's images are on no node).
+fn pulling(opts: &Options) -> Options {
+    Options {
+        pull_policy: "IfNotPresent",
+        ..opts.clone()
+    }
 }
 
 /// A new Revision (pre-pull off if `no_prepull`), then the request to its member at once.
@@ -553,10 +558,7 @@ pub async fn warm_during_pulls(
     ns: &str,
     nodes: &[String],
 ) -> Result<WarmDuringPulls, Error> {
-    let opts = Options {
-        pull_policy: "IfNotPresent",
-        ..opts.clone()
-    };
+    let opts = pulling(opts);
     let driver = Driver::new();
     let m = revision_annotated(client, ns, "warm", &opts, json!({}))
         .await
