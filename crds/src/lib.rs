@@ -16,6 +16,7 @@ pub mod contract;
 pub mod crdgen;
 pub mod directory;
 pub mod key;
+pub mod pod_ready;
 pub mod revision;
 
 pub use activation_endpoints::{

@@ -94,12 +94,12 @@ pub fn from_pod(pod: &Pod) -> Option<Activator> {
     }
     let spec = pod.spec.as_ref()?;
     let status = pod.status.as_ref()?;
-    let ready = status
-        .conditions
-        .iter()
-        .flatten()
-        .any(|c| c.type_ == "Ready" && c.status == "True");
-    if !ready {
+    // Ready as its kubelet last said: after a control-plane outage the controller-manager
+    // marks every pod unready, and a kubelet clears the mark only when its own pod watch is
+    // back (up to a minute and a half later); meanwhile the activators serve, and moving
+    // every subset off them would cost each revision a cold start on a node no better off.
+    // A failed node is still seen by its Node's NotReady (below, `available`).
+    if !crds::pod_ready::ready(pod) {
         return None;
     }
     let node = spec.node_name.clone().filter(|n| !n.is_empty())?;
@@ -459,8 +459,8 @@ impl ActivatorSet {
     }
 }
 
-/// The node an activator pod is bound to and whether it is Ready (a pod being deleted counts
-/// as gone).
+/// The node an activator pod is bound to and whether it is Ready as its kubelet last said
+/// (a pod being deleted counts as gone).
 fn bound_to(pod: &Pod) -> Option<(String, bool)> {
     if pod.metadata.deletion_timestamp.is_some() {
         return None;
@@ -471,14 +471,9 @@ fn bound_to(pod: &Pod) -> Option<(String, bool)> {
         .node_name
         .clone()
         .filter(|n| !n.is_empty())?;
-    let ready = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .into_iter()
-        .flatten()
-        .any(|c| c.type_ == "Ready" && c.status == "True");
-    Some((node, ready))
+    // Ready as `from_pod` reads it: the controller-manager's unready mark alone does not
+    // make a node down once its Node is Ready again (`crds::pod_ready`).
+    Some((node, crds::pod_ready::ready(pod)))
 }
 
 fn pod_key(pod: &Pod) -> (String, String) {
@@ -855,6 +850,68 @@ mod tests {
         let mut one = ActivatorSet::default();
         one.apply_node(&node("n1", false, 0, false));
         assert!(!one.disrupted());
+    }
+
+    /// `pod` as the controller-manager leaves it after an outage (`MarkPodsNotReady`): the
+    /// Ready condition False, the containers as the kubelet last reported them, ready.
+    fn marked(name: &str, node: &str, ip: &str) -> Pod {
+        let mut p = pod(name, node, ip, false);
+        p.status.as_mut().unwrap().container_statuses = Some(vec![
+            serde_json::from_value(serde_json::json!({
+                "name": "activator", "image": "a", "imageID": "", "restartCount": 0,
+                "ready": true, "state": {"running": {"startedAt": "2026-11-28T00:00:00Z"}}
+            }))
+            .unwrap(),
+        ]);
+        p
+    }
+
+    #[test]
+    fn activators_the_controller_marked_unready_stay_members_once_their_nodes_are_ready() {
+        let mut set = ActivatorSet::default();
+        for (i, n) in ["n1", "n2", "n3"].iter().enumerate() {
+            set.apply_node(&node(n, true, 0, false));
+            set.apply_pod(&pod(&format!("a{i}"), n, &format!("10.0.0.{i}"), true));
+        }
+        assert_eq!(set.available().len(), 3);
+        // The API server was away longer than the grace period: every Node NotReady, then
+        // every pod marked.
+        for (i, n) in ["n1", "n2", "n3"].iter().enumerate() {
+            set.apply_node(&node(n, false, 0, false));
+            set.apply_pod(&marked(&format!("a{i}"), n, &format!("10.0.0.{i}")));
+        }
+        assert!(
+            set.available().is_empty(),
+            "NotReady nodes lose their activators"
+        );
+        assert!(set.disrupted());
+        // The kubelets report their Nodes again within seconds, but clear their pods' marks
+        // only when their pod watches are back, up to a minute and a half later: meanwhile
+        // every activator is what it was.
+        let mut back = Diff::default();
+        for n in ["n1", "n2", "n3"] {
+            let d = set.apply_node(&node(n, true, 0, false));
+            back.added.extend(d.added);
+            assert!(d.lost.is_empty());
+        }
+        assert_eq!(back.added.len(), 3, "{back:?}");
+        assert_eq!(set.available().len(), 3);
+        assert!(
+            !set.disrupted(),
+            "the disruption ends with the Nodes' NotReady"
+        );
+        // A container the kubelet reports unready is the activator's own trouble.
+        let mut failing = marked("a0", "n1", "10.0.0.0");
+        failing
+            .status
+            .as_mut()
+            .unwrap()
+            .container_statuses
+            .as_mut()
+            .unwrap()[0]
+            .ready = false;
+        let d = set.apply_pod(&failing);
+        assert_eq!(d.lost, BTreeSet::from(["n1".to_string()]));
     }
 
     #[test]

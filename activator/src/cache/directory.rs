@@ -225,14 +225,9 @@ fn watch_replicas(
 /// A Ready pod's address at `port`.
 fn ready_addr(pod: &Pod, port: u16) -> Option<SocketAddr> {
     let status = pod.status.as_ref()?;
-    let ready = status
-        .conditions
-        .iter()
-        .flatten()
-        .any(|c| c.type_ == "Ready" && c.status == "True");
     // After an outage the controller-manager marks every pod unready until its kubelet
     // reports again: a replica so marked still answers, and it is needed most then.
-    let ready = ready || super::pods::marked_by_the_node_controller(pod);
+    let ready = crds::pod_ready::ready(pod);
     let ip: IpAddr = status.pod_ip.as_deref()?.parse().ok()?;
     (ready && pod.metadata.deletion_timestamp.is_none()).then_some(SocketAddr::new(ip, port))
 }

@@ -33,10 +33,9 @@ impl LocalPod {
     pub fn from_pod(pod: &Pod) -> Self {
         let status = pod.status.as_ref();
         let phase = status.and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
-        let ready = status
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-            || marked_by_the_node_controller(pod);
+        // As its kubelet last said: the node controller's unready mark after an outage is
+        // not the app's failure (crds::pod_ready).
+        let ready = crds::pod_ready::ready(pod);
         Self {
             name: pod.name_any(),
             uid: pod.metadata.uid.clone().unwrap_or_default(),
@@ -62,32 +61,6 @@ impl LocalPod {
     pub fn live(&self) -> bool {
         !self.terminating && self.failed.is_none()
     }
-}
-
-/// Whether the pod's Ready=False is the node lifecycle controller's, not the kubelet's: when
-/// a node's lease goes stale (its kubelet, or the API server, out of reach for longer than the
-/// node-monitor grace period) the controller-manager flips the Ready condition of every pod on
-/// it to False and changes nothing else (`MarkPodsNotReady`), while a kubelet whose app fails
-/// its readiness probe also marks the container not ready (`containerStatuses[].ready`). The
-/// activator runs on the pod's node and proxies to it directly: what the kubelet last said of
-/// the containers stands until the kubelet says otherwise. After an API server outage longer
-/// than that grace period every pod in the cluster gets this mark for the seconds its kubelet
-/// takes to report again; taking it at its word held every warm request that long.
-pub fn marked_by_the_node_controller(pod: &Pod) -> bool {
-    let Some(status) = pod.status.as_ref() else {
-        return false;
-    };
-    let ready_false = status
-        .conditions
-        .iter()
-        .flatten()
-        .any(|c| c.type_ == "Ready" && c.status == "False");
-    let containers = status.container_statuses.as_deref().unwrap_or_default();
-    ready_false
-        && !containers.is_empty()
-        && containers
-            .iter()
-            .all(|c| c.ready && c.state.as_ref().is_some_and(|s| s.running.is_some()))
 }
 
 /// A revision's pods on this node, by pod name.
@@ -296,7 +269,6 @@ mod tests {
     fn the_node_controllers_mark_does_not_stop_a_pod_the_kubelets_readiness_does() {
         assert!(LocalPod::from_pod(&pod("True", Some(true))).serving());
         // MarkPodsNotReady: the Ready condition only; the containers still ready.
-        assert!(marked_by_the_node_controller(&pod("False", Some(true))));
         assert!(LocalPod::from_pod(&pod("False", Some(true))).serving());
         // The kubelet: the app failed its readiness probe.
         assert!(!LocalPod::from_pod(&pod("False", Some(false))).serving());
