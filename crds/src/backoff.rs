@@ -152,7 +152,7 @@ struct Retry<S> {
 /// A `410 Gone` inside the watch stream: the watcher starts over with a re-list. (A 410 in
 /// answer to the watch request itself leaves kube-runtime's watcher retrying the same
 /// resourceVersion, so that one waits like any error.)
-fn is_gone(e: &watcher::Error) -> bool {
+pub fn is_gone(e: &watcher::Error) -> bool {
     matches!(e, watcher::Error::WatchError(s) if s.code == 410)
 }
 

@@ -136,6 +136,29 @@ start_in_ns() {
   log "started $name (pid $pid, in the mount namespace of $holder, log $STATE_DIR/logs/$name.log)"
 }
 
+# in_cpu_group GROUP SHARES NAME: moves the process recorded as NAME (its threads, and the
+# children it starts later) into the cgroup-v1 cpu group GROUP, with cpu.shares SHARES.
+#
+# Why: on a real node the runtime and the kubelet live in system.slice, one group beside
+# kubepods.slice, whose shares are the node's allocatable CPUs (2048 on 2); here they ran in
+# the root cgroup, where every one of their threads weighed as much as a node's whole pod
+# group — ten image pulls (containerd decompressing and hashing) then took the CPU from the
+# pods the activator serves in a way no real node allows. Each node's own: `/<node>/system`
+# beside the kubelet's `/<node>/kubepods`. Idempotent (a process already there stays).
+# Only cgroup v1 (what `up` sets up); elsewhere it says so and does nothing.
+in_cpu_group() {
+  local group=$1 shares=$2 name=$3 pid h
+  read -r pid _ <"$(pid_file "$name")"
+  h=/sys/fs/cgroup/cpu
+  if [[ ! -f $h/cpu.shares ]]; then
+    log "no cgroup-v1 cpu hierarchy: $name stays in its cgroup"
+    return 0
+  fi
+  mkdir -p "$h/$group"
+  echo "$shares" >"$h/$group/cpu.shares"
+  grep -qx "$pid" "$h/$group/cgroup.procs" || echo "$pid" >"$h/$group/cgroup.procs"
+}
+
 # running PID: PID exists and is not a zombie (stopped processes are reaped by init, later).
 running() {
   local st

@@ -114,6 +114,8 @@ enum Cmd {
         /// The cluster (default: KUBECONFIG, then ~/.kube/config).
         #[arg(long)]
         kubeconfig: Option<PathBuf>,
+        /// Rounds. With --image-pull and --pull-load, 0 measures only the warm traffic
+        /// during the pulls.
         #[arg(long, default_value_t = 10)]
         runs: usize,
         /// Cold starts at once per path in a round.
@@ -328,15 +330,26 @@ async fn main() -> anyhow::Result<()> {
             };
             if image_pull {
                 let evict = evict_cmd.as_deref().unwrap_or_default();
-                let report =
-                    loadtest::installed::run_image_pull(&client, &opts, evict, has_cmd.as_deref())
-                        .await?;
-                print!("{}", report.table());
-                if let Some(p) = json {
-                    std::fs::write(&p, serde_json::to_string_pretty(&report)?)?;
-                    eprintln!("wrote {}", p.display());
+                let mut failed = 0;
+                if runs > 0 || pull_load.is_none() {
+                    let report = loadtest::installed::run_image_pull(
+                        &client,
+                        &opts,
+                        evict,
+                        has_cmd.as_deref(),
+                    )
+                    .await?;
+                    print!("{}", report.table());
+                    if let Some(p) = &json {
+                        std::fs::write(p, serde_json::to_string_pretty(&report)?)?;
+                        eprintln!("wrote {}", p.display());
+                    }
+                    failed += report
+                        .paths
+                        .iter()
+                        .map(|p| p.first_byte_ms.failed)
+                        .sum::<usize>();
                 }
-                let mut failed: usize = report.paths.iter().map(|p| p.first_byte_ms.failed).sum();
                 if let Some(template) = &pull_load {
                     let load = loadtest::image_pull::PullLoad {
                         images: (0..pull_load_count)

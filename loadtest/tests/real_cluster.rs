@@ -1622,6 +1622,25 @@ async fn control_plane_outage(test: &str, component: &'static str, outage: Durat
     }))
     .await;
     eprintln!("lookups the directory answered, by activator: {directory:?}");
+    // An outage is no node's failure: the subsetter keeps every member (the controller-
+    // manager's NotReady marks on every Node and pod are held, then cleared), so no warm
+    // revision pays a cold start on a node whose kubelet may not see new pods for a minute.
+    for (rev, before) in [("warm", &warm), ("unseen", &unseen), ("cold", &cold)] {
+        let now = env.members(rev, |_| true).await;
+        let nodes = |m: &[ActivatorMember]| m.iter().map(|m| m.node.clone()).collect::<Vec<_>>();
+        eprintln!(
+            "{rev}'s members before the outage {:?}, after {:?}",
+            nodes(before),
+            nodes(&now)
+        );
+        if nodes(before) != nodes(&now) {
+            problems.push(format!(
+                "{rev}'s subset moved: {:?} -> {:?}",
+                nodes(before),
+                nodes(&now)
+            ));
+        }
+    }
     assert!(problems.is_empty(), "{problems:#?}");
 }
 

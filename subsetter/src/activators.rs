@@ -229,6 +229,11 @@ impl ActivatorSet {
         self.available.get(node)
     }
 
+    /// Whether `node`'s Node object is known and NotReady.
+    pub fn node_not_ready(&self, node: &str) -> bool {
+        self.nodes.get(node).is_some_and(|s| !s.ready)
+    }
+
     /// Whether most nodes are NotReady at once: a disruption of the control plane or the
     /// network (after an API server or etcd outage longer than the node-monitor grace
     /// period, the controller-manager marks every node whose lease went stale NotReady, and

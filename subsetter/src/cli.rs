@@ -33,6 +33,11 @@ pub struct Args {
     /// (`Node.status.images`), within its balance bound; `--image-locality=false` turns it off.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub image_locality: bool,
+    /// After an API server or etcd outage, an activator whose Node turns NotReady within this
+    /// many seconds is kept as a member until then (its kubelet has not renewed its lease
+    /// since the outage yet), and moved only if still NotReady; 0: moved as any lost node.
+    #[arg(long, default_value_t = crate::usable_activators::OUTAGE_HOLD.as_secs())]
+    pub outage_hold_seconds: u64,
     /// Run without leader election (tests, a single replica).
     #[arg(long)]
     pub no_leader_election: bool,

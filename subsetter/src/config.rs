@@ -38,6 +38,12 @@ pub struct Config {
     /// Least-loaded prefers activators whose node already holds the revision's images, within
     /// its balance bound (docs/subsetter.md, "Image locality"). On by default.
     pub image_locality: bool,
+    /// After the API server (or etcd behind it) was out of reach, activators lost to a Node
+    /// NotReady within this long are held as members, and repaired then if still NotReady
+    /// (docs/subsetter.md, "A disruption is not node failures"): the controller-manager
+    /// marks a node whose kubelet has not renewed its lease since the outage NotReady for
+    /// the seconds until it does.
+    pub outage_hold: Duration,
 }
 
 impl Default for Config {
@@ -54,6 +60,7 @@ impl Default for Config {
             concurrency: DEFAULT_CONCURRENCY,
             settings_config_map: None,
             image_locality: true,
+            outage_hold: crate::usable_activators::OUTAGE_HOLD,
             endpoint_slices: false,
             rebalance_interval: Duration::from_secs(60),
             rebalance: crate::rebalance::Limits {

@@ -49,7 +49,7 @@ use crate::reconciler::{self, Config, Context};
 use crate::settings::{self, Settings};
 use crate::shared::SharedCaches;
 use crate::store::AeStore;
-use crate::usable_activators::watch_activators;
+use crate::usable_activators::{ActivatorSources, watch_activators};
 
 /// The subsetter controller: [`Subsetter::run`] alone, or with leader election
 /// [`Subsetter::start_caches`] once and [`Subsetter::lead`] each time this replica becomes
@@ -151,8 +151,11 @@ impl Subsetter {
             Arc::clone(&self.metrics),
         )));
         tasks.push(tokio::spawn(watch_activators(
-            pods,
-            nodes,
+            ActivatorSources {
+                pods,
+                nodes,
+                outage_hold: self.config.outage_hold,
+            },
             Arc::clone(&shared.index),
             Arc::clone(&shared.activators),
             Arc::clone(&synced),

@@ -107,7 +107,8 @@ impl Default for Metrics {
         registry.register(
             "disruption_holds",
             "Activators lost while most nodes were NotReady at once (a control-plane or network \
-             disruption), kept as members until it ended",
+             disruption), or to a Node NotReady right after an API server outage, kept as \
+             members until it ended",
             m.disruption_holds.clone(),
         );
         registry.register(

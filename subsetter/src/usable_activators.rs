@@ -26,14 +26,25 @@ enum Watched {
     Node(Box<Event<Node>>),
 }
 
+/// What [`watch_activators`] watches, and how long after an outage it reads a Node NotReady
+/// as the outage's aftermath (`Config::outage_hold`).
+pub(crate) struct ActivatorSources {
+    pub pods: Api<Pod>,
+    pub nodes: Api<Node>,
+    pub outage_hold: std::time::Duration,
+}
+
 /// Keeps the usable activator set from the activator pod and Node watches, one event at a
 /// time (`activators::ActivatorSet`): a pod event recomputes that pod's node, a Node event that
 /// node, and only a (re)list recomputes everything. What changed is published (the shared
 /// `available` map and the membership index's load index, both updated only where the set
 /// changed) and triggers the revisions it concerns.
 pub(crate) async fn watch_activators(
-    pods: Api<Pod>,
-    nodes: Api<Node>,
+    ActivatorSources {
+        pods,
+        nodes,
+        outage_hold,
+    }: ActivatorSources,
     index: Arc<Mutex<MembershipIndex>>,
     available: Arc<RwLock<Arc<Available>>>,
     synced: Arc<watch::Sender<Synced>>,
@@ -57,6 +68,13 @@ pub(crate) async fn watch_activators(
     // A loss is applied only after [`LOSS_SETTLE`], so that the first node of a mass NotReady
     // is not moved before the rest show it is a disruption.
     let mut settle: Option<tokio::time::Instant> = None;
+    // When a watch last failed for want of the API server (not an expired resourceVersion):
+    // losses to a Node NotReady within `outage_hold` of it are the outage's aftermath.
+    let mut outage_seen: Option<tokio::time::Instant> = None;
+    let after_outage = |seen: Option<tokio::time::Instant>| {
+        seen.map(|t| t + outage_hold)
+            .filter(|end| *end > tokio::time::Instant::now())
+    };
     loop {
         let event = tokio::select! {
             e = events.next() => match e {
@@ -79,14 +97,31 @@ pub(crate) async fn watch_activators(
             }
             settle = None;
             let published = Arc::clone(&*read(&available));
-            let diff = activators::diff(&published, set.available());
+            let mut diff = activators::diff(&published, set.available());
             held.clear();
+            // Within an outage's aftermath (another watch failure may have extended it), a
+            // node still NotReady stays held; anything else lost is repaired now.
+            if let Some(end) = after_outage(outage_seen) {
+                held = diff
+                    .lost
+                    .iter()
+                    .filter(|n| set.node_not_ready(n))
+                    .cloned()
+                    .collect();
+                diff.lost.retain(|n| !held.contains(n));
+                if !held.is_empty() {
+                    settle = Some(end);
+                }
+            }
             publish(&diff, &set, &available, &index, &metrics, &triggers);
             continue;
         };
         let event = match event {
             Ok(e) => e,
             Err(e) => {
+                if !crds::backoff::is_gone(&e) {
+                    outage_seen = Some(tokio::time::Instant::now());
+                }
                 warn!(error = %e, "activator pod or node watch");
                 continue;
             }
@@ -163,6 +198,26 @@ pub(crate) async fn watch_activators(
                 );
                 metrics.disruption_holds.inc_by(diff.lost.len() as u64);
             }
+            // A Node NotReady soon after an outage, though only one: the controller-manager
+            // marks each node whose kubelet has not renewed its lease since (after a 30 s etcd
+            // outage, one node of three for 6 s on the repo's cluster); its kubelet clears it
+            // at its next report. Held until the aftermath is over, then compared.
+            let outage_end = after_outage(outage_seen);
+            if let Some(end) = outage_end.filter(|_| !set.disrupted()) {
+                let marked: Vec<&String> =
+                    diff.lost.iter().filter(|n| set.node_not_ready(n)).collect();
+                if !marked.is_empty() {
+                    warn!(
+                        held = ?marked,
+                        for_s = (end - tokio::time::Instant::now()).as_secs_f64(),
+                        "Nodes NotReady right after an API server outage: their kubelets have \
+                         not renewed since; their activators stay members until the aftermath \
+                         is over"
+                    );
+                    metrics.disruption_holds.inc_by(marked.len() as u64);
+                    settle = Some(settle.map_or(end, |s| s.max(end)));
+                }
+            }
             held.append(&mut diff.lost);
             if settle.is_none() && !set.disrupted() {
                 settle = Some(tokio::time::Instant::now() + LOSS_SETTLE);
@@ -194,6 +249,13 @@ pub(crate) async fn watch_activators(
 /// show itself, short beside the node-monitor grace period (40 s) a node failure already
 /// takes to be seen.
 pub const LOSS_SETTLE: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// How long after its watches failed for want of the API server the subsetter takes a Node
+/// NotReady for the outage's aftermath (`Config::outage_hold`): the node-monitor grace
+/// period (40 s) after the lease a kubelet renewed last before the outage, plus its renewal
+/// interval (10 s) and a margin; a node that really failed meanwhile is repaired this much
+/// later.
+pub const OUTAGE_HOLD: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// How long held activators wait after a disruption ends before what is still gone is
 /// repaired: the kubelets' status sync (10 s) clears the controller-manager's unready marks.

@@ -237,3 +237,98 @@ async fn the_leader_its_watches_and_its_reconciles_resume_after_an_api_server_ou
     task.await??;
     Ok(())
 }
+
+/// A Node NotReady right after an outage is its aftermath (the controller-manager marks each
+/// node whose kubelet has not renewed its lease since, one node of three for 6 s after a
+/// 30 s etcd outage on the repo's cluster): its activator stays a member for
+/// `Config::outage_hold` after the watches came back, and is repaired only if its Node is
+/// still NotReady then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_not_ready_right_after_an_outage_is_held_then_repaired_if_it_stays() -> Result<()> {
+    use k8s_openapi::api::core::v1::Node;
+    use kube::api::{Patch, PatchParams, PostParams};
+    use serde_json::json;
+
+    let c = Cluster::start().await?;
+    let nodes: Api<Node> = Api::all(c.client.clone());
+    let status =
+        |ready: &str| json!({"status": {"conditions": [{"type": "Ready", "status": ready}]}});
+    for i in 1..=3 {
+        let name = format!("node-{i}");
+        let n: Node = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+        nodes.create(&PostParams::default(), &n).await?;
+        nodes
+            .patch_status(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(status("True")),
+            )
+            .await?;
+        // The API server taints a new Node not-ready; the lifecycle controller lifts it.
+        nodes
+            .patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"taints": []}})),
+            )
+            .await?;
+        c.add_activator(&name, &format!("127.0.7.{i}")).await?;
+    }
+    let hold = Duration::from_secs(8);
+    let running = c.run_subsetter_with(
+        Arc::new(Random::seeded(7)),
+        Config {
+            outage_hold: hold,
+            ..Config::default()
+        },
+    );
+    c.wait_metrics(&running, |m| {
+        counter(m, "subsetter_activators_available") == 3
+    })
+    .await?;
+    c.create_revision("r", spec(0, 0, Some(2))).await?;
+    let before = c.wait_endpoints("r", ready_with(2)).await?;
+    println!("subset before the outage: {:?}", members(&before));
+    let victim = members(&before)[0].clone();
+
+    // The outage: the watches fail (connections refused), then every resumed one gets 410.
+    c.server.stop().await;
+    c.server.compact();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    c.server.resume().await?;
+
+    let t = Instant::now();
+    nodes
+        .patch_status(
+            &victim,
+            &PatchParams::default(),
+            &Patch::Merge(status("False")),
+        )
+        .await?;
+    c.wait_metrics(&running, |m| {
+        counter(m, "subsetter_disruption_holds_total") >= 1
+    })
+    .await?;
+    let held = c.endpoints().get("r").await?;
+    assert!(
+        members(&held).contains(&victim),
+        "{victim} stays a member while held: {:?}",
+        members(&held)
+    );
+    // Still NotReady when the aftermath is over: repaired.
+    let v = victim.clone();
+    let after = c
+        .wait_endpoints("r", move |ae| {
+            ready_with(2)(ae) && !members(ae).contains(&v)
+        })
+        .await?;
+    println!(
+        "{victim} NotReady after the outage: held, then repaired {:?} after it turned NotReady \
+         (hold {hold:?} from the watches' last failure); members {:?} -> {:?}",
+        t.elapsed(),
+        members(&before),
+        members(&after)
+    );
+    running.stop().await?;
+    Ok(())
+}
