@@ -1622,9 +1622,11 @@ async fn control_plane_outage(test: &str, component: &'static str, outage: Durat
     }))
     .await;
     eprintln!("lookups the directory answered, by activator: {directory:?}");
-    // An outage is no node's failure: the subsetter keeps every member (the controller-
-    // manager's NotReady marks on every Node and pod are held, then cleared), so no warm
-    // revision pays a cold start on a node whose kubelet may not see new pods for a minute.
+    // An outage is no node's failure: the subsetter holds the Nodes the controller-manager
+    // marks NotReady afterwards and does not rebalance meanwhile (subsetter/tests/outage.rs
+    // asserts the hold). Printed, not asserted: the rebalancer may move a member before the
+    // outage (the three revisions may start on one node); what a move would cost is in the
+    // failures above.
     for (rev, before) in [("warm", &warm), ("unseen", &unseen), ("cold", &cold)] {
         let now = env.members(rev, |_| true).await;
         let nodes = |m: &[ActivatorMember]| m.iter().map(|m| m.node.clone()).collect::<Vec<_>>();
@@ -1633,13 +1635,6 @@ async fn control_plane_outage(test: &str, component: &'static str, outage: Durat
             nodes(before),
             nodes(&now)
         );
-        if nodes(before) != nodes(&now) {
-            problems.push(format!(
-                "{rev}'s subset moved: {:?} -> {:?}",
-                nodes(before),
-                nodes(&now)
-            ));
-        }
     }
     assert!(problems.is_empty(), "{problems:#?}");
 }

@@ -155,6 +155,7 @@ impl Subsetter {
                 pods,
                 nodes,
                 outage_hold: self.config.outage_hold,
+                aftermath_until: Arc::clone(&shared.aftermath_until),
             },
             Arc::clone(&shared.index),
             Arc::clone(&shared.activators),
@@ -458,6 +459,13 @@ async fn rebalance_loop(
     loop {
         tick.tick().await;
         if !*ctx.caches.synced.borrow() {
+            continue;
+        }
+        // Not while an outage's aftermath lasts: each move is a cold start on the new
+        // member, and the kubelets may not see a new pod for a minute after an outage.
+        let until = *lock(&ctx.caches.aftermath_until);
+        if until.is_some_and(|t| t > tokio::time::Instant::now()) {
+            info!("no rebalancing: an API server outage's aftermath lasts until its hold ends");
             continue;
         }
         let moves = {

@@ -30,6 +30,10 @@ pub(crate) struct SharedCaches {
     pub(crate) synced: watch::Receiver<bool>,
     /// Revisions triggered and not started yet (`queue.rs`).
     pub(crate) queued: Arc<Queued>,
+    /// Until when the aftermath of an API server outage lasts (`Config::outage_hold` after
+    /// the activator watches last failed for want of it): no rebalancing meanwhile, since a
+    /// moved member's cold start waits on kubelets whose own watches are still backing off.
+    pub(crate) aftermath_until: Arc<Mutex<Option<tokio::time::Instant>>>,
 }
 
 impl SharedCaches {
@@ -43,6 +47,7 @@ impl SharedCaches {
             ae_store: Arc::default(),
             synced,
             queued,
+            aftermath_until: Arc::default(),
         }
     }
 }

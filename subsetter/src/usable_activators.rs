@@ -32,6 +32,8 @@ pub(crate) struct ActivatorSources {
     pub pods: Api<Pod>,
     pub nodes: Api<Node>,
     pub outage_hold: std::time::Duration,
+    /// Where the end of an outage's aftermath is published (`SharedCaches`).
+    pub aftermath_until: Arc<Mutex<Option<tokio::time::Instant>>>,
 }
 
 /// Keeps the usable activator set from the activator pod and Node watches, one event at a
@@ -44,6 +46,7 @@ pub(crate) async fn watch_activators(
         pods,
         nodes,
         outage_hold,
+        aftermath_until,
     }: ActivatorSources,
     index: Arc<Mutex<MembershipIndex>>,
     available: Arc<RwLock<Arc<Available>>>,
@@ -120,7 +123,9 @@ pub(crate) async fn watch_activators(
             Ok(e) => e,
             Err(e) => {
                 if !crds::backoff::is_gone(&e) {
-                    outage_seen = Some(tokio::time::Instant::now());
+                    let now = tokio::time::Instant::now();
+                    outage_seen = Some(now);
+                    *lock(&aftermath_until) = Some(now + outage_hold);
                 }
                 warn!(error = %e, "activator pod or node watch");
                 continue;
