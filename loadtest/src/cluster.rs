@@ -138,6 +138,8 @@ pub struct ClusterOptions {
     pub real_activators: Option<usize>,
     /// The subsetter's write rate limit (writes per second; 0 = none).
     pub subsetter_write_qps: f64,
+    /// The subsetter's reconciles at once (its `--concurrency`).
+    pub subsetter_concurrency: u16,
 }
 
 impl Default for ClusterOptions {
@@ -166,6 +168,7 @@ impl Default for ClusterOptions {
             node_grace: DEFAULT_NODE_GRACE,
             real_activators: None,
             subsetter_write_qps: subsetter::Config::default().write_qps,
+            subsetter_concurrency: subsetter::Config::default().concurrency,
         }
     }
 }
@@ -196,6 +199,8 @@ pub struct SimCluster {
     api_description: String,
     /// The simulated kubelets' model: relist period, node agent (for reports).
     kubelet_description: String,
+    /// The activators' client: on the embedded server it names them (see [`Components`]).
+    activator_client: Client,
     stop_subsetter: CancellationToken,
     subsetter: tokio::task::JoinHandle<()>,
     /// Where the in-process subsetter answers directory lookups (`crds::directory`).
@@ -204,15 +209,57 @@ pub struct SimCluster {
     hop: activator::pipeline::hop::HopAuth,
 }
 
+/// Each component's own client. On the embedded API server each names itself (kubesim counts
+/// requests by `Impersonate-User`), so a report can say which component asked for what; the
+/// harness itself keeps the plain client (user ""). Against another server all share one.
+struct Components {
+    kubelet: Client,
+    node_lifecycle: Client,
+    subsetter: Client,
+    activator: Client,
+}
+
+/// The names [`Components`] give the embedded server, as reports show them.
+pub const COMPONENTS: [&str; 4] = ["kubelet", "node-lifecycle", "subsetter", "activator"];
+
+impl Components {
+    fn of(api: &ApiServer) -> Self {
+        let [kubelet, node_lifecycle, subsetter, activator] = COMPONENTS.map(|c| api.client_as(c));
+        Self {
+            kubelet,
+            node_lifecycle,
+            subsetter,
+            activator,
+        }
+    }
+    fn one(client: &Client) -> Self {
+        Self {
+            kubelet: client.clone(),
+            node_lifecycle: client.clone(),
+            subsetter: client.clone(),
+            activator: client.clone(),
+        }
+    }
+}
+
 impl SimCluster {
     pub async fn start(opts: ClusterOptions) -> Result<Self, Error> {
         // Addresses no other cluster in this or another process is using.
         let block = reserve_nodes(opts.nodes)?;
-        let (api, client, api_description) = if let Some(client) = opts.shared_client.clone() {
-            (None, client, "a shared API server".to_string())
+        let (api, client, api_description, clients) = if let Some(client) =
+            opts.shared_client.clone()
+        {
+            let clients = Components::one(&client);
+            (None, client, "a shared API server".to_string(), clients)
         } else if opts.use_kubeconfig {
             let client = Client::try_default().await?;
-            (None, client, "the API server of KUBECONFIG".to_string())
+            let clients = Components::one(&client);
+            (
+                None,
+                client,
+                "the API server of KUBECONFIG".to_string(),
+                clients,
+            )
         } else {
             let api = ApiServer::start(ApiServerConfig {
                 latency: opts.api_latency,
@@ -237,7 +284,8 @@ impl SimCluster {
                 opts.api_storage_write_cost,
                 opts.api_read_latency
             );
-            (Some(api), client, description)
+            let clients = Components::of(&api);
+            (Some(api), client, description, clients)
         };
         apply_crds(&client).await?;
         let activator_namespace = if api.is_some() {
@@ -278,7 +326,7 @@ impl SimCluster {
             })
             .collect();
         let fleet = Fleet::start_with(
-            client.clone(),
+            clients.kubelet.clone(),
             configs,
             FleetOptions {
                 watch_mode: if opts.shared_kubelet_watch {
@@ -292,9 +340,9 @@ impl SimCluster {
         )
         .await?;
         // A real cluster runs its own node lifecycle controller.
-        let lifecycle = api
-            .is_some()
-            .then(|| NodeLifecycleController::start(client.clone(), opts.node_grace));
+        let lifecycle = api.is_some().then(|| {
+            NodeLifecycleController::start(clients.node_lifecycle.clone(), opts.node_grace)
+        });
 
         let node_names = fleet.nodes().map(|n| n.name().to_string()).collect();
         let mut cluster = Self {
@@ -314,6 +362,7 @@ impl SimCluster {
             cleanup_timeout: opts.cleanup_timeout,
             api_description,
             kubelet_description: kubelet_description(&opts.relist, opts.node_agent),
+            activator_client: clients.activator.clone(),
             stop_subsetter: CancellationToken::new(),
             subsetter: tokio::spawn(async {}),
             directory: None,
@@ -324,7 +373,7 @@ impl SimCluster {
             .expect("hex is a valid hop secret"),
         };
         let sub = subsetter::Subsetter::new(
-            client,
+            clients.subsetter,
             subsetter::Config {
                 default_activators: opts.default_activators,
                 namespace: opts.revision_namespace.clone(),
@@ -335,6 +384,7 @@ impl SimCluster {
                     .then(|| format!("{SUBSETTER_LABEL}={}", cluster.activator_namespace)),
                 activator_namespace: Some(cluster.activator_namespace.clone()),
                 write_qps: opts.subsetter_write_qps,
+                concurrency: opts.subsetter_concurrency,
                 ..subsetter::Config::default()
             },
             Arc::new(subsetter::Random::new()),
@@ -439,7 +489,7 @@ impl SimCluster {
         if let Some(f) = configure {
             f(&mut cfg);
         }
-        let activator = Activator::start(cfg, self.client.clone())
+        let activator = Activator::start(cfg, self.activator_client.clone())
             .await
             .map_err(|source| Error::Activator {
                 node: node.to_string(),
@@ -497,11 +547,14 @@ impl SimCluster {
         let ready = await_condition(pods, &pod_name, |p: Option<&Pod>| {
             p.is_some_and(crate::observe::is_ready)
         });
-        tokio::time::timeout(Duration::from_secs(60), ready)
+        // As long as the cluster's start allows its pods (its first read queues behind the
+        // storage's writes, which grow with the cluster).
+        let limit = 60 + self.fleet.nodes().count() as u64 / 50;
+        tokio::time::timeout(Duration::from_secs(limit), ready)
             .await
             .map_err(|_| Error::Timeout {
                 what: format!("activator pod {pod_name} to be Ready"),
-                secs: 60,
+                secs: limit,
             })?
             .map_err(|e| Error::KubeConfig(e.to_string()))?;
         Ok(())
@@ -597,6 +650,26 @@ impl SimCluster {
         if let Some(api) = &self.api {
             for (k, n) in api.stats().requests {
                 *out.entry(k.verb.clone()).or_default() += n;
+            }
+        }
+        out
+    }
+
+    /// API requests on the embedded server by component (the harness's own as `harness`) and
+    /// verb; empty against another server.
+    pub fn api_requests_by_component(&self) -> BTreeMap<String, BTreeMap<String, u64>> {
+        let mut out: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
+        if let Some(api) = &self.api {
+            for (k, n) in api.stats().requests_by_user {
+                let who = if k.user.is_empty() {
+                    "harness"
+                } else {
+                    k.user.as_str()
+                };
+                *out.entry(who.to_string())
+                    .or_default()
+                    .entry(k.verb.clone())
+                    .or_default() += n;
             }
         }
         out

@@ -3,9 +3,10 @@
 //! process cannot hold thousands of activators; the report says how many ran). Measures the
 //! subsetter's assignment time for every revision, each sampled activator's memory and watch
 //! traffic, the watch events one cluster-wide change (an activator leaving) costs each of them,
-//! and API requests per second at steady state with a share of revisions active.
+//! the repair of a lost node counted from its NotReady, API requests by component and verb, and
+//! this process's memory and CPU phase by phase.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use rand::RngExt;
@@ -16,7 +17,9 @@ use crate::Error;
 use crate::driver::Sample;
 use crate::observe::MemberWatch;
 use crate::open_loop::OpenLoop;
-use crate::scenario::{Ctx, Knobs, Outcome, Report, Scenario, create_revisions, revision_names};
+use crate::scenario::{
+    Ctx, Knobs, Outcome, Report, Scenario, create_revisions_timed, revision_names,
+};
 
 pub fn defaults() -> Knobs {
     Knobs {
@@ -28,12 +31,96 @@ pub fn defaults() -> Knobs {
         rate: Some(200.0),
         duration_secs: Some(5.0),
         start_delay_ms: Some(100),
+        // kube-controller-manager's default: the kubelets renew their leases every 10 s.
+        node_grace_secs: Some(40.0),
+        // Each reconcile waits for its writes one after another (the subsetter's default 32
+        // at once assigned ~40 revisions/s at 5,000 × 100,000 while the harness created 150/s,
+        // its writes queued behind the kubelets' leases): enough at once to keep up.
+        subsetter_concurrency: Some(128),
         ..Knobs::default()
     }
 }
 
 fn rss_mib() -> f64 {
     kubesim::node::process::rss_bytes().unwrap_or(0) as f64 / (1024.0 * 1024.0)
+}
+
+/// The most this process has held resident (`VmHWM`), MiB: the 8 GiB goal is about the peak,
+/// which a reading between phases can miss.
+fn peak_rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+            line.split_whitespace().nth(1)?.parse::<f64>().ok()
+        })
+        .map_or(0.0, |kib| kib / 1024.0)
+}
+
+/// CPU time this process has used (user + system, all threads), seconds. USER_HZ is 100 on
+/// Linux whatever the kernel's tick. With the machine shared, a phase's CPU beside its wall
+/// time says whether it waited for the model, for its own work, or for the other processes.
+fn cpu_secs() -> f64 {
+    std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| {
+            // Fields after the command name (which may hold spaces), from field 3 on.
+            let rest = &s[s.rfind(')')? + 2..];
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            let ticks = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+            Some(ticks / 100.0)
+        })
+        .unwrap_or(0.0)
+}
+
+/// How long a lost node has to wait for its Node to turn NotReady, at most, past the node
+/// grace period (the node lifecycle controller checks leases every few seconds).
+const NOT_READY_SLACK: Duration = Duration::from_secs(30);
+
+fn node_ready(n: &k8s_openapi::api::core::v1::Node) -> bool {
+    n.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+        .is_some_and(|c| c.status == "True")
+}
+
+/// Requests by component and verb, `after` less `before`.
+fn by_component_since(
+    after: &BTreeMap<String, BTreeMap<String, u64>>,
+    before: &BTreeMap<String, BTreeMap<String, u64>>,
+) -> BTreeMap<String, BTreeMap<String, u64>> {
+    after
+        .iter()
+        .map(|(who, verbs)| {
+            let verbs = verbs
+                .iter()
+                .map(|(verb, n)| {
+                    let was = before
+                        .get(who)
+                        .and_then(|v| v.get(verb))
+                        .copied()
+                        .unwrap_or(0);
+                    (verb.clone(), n - was)
+                })
+                .filter(|(_, n)| *n > 0)
+                .collect::<BTreeMap<_, _>>();
+            (who.clone(), verbs)
+        })
+        .filter(|(_, v)| !v.is_empty())
+        .collect()
+}
+
+/// `harness: create 3, get 1; kubelet: …` for the text report.
+fn requests_line(by: &BTreeMap<String, BTreeMap<String, u64>>) -> String {
+    by.iter()
+        .map(|(who, verbs)| {
+            let total: u64 = verbs.values().sum();
+            let verbs: Vec<String> = verbs.iter().map(|(v, n)| format!("{v} {n}")).collect();
+            format!("{who} {total} ({})", verbs.join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// Events delivered so far to the watches whose selectors name `node` (an activator's).
@@ -68,6 +155,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
         .unwrap_or(20)
         .max(1)
         .min(k.nodes.unwrap_or(1));
+    let grace = Duration::from_secs_f64(k.node_grace_secs.unwrap_or(40.0).max(0.5));
     ctx.on_cluster(
         Scenario::Scale,
         &k,
@@ -77,6 +165,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
             // Assignment time is the subsetter's, not its write limit's.
             o.subsetter_write_qps = 0.0;
             o.max_pods = 250;
+            o.node_grace = grace;
         },
         async |cluster, ns| {
             let nodes: Vec<String> = cluster.fleet.nodes().map(|n| n.name().to_string()).collect();
@@ -84,8 +173,17 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
             let rss_cluster = rss_mib();
             let members = MemberWatch::start(&cluster.client, ns);
             ctx.step(format!("creating {} revisions; the subsetter assigns them", names.len()));
-            let assign = create_revisions(cluster, ns, &names, |_| {}).await?;
+            let requests_start = cluster.api_requests_by_component();
+            let cpu_cluster = cpu_secs();
+            let creation = create_revisions_timed(cluster, ns, &names, |_| {}).await?;
+            let assign = creation.assigned;
+            // The goal is about what is left once the creates end: the subsetter assigns
+            // while they run.
+            let backlog = creation.assigned.saturating_sub(creation.created);
             let rss_revisions = rss_mib();
+            let cpu_assign = cpu_secs() - cpu_cluster;
+            let requests_assign =
+                by_component_since(&cluster.api_requests_by_component(), &requests_start);
             let sampled: Vec<String> = nodes.iter().take(sample).cloned().collect();
             ctx.step(format!("starting {sample} real activators"));
             let t = Instant::now();
@@ -120,6 +218,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
             }
             let duration = Duration::from_secs_f64(k.duration_secs.unwrap_or(5.0).max(1.0));
             let before = total_requests(cluster);
+            let components_before = cluster.api_requests_by_component();
             let t = Instant::now();
             let run = if active.is_empty() {
                 None
@@ -145,7 +244,10 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                     .await,
                 )
             };
-            let api_rps = (total_requests(cluster) - before) as f64 / t.elapsed().as_secs_f64();
+            let steady_secs = t.elapsed().as_secs_f64();
+            let api_rps = (total_requests(cluster) - before) as f64 / steady_secs;
+            let requests_steady =
+                by_component_since(&cluster.api_requests_by_component(), &components_before);
             let events_steady = watch_events(cluster, &sampled);
 
             // One cluster-wide change: an activator (not sampled) leaves; the subsetter
@@ -175,6 +277,45 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                 .await;
             let repair_ms = repaired.then(|| t.elapsed().as_secs_f64() * 1e3);
             let events_after = watch_events(cluster, &sampled);
+
+            // A node lost (its kubelet, apps and activator stop at once): the subsetter repairs
+            // once the node lifecycle controller marks it NotReady (after the node grace
+            // period); the goal counts from NotReady.
+            let (lost_subsets, lost) = members
+                .busiest(nodes.iter().filter(|n| !sampled.contains(n) && **n != leaving))
+                .into_iter()
+                .next()
+                .unwrap_or_default();
+            ctx.step(format!("{lost} lost ({lost_subsets} subsets); waiting for NotReady"));
+            let node_api: kube::Api<k8s_openapi::api::core::v1::Node> =
+                kube::Api::all(cluster.client.clone());
+            let not_ready = kube::runtime::wait::await_condition(
+                node_api,
+                &lost,
+                |n: Option<&k8s_openapi::api::core::v1::Node>| n.is_some_and(|n| !node_ready(n)),
+            );
+            let killed_at = Instant::now();
+            cluster.kill_node(&lost).await?;
+            let not_ready_at = match tokio::time::timeout(grace + NOT_READY_SLACK, not_ready).await {
+                Ok(Ok(_)) => Some(Instant::now()),
+                _ => None,
+            };
+            let loss_repaired_at = members
+                .wait(Duration::from_secs(120), |m| {
+                    m.values().all(|s: &BTreeSet<String>| !s.contains(&lost))
+                })
+                .await
+                .then(Instant::now);
+            let not_ready_ms = not_ready_at.map(|t| (t - killed_at).as_secs_f64() * 1e3);
+            // Repaired before NotReady was seen (the watches race): 0, not negative.
+            let loss_repair_ms = match (not_ready_at, loss_repaired_at) {
+                (Some(n), Some(r)) => Some(r.saturating_duration_since(n).as_secs_f64() * 1e3),
+                _ => None,
+            };
+            let peak_mib = peak_rss_mib();
+            let cpu_all = cpu_secs();
+            let requests_all =
+                by_component_since(&cluster.api_requests_by_component(), &requests_start);
             let per_change: Vec<u64> = events_after
                 .iter()
                 .zip(&events_steady)
@@ -205,14 +346,19 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                 "scale: {} simulated nodes (every one with its activator pod), {} revisions × N={}; \
                  {sample} real activators in this process (a sample: one process cannot hold {} activators)\n\
                  API server: {}\n\
-                 subsetter: all {} revisions created and assigned in {:.1} s ({assigned} with members)\n\
+                 subsetter: all {} revisions created and assigned in {:.1} s ({assigned} with members; {} reconciles at once); the creates took {:.1} s, the last assignment {:.1} s after them; {cpu_assign:.0} s of CPU meanwhile\n\
                  memory: process {rss_cluster:.0} MiB with the cluster, {rss_revisions:.0} MiB with the revisions, \
-                 {rss_activators:.0} MiB with the sampled activators: {per_activator:.1} MiB per activator\n\
+                 {rss_activators:.0} MiB with the sampled activators: {per_activator:.1} MiB per activator; peak {peak_mib:.0} MiB\n\
                  sampled activators ready in {:.1} s\n\
                  cached per sampled activator: subsets {subsets_mean:.1} (max {subsets_max}), revisions {revisions_mean:.1} (max {revisions_max}), pods {pods_mean:.1} (max {pods_max}) — of {} revisions in the cluster\n\
                  steady state ({} active revisions, {:.0} req/s for {:.1} s): {api_rps:.0} API requests/s in all \
                  (kubelet leases and status included); watch events per sampled activator {:.1} (max {})\n\
                  one activator leaving ({in_subsets} subsets repaired in {}): watch events per sampled activator {:.2} (max {})\n\
+                 one node lost ({lost} in {lost_subsets} subsets): NotReady {} after the kill, subsets repaired {} after NotReady\n\
+                 API requests by component while revisions were created and assigned: {}\n\
+                 API requests by component in steady state ({steady_secs:.1} s): {}\n\
+                 API requests by component over the whole run: {}\n\
+                 CPU: {cpu_all:.0} s in all ({cpu_cluster:.0} s to start the cluster)\n\
                  warm latency {}\n{}",
                 nodes.len(),
                 names.len(),
@@ -221,6 +367,9 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                 cluster.api_description(),
                 names.len(),
                 assign.as_secs_f64(),
+                k.subsetter_concurrency.unwrap_or(128),
+                creation.created.as_secs_f64(),
+                backlog.as_secs_f64(),
                 activators_ready.as_secs_f64(),
                 names.len(),
                 active.len(),
@@ -231,6 +380,11 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                 repair_ms.map_or("NOT within 120 s".into(), |ms| format!("{ms:.0} ms")),
                 mean(&per_change),
                 per_change.iter().max().unwrap_or(&0),
+                not_ready_ms.map_or("NOT seen".into(), |ms| format!("{ms:.0} ms")),
+                loss_repair_ms.map_or("NOT within 120 s".into(), |ms| format!("{ms:.0} ms")),
+                requests_line(&requests_assign),
+                requests_line(&requests_steady),
+                requests_line(&requests_all),
                 latency.map_or("-".into(), |l| {
                     // A percentile among the failed requests (ranked last) has no time.
                     let ms = |v: f64| if v.is_finite() { format!("{v:.2} ms") } else { "failed".into() };
@@ -245,7 +399,11 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                     "sampled_activators": sample,
                     "assigned_revisions": assigned,
                     "assignment_s": assign.as_secs_f64(),
-                    "rss_mib": {"cluster": rss_cluster, "with_revisions": rss_revisions, "with_activators": rss_activators},
+                    "creation_s": creation.created.as_secs_f64(),
+                    "subsetter_concurrency": k.subsetter_concurrency,
+                    "cpu_s": {"cluster": cpu_cluster, "assign": cpu_assign, "all": cpu_all},
+                    "assigned_after_creation_s": backlog.as_secs_f64(),
+                    "rss_mib": {"cluster": rss_cluster, "with_revisions": rss_revisions, "with_activators": rss_activators, "peak": peak_mib},
                     "per_activator_mib": per_activator,
                     "cached_per_activator": {
                         "subsets_mean": subsets_mean, "subsets_max": subsets_max,
@@ -259,6 +417,9 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                     "one_change": {"subsets": in_subsets, "repaired_ms": repair_ms,
                                    "watch_events_per_activator": mean(&per_change),
                                    "watch_events_max": per_change.iter().max()},
+                    "node_loss": {"node": lost, "node_grace_s": grace.as_secs_f64(), "subsets": lost_subsets, "not_ready_ms": not_ready_ms,
+                                  "repaired_after_not_ready_ms": loss_repair_ms},
+                    "api_requests_by_component": {"assign": requests_assign, "steady": requests_steady, "all": requests_all},
                     "latency_ms": latency,
                     "errors": summary.errors + run.as_ref().map_or(0, |r| r.errors() as usize),
                 }),
