@@ -39,6 +39,25 @@ pub fn parse(text: &str, name: &str) -> Vec<(BTreeMap<String, String>, u64)> {
         .collect()
 }
 
+/// The sum over its labels of counter `name` from a real activator's admin port (its pod IP,
+/// [`crds::contract::ADMIN_PORT`]); None when it does not answer within 5 s. One small HTTP
+/// request: cheap enough to poll while measuring the node.
+pub async fn read_total(ip: std::net::IpAddr, name: &str) -> Option<u64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let read = async {
+        let mut s = tokio::net::TcpStream::connect((ip, crds::contract::ADMIN_PORT)).await?;
+        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).await?;
+        Ok::<_, std::io::Error>(text)
+    };
+    let text = tokio::time::timeout(std::time::Duration::from_secs(5), read)
+        .await
+        .ok()?
+        .ok()?;
+    Some(parse(&text, name).into_iter().map(|(_, v)| v).sum())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

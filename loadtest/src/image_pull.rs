@@ -28,6 +28,8 @@ use kube::runtime::wait::await_condition;
 use kube::{Api, Client};
 use serde::Serialize;
 use serde_json::json;
+
+use crate::activator_metrics;
 use tokio::time::Instant;
 
 use crds::contract::PREPULL_ANNOTATION;
@@ -494,8 +496,12 @@ mod tests {
 pub struct WarmDuringPulls {
     pub node: String,
     pub images: usize,
-    /// Concurrent clients of the warm revision, closed loop, through the node's activator.
+    /// Concurrent clients of the warm revision, closed loop, through the node's activator
+    /// (when `rate` is None).
     pub clients: usize,
+    /// Open loop at this many requests a second.
+    pub rate: Option<f64>,
+    pub path: String,
     pub before_ms: Percentiles,
     pub during_ms: Percentiles,
     /// From the pull revisions' creation to every image present on the node.
@@ -515,11 +521,15 @@ impl WarmDuringPulls {
             )
         };
         let ratio = |r: Option<f64>| r.map_or("invalid (failures)".into(), |r| format!("{r:.2}"));
+        let load = match self.rate {
+            Some(r) => format!("open loop, {r} req/s"),
+            None => format!("{} clients, closed loop", self.clients),
+        };
         let mut s = format!(
-            "warm requests on {} ({} clients) while its activator pre-pulls {} images ({:.1} s \
-             until all were on the node)\nwindow          count failed    p50 ms    p90 ms    \
+            "warm requests for {} on {} ({load}) while its activator pre-pulls {} images ({:.1} \
+             s until all were on the node)\nwindow          count failed    p50 ms    p90 ms    \
              p99 ms    max ms\n",
-            self.node, self.clients, self.images, self.pulls_s
+            self.path, self.node, self.images, self.pulls_s
         );
         s += &row("before pulls", &self.before_ms);
         s += &row("during pulls", &self.during_ms);
@@ -544,8 +554,108 @@ pub struct PullLoad<'a> {
     /// {image}`): the end of the pulls, seen at once (a Node's status.images lags).
     pub has_cmd: &'a str,
     pub clients: usize,
+    /// Open loop at this many requests a second instead of `clients` in a closed loop. A
+    /// closed loop keeps the node's CPU busy by construction (each client sends again as soon
+    /// as it is answered), so any other work, a pull or not, slows it by its share of the
+    /// CPU; an open loop below the node's capacity asks whether the pulls slow a node serving
+    /// traffic, which is the question.
+    pub rate: Option<f64>,
+    /// The warm requests' path (the app's CGI forks a shell per request; `/` is a file).
+    pub path: String,
     /// The window before the pulls.
     pub before: Duration,
+}
+
+/// One window of warm traffic, closed or open loop, until `stop`.
+async fn warm_window(
+    driver: &Driver,
+    entry: &(String, std::net::SocketAddr),
+    ns: &str,
+    load: &PullLoad<'_>,
+    stop: tokio_util::sync::CancellationToken,
+) -> Vec<crate::driver::Sample> {
+    let get = |driver: Driver, entry: (String, std::net::SocketAddr), ns: String, path: String| async move {
+        driver
+            .get_named((&entry.0, entry.1), &ns, "warm", &path)
+            .await
+    };
+    match load.rate {
+        Some(rate) => {
+            let samples = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+            let lp = crate::open_loop::OpenLoop {
+                rate,
+                // Ended by `stop`; the bound only keeps a forgotten stop finite.
+                duration: Duration::from_secs(3600),
+                max_in_flight: 256,
+            };
+            let run = lp
+                .run_until(&stop, |_| {
+                    let f = get(
+                        driver.clone(),
+                        entry.clone(),
+                        ns.to_string(),
+                        load.path.clone(),
+                    );
+                    let samples = samples.clone();
+                    async move {
+                        let s = f.await;
+                        let ok = s.ok();
+                        samples.lock().expect("not poisoned").push(s);
+                        ok
+                    }
+                })
+                .await;
+            let mut out = std::mem::take(&mut *samples.lock().expect("not poisoned"));
+            // Never sent (more than 256 outstanding): failures, counted.
+            for _ in 0..run.count(crate::open_loop::Fate::Overflowed) {
+                out.push(crate::driver::Sample::unsent(
+                    "warm",
+                    "not sent: 256 requests outstanding".into(),
+                ));
+            }
+            // Latency from the intended send time (no coordinated omission): the open loop's
+            // own figure replaces each answer's.
+            let mut lat: Vec<Duration> = run
+                .outcomes
+                .iter()
+                .filter(|o| o.ok())
+                .map(|o| o.latency)
+                .collect();
+            lat.sort();
+            let mut answered: Vec<&mut crate::driver::Sample> =
+                out.iter_mut().filter(|s| s.ok()).collect();
+            answered.sort_by_key(|s| s.latency);
+            for (s, l) in answered.into_iter().zip(lat) {
+                s.latency = l;
+            }
+            out
+        }
+        None => {
+            let per_client = (0..load.clients).map(|_| {
+                let (driver, entry, ns, path) = (
+                    driver.clone(),
+                    entry.clone(),
+                    ns.to_string(),
+                    load.path.clone(),
+                );
+                let stop = stop.clone();
+                async move {
+                    let mut out = vec![];
+                    while !stop.is_cancelled() {
+                        out.push(
+                            get(driver.clone(), entry.clone(), ns.clone(), path.clone()).await,
+                        );
+                    }
+                    out
+                }
+            });
+            futures::future::join_all(per_client)
+                .await
+                .into_iter()
+                .flatten()
+                .collect()
+        }
+    }
 }
 
 /// A warm revision on one node; the pull images present on every other node (so that only
@@ -579,70 +689,81 @@ pub async fn warm_during_pulls(
         run_per_node(load.evict_cmd, std::slice::from_ref(&m.0), image).await?;
     }
     let entry = (m.0.clone(), m.1);
-    let clients = load.clients;
-    let traffic = |until: tokio::sync::watch::Receiver<bool>| {
-        let driver = driver.clone();
-        let entry = entry.clone();
-        let path = opts.path.clone();
-        let ns = ns.to_string();
-        async move {
-            let per_client = (0..clients).map(|_| {
-                let (driver, entry, path, ns) =
-                    (driver.clone(), entry.clone(), path.clone(), ns.clone());
-                let until = until.clone();
-                async move {
-                    let mut out = vec![];
-                    while !*until.borrow() {
-                        out.push(
-                            driver
-                                .get_named((&entry.0, entry.1), &ns, "warm", &path)
-                                .await,
-                        );
-                    }
-                    out
-                }
-            });
-            futures::future::join_all(per_client)
-                .await
-                .into_iter()
-                .flatten()
-                .collect::<Vec<_>>()
-        }
-    };
     // Before.
-    let (stop, until) = tokio::sync::watch::channel(false);
-    let before = tokio::spawn(traffic(until));
-    tokio::time::sleep(load.before).await;
-    let _ = stop.send(true);
-    let before = before.await.map_err(|e| Error::Options(e.to_string()))?;
-    // During: the pull revisions, then traffic until the node holds every image.
-    let (stop, until) = tokio::sync::watch::channel(false);
-    let during = tokio::spawn(traffic(until));
-    let t0 = Instant::now();
-    for (i, image) in load.images.iter().enumerate() {
-        let o = Options {
-            image: image.clone(),
-            ..opts.clone()
+    let stop = tokio_util::sync::CancellationToken::new();
+    let before = {
+        let (driver, entry, ns, stop2) =
+            (driver.clone(), entry.clone(), ns.to_string(), stop.clone());
+        let window = async move { warm_window(&driver, &entry, &ns, load, stop2).await };
+        let stopper = async {
+            tokio::time::sleep(load.before).await;
+            stop.cancel();
         };
-        let name = format!("pull-{i}");
-        revision_all_members(client, ns, &name, &o, nodes.len())
+        let (before, ()) = tokio::join!(window, stopper);
+        before
+    };
+    // During: the pull revisions, then traffic until the node holds every image.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let during = warm_window(&driver, &entry, ns, load, stop.clone());
+    // The pulls' end, seen in the node's activator's own counters (one small HTTP request
+    // per 100 ms): polling `has_cmd` instead (a shell and `ctr` per image and poll) was itself
+    // a load on the node's CPU, during this window only. `has_cmd` confirms afterwards.
+    let ip = m.1.ip();
+    let done_pulls = async move || {
+        let ok = activator_metrics::read_total(ip, "activator_prepull_succeeded_total").await?;
+        let failed = activator_metrics::read_total(ip, "activator_prepull_failed_total").await?;
+        Some((ok, failed))
+    };
+    let (ok0, failed0) = done_pulls()
+        .await
+        .ok_or_else(|| Error::Options(format!("{}'s activator serves no metrics", m.0)))?;
+    let pulls = async {
+        let t0 = Instant::now();
+        let result = async {
+            for (i, image) in load.images.iter().enumerate() {
+                let o = Options {
+                    image: image.clone(),
+                    ..opts.clone()
+                };
+                let name = format!("pull-{i}");
+                revision_all_members(client, ns, &name, &o, nodes.len())
+                    .await
+                    .map_err(Error::Options)?;
+            }
+            let n = load.images.len() as u64;
+            let all_over = async {
+                loop {
+                    if let Some((ok, failed)) = done_pulls().await
+                        && ok + failed >= ok0 + failed0 + n
+                    {
+                        return (ok - ok0, failed - failed0);
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            };
+            tokio::time::timeout(opts.limit, all_over)
+                .await
+                .map_err(|_| Error::Timeout {
+                    what: format!("{} to pull the {} images", m.0, load.images.len()),
+                    secs: opts.limit.as_secs(),
+                })
+        }
+        .await;
+        stop.cancel();
+        result.map(|counts| (counts, t0.elapsed().as_secs_f64()))
+    };
+    let (during, pulls) = tokio::join!(during, pulls);
+    let ((_, failed_pulls), pulls_s) = pulls?;
+    if failed_pulls > 0 {
+        return Err(Error::Options(format!(
+            "{} of {}'s pre-pulls failed (activator_prepull_failed_total)",
+            failed_pulls, m.0
+        )));
+    }
+    for image in &load.images {
+        node_holds(load.has_cmd, &m.0, image, Duration::from_secs(5))
             .await
             .map_err(Error::Options)?;
-    }
-    let all_there = async {
-        for image in &load.images {
-            let _ = node_holds(load.has_cmd, &m.0, image, opts.limit).await;
-        }
-    };
-    let pulled = tokio::time::timeout(opts.limit, all_there).await;
-    let pulls_s = t0.elapsed().as_secs_f64();
-    let _ = stop.send(true);
-    let during = during.await.map_err(|e| Error::Options(e.to_string()))?;
-    if pulled.is_err() {
-        return Err(Error::Timeout {
-            what: format!("{} to pull the {} images", m.0, load.images.len()),
-            secs: opts.limit.as_secs(),
-        });
     }
     let window = |v: &[crate::driver::Sample]| {
         let ok: Vec<Duration> = v.iter().filter(|s| s.ok()).map(|s| s.latency).collect();
@@ -664,6 +785,8 @@ pub async fn warm_during_pulls(
         node: m.0,
         images: load.images.len(),
         clients: load.clients,
+        rate: load.rate,
+        path: load.path.clone(),
         p99_ratio: ratio(d.p99, b.p99),
         p50_ratio: ratio(d.p50, b.p50),
         before_ms: b,

@@ -154,6 +154,13 @@ enum Cmd {
         /// Concurrent warm clients during the pull load.
         #[arg(long, default_value_t = 4)]
         warm_clients: usize,
+        /// Warm traffic during the pull load as an open loop at this many requests a second
+        /// (instead of --warm-clients in a closed loop, which keeps the CPU busy by itself).
+        #[arg(long)]
+        warm_rate: Option<f64>,
+        /// The warm requests' path (default: --path).
+        #[arg(long)]
+        warm_path: Option<String>,
         /// Write the report as JSON here.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -310,6 +317,8 @@ async fn main() -> anyhow::Result<()> {
             pull_load_count,
             has_cmd,
             warm_clients,
+            warm_rate,
+            warm_path,
             json,
         } => {
             let client = match kubeconfig {
@@ -358,6 +367,8 @@ async fn main() -> anyhow::Result<()> {
                         evict_cmd: evict,
                         has_cmd: has_cmd.as_deref().unwrap_or_default(),
                         clients: warm_clients,
+                        rate: warm_rate,
+                        path: warm_path.clone().unwrap_or_else(|| opts.path.clone()),
                         before: std::time::Duration::from_secs(10),
                     };
                     let warm =

@@ -245,8 +245,28 @@ struct Pending {
 }
 
 impl OpenLoop {
-    /// Runs the schedule; `send(i)` makes request i and says whether it succeeded.
-    pub async fn run<F, Fut>(&self, cancel: &CancellationToken, mut send: F) -> Run
+    /// Runs the schedule; `send(i)` makes request i and says whether it succeeded. A
+    /// cancelled run stops sending and cuts off the requests outstanding ([`Fate::Aborted`]).
+    pub async fn run<F, Fut>(&self, cancel: &CancellationToken, send: F) -> Run
+    where
+        F: FnMut(u64) -> Fut,
+        Fut: Future<Output = bool> + Send + 'static,
+    {
+        self.run_inner(cancel, true, send).await
+    }
+
+    /// As [`OpenLoop::run`], but `stop` ends only the schedule: the requests outstanding are
+    /// waited for and count as what they became. For a window that ends on an event (the
+    /// requests in flight then are part of the window, not cut off).
+    pub async fn run_until<F, Fut>(&self, stop: &CancellationToken, send: F) -> Run
+    where
+        F: FnMut(u64) -> Fut,
+        Fut: Future<Output = bool> + Send + 'static,
+    {
+        self.run_inner(stop, false, send).await
+    }
+
+    async fn run_inner<F, Fut>(&self, cancel: &CancellationToken, abort: bool, mut send: F) -> Run
     where
         F: FnMut(u64) -> Fut,
         Fut: Future<Output = bool> + Send + 'static,
@@ -326,7 +346,7 @@ impl OpenLoop {
                     Some(done) => settle(done, &mut pending, &mut outcomes),
                     None => break,
                 },
-                _ = cancel.cancelled(), if !cancelled => {
+                _ = cancel.cancelled(), if abort && !cancelled => {
                     cancelled = true;
                     tasks.abort_all();
                 }
@@ -471,5 +491,48 @@ mod tests {
         .await;
         assert!(run.cancelled);
         assert_eq!(run.sent(), 5, "sent before the cancel, and answered");
+    }
+
+    /// `run` cuts off what is in flight at the cancel; `run_until` waits for it: the same
+    /// schedule, a slow request outstanding at the stop, one Aborted, the other Answered.
+    #[tokio::test(start_paused = true)]
+    async fn run_until_waits_for_the_requests_in_flight_at_the_stop() {
+        for drain in [false, true] {
+            let stop = CancellationToken::new();
+            let s = stop.clone();
+            let send = move |i: u64| {
+                let s = s.clone();
+                async move {
+                    if i == 2 {
+                        // In flight when the stop comes, answered 5 s later.
+                        s.cancel();
+                        tokio::time::sleep(Duration::from_secs(5)).await;
+                    }
+                    true
+                }
+            };
+            let lp = OpenLoop {
+                rate: 10.0,
+                duration: Duration::from_secs(100),
+                max_in_flight: 100,
+            };
+            let run = if drain {
+                lp.run_until(&stop, send).await
+            } else {
+                lp.run(&stop, send).await
+            };
+            assert!(run.cancelled);
+            assert_eq!(run.due(), 3, "drain {drain}: nothing sent after the stop");
+            let (answered, aborted) = (run.count(Fate::Answered), run.count(Fate::Aborted));
+            if drain {
+                assert_eq!((answered, aborted), (3, 0));
+                assert!(
+                    run.latency().max >= 5000.0,
+                    "the slow one counted at its time"
+                );
+            } else {
+                assert_eq!((answered, aborted), (2, 1));
+            }
+        }
     }
 }

@@ -12,11 +12,12 @@ use futures::future::{BoxFuture, Shared};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::wait::await_condition;
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::read::get_cache_first;
+use super::revisions::SubsetOf;
 use crds::ObjectKey as RevisionKey;
 
 /// Where a request for a revision should be served.
@@ -37,12 +38,11 @@ pub enum Membership {
 /// What the subset watch tells the rest of the activator about this node's memberships.
 #[derive(Debug, Clone)]
 pub enum MemberEvent {
-    /// A subset lists this node (again, or changed): `generation` is the Revision generation
-    /// the subsetter last reconciled (`status.observedGeneration`).
+    /// A subset lists this node (again, or changed), written for the Revision `of` names.
     Member {
         key: RevisionKey,
         me: ActivatorMember,
-        generation: Option<i64>,
+        of: SubsetOf,
     },
     /// A subset no longer lists this node (or is gone).
     Left(RevisionKey),
@@ -119,7 +119,14 @@ impl EndpointsCache {
                             let _ = member_of.send(MemberEvent::Member {
                                 key,
                                 me: m.clone(),
-                                generation: status.and_then(|s| s.observed_generation),
+                                of: SubsetOf {
+                                    generation: status.and_then(|s| s.observed_generation),
+                                    uid: aep
+                                        .owner_references()
+                                        .iter()
+                                        .find(|o| o.controller == Some(true))
+                                        .map(|o| o.uid.clone()),
+                                },
                             });
                         }
                         (Some(key), None) => {

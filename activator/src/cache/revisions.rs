@@ -24,6 +24,30 @@ const FETCHED_TTL: Duration = Duration::from_secs(10);
 /// Entries kept before expired ones are dropped (names come from request headers).
 const ENTRIES_KEPT: usize = 10_000;
 
+/// Which Revision a subset was written for: the generation the subsetter last reconciled
+/// (`status.observedGeneration`) and the Revision's uid (the subset's controller
+/// ownerReference). A Revision deleted and created again under the same name starts again at
+/// generation 1: by generation alone, a copy of the old one looks current, and pods made of it
+/// name an owner that no longer exists (the garbage collector deletes each as it is created).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SubsetOf {
+    pub generation: Option<i64>,
+    pub uid: Option<String>,
+}
+
+impl SubsetOf {
+    /// Whether `rev` is the Revision the subset was written for, at least that recent.
+    pub fn held_by(&self, rev: &Revision) -> bool {
+        let same = match (&self.uid, &rev.metadata.uid) {
+            (Some(want), Some(have)) => want == have,
+            _ => true,
+        };
+        same && self
+            .generation
+            .is_none_or(|g| rev.metadata.generation >= Some(g))
+    }
+}
+
 /// A revision read on demand, or the fact that it does not exist, and when.
 #[derive(Clone)]
 struct Fetched {
@@ -59,22 +83,25 @@ impl RevisionCache {
         }
     }
 
-    /// This node is a member of `key`'s subset, last reconciled at `generation`: read the
-    /// revision now (in the background) unless the copy held is that recent, and keep it.
-    pub fn prefetch(&self, key: &RevisionKey, generation: Option<i64>) {
-        self.pinned.insert(key.clone(), generation);
-        let held = self
-            .fetched
-            .get(key)
-            .and_then(|e| e.revision.as_ref().map(|r| r.metadata.generation));
-        let fresh = match (held, generation) {
-            (Some(have), Some(want)) => have >= Some(want),
-            (Some(_), None) => true,
-            (None, _) => false,
+    /// This node is a member of `key`'s subset, written for `of`: read the revision now (in
+    /// the background) unless the copy held is that one, and keep it. A copy of another
+    /// Revision of the same name (deleted and created again) is dropped at once, so that no
+    /// request uses it meanwhile.
+    pub fn prefetch(&self, key: &RevisionKey, of: &SubsetOf) {
+        self.pinned.insert(key.clone(), of.generation);
+        let held = self.fetched.get(key).and_then(|e| e.revision.clone());
+        let fresh = match &held {
+            Some(rev) if of.uid.is_some() && of.uid != rev.metadata.uid => {
+                self.fetched.remove(key);
+                false
+            }
+            Some(rev) => of.held_by(rev),
+            None => false,
         };
         if !fresh {
             let this = self.clone();
             let key = key.clone();
+            let generation = of.generation;
             tokio::spawn(async move {
                 if let Err(e) = this.fetch_shared(&key, generation).await {
                     tracing::debug!(revision = %key, error = %e, "reading a member revision ahead");
@@ -83,20 +110,20 @@ impl RevisionCache {
         }
     }
 
-    /// A member revision at least as new as `generation` (its subset's observedGeneration):
-    /// the copy held if it is, else a read (shared with [`RevisionCache::prefetch`]'s).
+    /// A member revision that is the one its subset was written for (`of`): the copy held if
+    /// it is, else a read (shared with [`RevisionCache::prefetch`]'s).
     pub async fn get_member(
         &self,
         key: &RevisionKey,
-        generation: Option<i64>,
+        of: &SubsetOf,
     ) -> Result<Option<Arc<Revision>>, kube::Error> {
         let held = self.fetched.get(key).and_then(|e| e.revision.clone());
         if let Some(rev) = held
-            && generation.is_none_or(|g| rev.metadata.generation >= Some(g))
+            && of.held_by(&rev)
         {
             return Ok(Some(rev));
         }
-        self.fetch_shared(key, generation)
+        self.fetch_shared(key, of.generation)
             .await
             .map_err(|e| match &*e {
                 kube::Error::Api(s) => kube::Error::Api(s.clone()),
@@ -244,5 +271,44 @@ impl RevisionCache {
                 flag.store(false, Ordering::Release);
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rev(uid: &str, generation: i64) -> Revision {
+        let mut r: Revision = serde_json::from_value(serde_json::json!({
+            "apiVersion": "local-activator.dev/v1alpha1",
+            "kind": "Revision",
+            "metadata": {"name": "r", "namespace": "ns"},
+            "spec": {"template": {"spec": {"containers": [{"name": "app", "image": "i"}]}}}
+        }))
+        .unwrap();
+        r.metadata.uid = Some(uid.into());
+        r.metadata.generation = Some(generation);
+        r
+    }
+
+    #[test]
+    fn a_copy_is_the_subsets_revision_only_with_its_uid_and_at_least_its_generation() {
+        let of = |g: i64, uid: &str| SubsetOf {
+            generation: Some(g),
+            uid: Some(uid.into()),
+        };
+        assert!(of(1, "a").held_by(&rev("a", 1)));
+        assert!(of(1, "a").held_by(&rev("a", 2)), "newer is fine");
+        assert!(!of(2, "a").held_by(&rev("a", 1)), "older is not");
+        // Deleted and created again: generation 1 both times, another uid.
+        assert!(!of(1, "b").held_by(&rev("a", 1)));
+        assert!(!of(1, "b").held_by(&rev("a", 7)));
+        // What the subset does not say is not checked.
+        assert!(SubsetOf::default().held_by(&rev("a", 1)));
+        let no_uid = SubsetOf {
+            generation: Some(1),
+            uid: None,
+        };
+        assert!(no_uid.held_by(&rev("a", 1)));
     }
 }

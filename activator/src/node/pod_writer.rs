@@ -113,11 +113,17 @@ impl LocalScheduler {
                 Ok(name.to_string())
             }
             Err(kube::Error::Api(s)) if s.code == 409 => self.adopt(&api, key, name).await,
-            // Invalid (422) or forbidden (403: e.g. the namespace is terminating): the
-            // template or the namespace is at fault, not this node.
-            Err(kube::Error::Api(s)) if s.code == 422 || s.code == 400 => Err(
-                CreateError::Refused(format!("creating pod {name}: {}", s.message)),
-            ),
+            // Invalid (422, 400), the namespace being deleted (403 with the cause
+            // NamespaceTerminating) or gone (404): the template or the namespace is at fault,
+            // not this node, and retrying does not change the answer. Requests waiting are
+            // answered at once instead of waiting out the revision's timeout behind retries.
+            // Another 403 (a quota, RBAC) may pass: retried with back-off.
+            Err(kube::Error::Api(s)) if matches!(s.code, 400 | 404 | 422) || terminating(&s) => {
+                Err(CreateError::Refused(format!(
+                    "creating pod {name}: {}",
+                    s.message
+                )))
+            }
             // The create may have happened with its answer lost (a timeout, a cut
             // connection): if the pod exists, it is ours. When the read gets no answer
             // either, the API server is out of reach.
@@ -164,4 +170,13 @@ impl LocalScheduler {
             Err(e) => tracing::warn!(revision = %key, pod = %name, error = %e, "deleting pod"),
         }
     }
+}
+
+/// A 403 because the namespace is being deleted (`Forbidden` with the cause
+/// `NamespaceTerminating`, as the API server's NamespaceLifecycle admission says it).
+fn terminating(s: &kube::core::Status) -> bool {
+    s.code == 403
+        && s.details
+            .as_ref()
+            .is_some_and(|d| d.causes.iter().any(|c| c.reason == "NamespaceTerminating"))
 }

@@ -29,7 +29,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::cache::revisions::RevisionCache;
+use crate::cache::revisions::{RevisionCache, SubsetOf};
 use crate::node::prepull_images::{Wanted, opted_out, wanted};
 use crate::node::prepull_queue::{Job, Outcome, PullQueue, RetryPolicy};
 use crate::node::pull_secrets::Keyring;
@@ -65,10 +65,7 @@ impl Default for PrepullConfig {
 }
 
 enum Command {
-    Member {
-        key: RevisionKey,
-        generation: Option<i64>,
-    },
+    Member { key: RevisionKey, of: SubsetOf },
     Left(RevisionKey),
 }
 
@@ -98,9 +95,9 @@ impl Prepull {
         Prepull { tx }
     }
 
-    /// This node is (still) a member of `key`'s subset, reconciled at `generation`.
-    pub fn member(&self, key: RevisionKey, generation: Option<i64>) {
-        let _ = self.tx.send(Command::Member { key, generation });
+    /// This node is (still) a member of `key`'s subset, written for the Revision `of` names.
+    pub fn member(&self, key: RevisionKey, of: SubsetOf) {
+        let _ = self.tx.send(Command::Member { key, of });
     }
 
     /// This node is no longer a member of `key`'s subset.
@@ -171,14 +168,14 @@ impl Runner {
             tokio::select! {
                 _ = stop.cancelled() => return,
                 cmd = rx.recv() => match cmd {
-                    Some(Command::Member { key, generation }) => {
+                    Some(Command::Member { key, of }) => {
                         self.epoch += 1;
                         let epoch = self.epoch;
                         let held = self.members.get(&key).and_then(|(_, r)| r.clone());
                         self.members.insert(key.clone(), (epoch, held));
                         let revisions = self.revisions.clone();
                         reads.spawn(async move {
-                            match revisions.get_member(&key, generation).await {
+                            match revisions.get_member(&key, &of).await {
                                 Ok(rev) => (key, epoch, rev),
                                 Err(error) => {
                                     tracing::debug!(revision = %key, %error, "reading a member revision for its images");

@@ -103,18 +103,26 @@ struct Pass<'a> {
     full: Option<String>,
     /// Pods to delete once the pool's lock is released.
     to_delete: Vec<(String, PodReason)>,
+    /// Pods someone else deleted before they ever took a request.
+    lost: Vec<String>,
+    /// A pod took its first request slot in this pass.
+    usable_now: bool,
 }
 
 /// Forgets the pods the watch no longer has: out of the throttle, their probes and address
-/// lookups stopped.
+/// lookups stopped. Returns those that went before they ever served, and not by this scaler.
 fn forget_gone(
     tracked: &mut HashMap<String, Tracked>,
     pods: &RevisionPods,
     changes: &mut PodChanges<'_>,
-) {
+) -> Vec<String> {
+    let mut lost = Vec::new();
     tracked.retain(|name, t| {
         if pods.contains_key(name) {
             return true;
+        }
+        if !t.removing && !t.ever_usable {
+            lost.push(name.clone());
         }
         if let Some(id) = t.slot.take() {
             changes.remove(id);
@@ -127,6 +135,7 @@ fn forget_gone(
         }
         false
     });
+    lost
 }
 
 impl Tracked {
@@ -227,6 +236,13 @@ impl Tracked {
     /// started marks the node full for the revision.
     fn check_start(&mut self, name: &str, p: &LocalPod, pass: &mut Pass<'_>) {
         let sh = pass.shared;
+        // Deleted by someone else before it ever served: the garbage collector (the pod's
+        // owner is gone), a policy, an operator. Its replacement waits for the scaler's
+        // back-off: replacing it at once makes a loop as fast as the API server answers.
+        if p.terminating && !self.removing && !self.ever_usable {
+            self.removing = true;
+            pass.lost.push(name.to_string());
+        }
         if let Some(reason) = &p.failed
             && !self.removing
             && !p.terminating
@@ -266,7 +282,7 @@ impl Tracked {
         name: &str,
         p: &LocalPod,
         addr: Option<SocketAddr>,
-        pass: &Pass<'_>,
+        pass: &mut Pass<'_>,
         changes: &mut PodChanges<'_>,
     ) -> bool {
         let usable = p.live()
@@ -282,6 +298,7 @@ impl Tracked {
                 let addr = addr.expect("usable has an address");
                 self.slot = Some(changes.add(name, addr, adopted));
                 self.ever_usable = true;
+                pass.usable_now = true;
             }
             (false, Some(id)) => {
                 changes.remove(id);
@@ -349,6 +366,9 @@ struct Scaler {
     unreachable: Option<String>,
     /// The back-off between creates while the API server does not answer.
     unreachable_backoff: WatchBackoff,
+    /// The wait before replacing pods someone else deleted before they served; doubles each
+    /// time, back to the start once a pod serves.
+    lost_backoff: Duration,
 }
 
 impl Scaler {
@@ -372,6 +392,7 @@ impl Scaler {
             invalid: None,
             unreachable: None,
             unreachable_backoff: WatchBackoff::new(CREATE_BACKOFF, UNREACHABLE_BACKOFF_MAX),
+            lost_backoff: CREATE_BACKOFF,
         }
     }
 
@@ -452,10 +473,12 @@ impl Scaler {
             probe_tx: &self.probe_tx,
             full: None,
             to_delete: Vec::new(),
+            lost: Vec::new(),
+            usable_now: false,
         };
         // One step under the pool's lock: a request sees every change of this pass or none.
         pool.change_pods(|changes| {
-            forget_gone(&mut self.tracked, pods, changes);
+            pass.lost = forget_gone(&mut self.tracked, pods, changes);
             for (name, p) in pods {
                 let t = self
                     .tracked
@@ -468,8 +491,29 @@ impl Scaler {
             }
         });
         let Pass {
-            full, to_delete, ..
+            full,
+            to_delete,
+            lost,
+            usable_now,
+            ..
         } = pass;
+        if usable_now {
+            self.lost_backoff = CREATE_BACKOFF;
+        }
+        if !lost.is_empty() {
+            let wait = self.lost_backoff;
+            self.lost_backoff = (self.lost_backoff * 2).min(CREATE_BACKOFF_MAX);
+            let until = Instant::now() + wait;
+            self.next_create = Some(self.next_create.map_or(until, |t| t.max(until)));
+            let why = format!(
+                "pod(s) {} deleted by someone else before they took a request (the next in {:?})",
+                lost.join(", "),
+                wait
+            );
+            tracing::warn!(revision = %pool.key(), "{why}");
+            sh.events
+                .cold_start_failed(&pool.revision(), "PodDeleted", why);
+        }
         if let Some(why) = full {
             tracing::warn!(revision = %pool.key(), reason = %why, "node full for revision");
             sh.metrics.node_full.inc();

@@ -34,14 +34,10 @@ pub(crate) async fn keep_members_warm(
                 }
                 continue;
             }
-            MemberEvent::Member {
-                key,
-                me,
-                generation,
-            } => {
-                revisions.prefetch(&key, generation);
+            MemberEvent::Member { key, me, of } => {
+                revisions.prefetch(&key, &of);
                 if let Some(p) = &prepull {
-                    p.member(key.clone(), generation);
+                    p.member(key.clone(), of);
                 }
                 if me.min_pods == 0 {
                     continue;
