@@ -136,7 +136,7 @@ pub struct Args {
           default_missing_value = "true", value_parser = BoolishValueParser::new())]
     pub prepull: bool,
     /// Image pulls in flight at once on this node.
-    #[arg(long, env = "PREPULL_CONCURRENCY", default_value = "2", value_parser = at_least_one)]
+    #[arg(long, env = "PREPULL_CONCURRENCY", default_value = "1", value_parser = at_least_one)]
     pub prepull_concurrency: usize,
     /// Read revisions' image pull secrets (and their service accounts') to pre-pull private
     /// images. Needs `get` on Secrets and ServiceAccounts (an opt-in RBAC block, see

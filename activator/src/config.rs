@@ -136,7 +136,7 @@ impl ActivatorConfig {
             hop: crate::pipeline::hop::HopAuth::none(),
             node_agent: None,
             prepull: true,
-            prepull_concurrency: 2,
+            prepull_concurrency: 1,
             prepull_secrets: false,
             directory: crate::cache::directory::DirectorySource::Off,
         }
