@@ -676,6 +676,84 @@ async fn a_revision_deleted_and_created_again_gets_pods_of_the_new_one() {
     c.shutdown().await;
 }
 
+/// Pods deleted by someone else before they serve (here a deleter that takes every pod of the
+/// revision as it appears) are replaced after a back-off, 200 ms doubling, not at once: within
+/// the request's timeoutSeconds of 3, at most five creates fit (at 0, 0.2, 0.6, 1.4 and 3.0 s),
+/// where replacing at once made one per API round trip (hundreds on kubesim). A slower
+/// machine makes fewer, never more. The request gets its 504, and the Revision a
+/// `ColdStartFailed` Event with the cause `PodDeleted`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_deleted_by_others_before_serving_are_replaced_after_a_back_off() {
+    use k8s_openapi::api::events::v1::Event;
+    use kube::api::DeleteParams;
+    let (c, ns) = cluster_with(options()).await;
+    let members = revision(&c, &ns, "taken", |r| {
+        r.spec.activators = Some(1);
+        r.spec.timeout_seconds = 3;
+    })
+    .await;
+    // The deleter: every pod of the revision, as soon as the watch shows it.
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), &ns);
+    let cfg = watcher::Config::default().labels(&format!("{REVISION_LABEL}=taken"));
+    let deleted = Arc::new(AtomicUsize::new(0));
+    let deleter = {
+        let (pods, deleted) = (pods.clone(), deleted.clone());
+        tokio::spawn(async move {
+            let mut events = std::pin::pin!(watcher(pods.clone(), cfg).applied_objects());
+            while let Some(ev) = events.next().await {
+                if let Ok(p) = ev
+                    && p.metadata.deletion_timestamp.is_none()
+                    && pods
+                        .delete(&p.name_any(), &DeleteParams::default())
+                        .await
+                        .is_ok()
+                {
+                    deleted.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        })
+    };
+    let (m, addr) = entry(&c, &members[0]);
+    let a = c.activators.iter().find(|a| a.node == m).unwrap();
+    let created = || {
+        samples(a.activator.metrics(), "activator_pods_created_total")
+            .into_iter()
+            .map(|(_, n)| n)
+            .sum::<u64>()
+    };
+    let before = created();
+    let s = Driver::new().get_named((&m, addr), &ns, "taken", "/").await;
+    let made = created() - before;
+    deleter.abort();
+    assert_eq!(s.status, 504, "no pod lived to serve it: {s:?}");
+    assert!(deleted.load(Ordering::SeqCst) >= 2, "the deleter took pods");
+    assert!(
+        (2..=5).contains(&made),
+        "{made} pods created in 3 s of deletions: replaced at once, not after a back-off"
+    );
+    // The Event (written in the background: awaited on a watch).
+    let events: Api<Event> = Api::namespaced(c.client.clone(), &ns);
+    let ecfg = watcher::Config::default().fields("regarding.name=taken");
+    let found = async {
+        let mut evs = std::pin::pin!(watcher(events, ecfg).applied_objects());
+        while let Some(e) = evs.next().await {
+            if let Ok(e) = e
+                && e.note
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with("PodDeleted"))
+            {
+                return e;
+            }
+        }
+        unreachable!("the watch ended")
+    };
+    let e = tokio::time::timeout(LIMIT, found)
+        .await
+        .expect("a PodDeleted event on the Revision");
+    assert_eq!(e.reason.as_deref(), Some("ColdStartFailed"), "{e:?}");
+    c.shutdown().await;
+}
+
 /// Every cold start records all four phases once, so each phase's histogram counts the same
 /// cold starts: a burst that waits through one start (containerConcurrency 1, so most get
 /// their slot after the first), then a pod deleted and replaced while requests come.
