@@ -171,6 +171,14 @@ async fn wait_pods(c: &SimCluster, ns: &str, rev: &str, pred: impl Fn(&[Pod]) ->
         .expect("the revision's pods reach the expected count");
 }
 
+/// The pods an in-process activator created so far, every reason.
+fn pods_created(a: &loadtest::cluster::NodeActivator) -> u64 {
+    samples(a.activator.metrics(), "activator_pods_created_total")
+        .into_iter()
+        .map(|(_, n)| n)
+        .sum()
+}
+
 fn all_ok(samples: &[Sample]) {
     let bad: Vec<&Sample> = samples.iter().filter(|s| !s.ok()).collect();
     assert!(
@@ -642,12 +650,7 @@ async fn a_revision_deleted_and_created_again_gets_pods_of_the_new_one() {
     .unwrap();
     wait_pods(&c, &ns, "again", |pods| pods.is_empty()).await;
     let a = c.activators.iter().find(|a| a.node == m).unwrap();
-    let created = || {
-        samples(a.activator.metrics(), "activator_pods_created_total")
-            .into_iter()
-            .map(|(_, n)| n)
-            .sum::<u64>()
-    };
+    let created = || pods_created(a);
     let before = created();
 
     let again = revision(&c, &ns, "again", every).await;
@@ -715,12 +718,7 @@ async fn pods_deleted_by_others_before_serving_are_replaced_after_a_back_off() {
     };
     let (m, addr) = entry(&c, &members[0]);
     let a = c.activators.iter().find(|a| a.node == m).unwrap();
-    let created = || {
-        samples(a.activator.metrics(), "activator_pods_created_total")
-            .into_iter()
-            .map(|(_, n)| n)
-            .sum::<u64>()
-    };
+    let created = || pods_created(a);
     let before = created();
     let s = Driver::new().get_named((&m, addr), &ns, "taken", "/").await;
     let made = created() - before;
