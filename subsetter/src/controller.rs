@@ -156,6 +156,7 @@ impl Subsetter {
                 nodes,
                 outage_hold: self.config.outage_hold,
                 aftermath_until: Arc::clone(&shared.aftermath_until),
+                available_count: Arc::clone(&shared.available_count),
             },
             Arc::clone(&shared.index),
             Arc::clone(&shared.activators),
@@ -308,6 +309,14 @@ impl Caches {
         let mut synced = self.shared.synced.clone();
         let _ = synced.wait_for(|s| *s).await;
         let _ = self.rev_reader.wait_until_ready().await;
+    }
+
+    /// Waits until at least `n` activators are usable as this replica's caches show them
+    /// (Ready pods on Ready nodes): what a harness that just started `n` must wait for before
+    /// it creates revisions, or the first ones are planned with the few seen so far.
+    pub async fn wait_for_activators(&self, n: usize) {
+        let mut count = self.shared.available_count.subscribe();
+        let _ = count.wait_for(|c| *c >= n).await;
     }
 
     /// What the directory answers (`crds::directory`): from this replica's caches, which a

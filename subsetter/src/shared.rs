@@ -34,6 +34,8 @@ pub(crate) struct SharedCaches {
     /// the activator watches last failed for want of it): no rebalancing meanwhile, since a
     /// moved member's cold start waits on kubelets whose own watches are still backing off.
     pub(crate) aftermath_until: Arc<Mutex<Option<tokio::time::Instant>>>,
+    /// How many activators `activators` holds, published on each change.
+    pub(crate) available_count: Arc<watch::Sender<usize>>,
 }
 
 impl SharedCaches {
@@ -48,6 +50,7 @@ impl SharedCaches {
             synced,
             queued,
             aftermath_until: Arc::default(),
+            available_count: Arc::new(watch::Sender::new(0)),
         }
     }
 }

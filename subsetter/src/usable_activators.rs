@@ -34,6 +34,9 @@ pub(crate) struct ActivatorSources {
     pub outage_hold: std::time::Duration,
     /// Where the end of an outage's aftermath is published (`SharedCaches`).
     pub aftermath_until: Arc<Mutex<Option<tokio::time::Instant>>>,
+    /// How many activators are published as usable, for whoever waits for a number of them
+    /// (`Caches::wait_for_activators`).
+    pub available_count: Arc<watch::Sender<usize>>,
 }
 
 /// Keeps the usable activator set from the activator pod and Node watches, one event at a
@@ -47,6 +50,7 @@ pub(crate) async fn watch_activators(
         nodes,
         outage_hold,
         aftermath_until,
+        available_count,
     }: ActivatorSources,
     index: Arc<Mutex<MembershipIndex>>,
     available: Arc<RwLock<Arc<Available>>>,
@@ -116,7 +120,14 @@ pub(crate) async fn watch_activators(
                     settle = Some(end);
                 }
             }
-            publish(&diff, &set, &available, &index, &metrics, &triggers);
+            publish(
+                &diff,
+                &set,
+                (&available, &available_count),
+                &index,
+                &metrics,
+                &triggers,
+            );
             continue;
         };
         let event = match event {
@@ -177,6 +188,7 @@ pub(crate) async fn watch_activators(
             *write(&available) = Arc::new(Available::from(next.clone()));
             lock(&index).set_available(next);
             metrics.activators.set(next.len() as i64);
+            available_count.send_replace(next.len());
             synced.send_modify(|s| {
                 s.pods = true;
                 s.nodes = true;
@@ -245,7 +257,14 @@ pub(crate) async fn watch_activators(
         if diff.is_empty() {
             continue;
         }
-        publish(&diff, &set, &available, &index, &metrics, &triggers);
+        publish(
+            &diff,
+            &set,
+            (&available, &available_count),
+            &index,
+            &metrics,
+            &triggers,
+        );
     }
 }
 
@@ -282,7 +301,7 @@ fn same_placement(old: &Activator, new: &Activator) -> bool {
 fn publish(
     diff: &activators::Diff,
     set: &activators::ActivatorSet,
-    available: &Arc<RwLock<Arc<Available>>>,
+    (available, count): (&Arc<RwLock<Arc<Available>>>, &watch::Sender<usize>),
     index: &Arc<Mutex<MembershipIndex>>,
     metrics: &Metrics,
     triggers: &Triggers,
@@ -331,6 +350,7 @@ fn publish(
         t
     };
     metrics.activators.set(set.available().len() as i64);
+    count.send_replace(set.available().len());
     info!(
         lost = ?diff.lost,
         changed = ?diff.changed,
