@@ -44,6 +44,13 @@ const CREATE_BACKOFF_MAX: Duration = Duration::from_secs(10);
 /// many connects a pool with demand makes meanwhile (one per 1-2 s).
 const UNREACHABLE_BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// The scaler looks again at least this often (idle and stable-window clocks).
+/// How long a scaler made before this node's pods are first listed waits for the list before
+/// it acts (a just-started activator: a request that came before the list would otherwise
+/// create a pod that is already running, get 409 and adopt it, answering warm work as cold).
+/// Given up at once when the API server is known down: that list will not come soon, and the
+/// cold start's create fails fast instead.
+const POD_LIST_WAIT: Duration = Duration::from_secs(5);
+
 const TICK: Duration = Duration::from_secs(1);
 /// A starting pod's readiness is checked this often at first (a refused connect costs a
 /// round trip on the node's bridge)...
@@ -403,6 +410,10 @@ impl Scaler {
         let Some(mut unreachable) = pool.take_unreachable() else {
             return;
         };
+        tokio::select! {
+            _ = sh.stop.cancelled() => return,
+            _ = sh.api.within(POD_LIST_WAIT, sh.pods.synced()) => {}
+        }
         loop {
             let pods = pods_rx.borrow_and_update().clone();
             self.sync(&pods);
