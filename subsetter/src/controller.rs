@@ -187,6 +187,7 @@ impl Subsetter {
             rev_writer,
             claims,
             triggers.clone(),
+            Arc::clone(&shared.written_statuses),
         )));
         Caches {
             shared,
@@ -410,6 +411,7 @@ async fn watch_revisions(
     writer: reflector::store::Writer<Revision>,
     mut claims: HostClaims,
     triggers: Triggers,
+    written: Arc<Mutex<crate::written_status::WrittenStatuses>>,
 ) {
     let mut generations: HashMap<ObjectRef<Revision>, Option<i64>> = HashMap::new();
     let mut events = std::pin::pin!(
@@ -437,6 +439,8 @@ async fn watch_revisions(
         claims.observe(&event);
         match event {
             Event::Apply(r) | Event::InitApply(r) => {
+                let rk = Key::new(r.namespace().unwrap_or_default(), r.name_any());
+                lock(&written).seen(&rk, r.metadata.resource_version.as_deref());
                 let key = ObjectRef::from_obj(&r);
                 let generation = r.metadata.generation;
                 if generations.insert(key.clone(), generation) != Some(generation) {
@@ -444,6 +448,7 @@ async fn watch_revisions(
                 }
             }
             Event::Delete(r) => {
+                lock(&written).forget(&Key::new(r.namespace().unwrap_or_default(), r.name_any()));
                 generations.remove(&ObjectRef::from_obj(&r));
             }
             Event::Init | Event::InitDone => {}

@@ -30,6 +30,7 @@ pub mod size;
 pub mod store;
 pub mod usable_activators;
 pub mod write_limit;
+pub mod written_status;
 
 pub use error::{Error, Result};
 pub use policy::{LeastLoaded, Random, SubsetPolicy};

@@ -382,14 +382,27 @@ async fn write_revision_status(
     if let Some((generation, conditions)) =
         plan::revision_conditions(rev, problems, members, none, now)
     {
+        let key = Key::new(rev.namespace().unwrap_or_default(), rev.name_any());
+        let rv = rev.metadata.resource_version.as_deref();
+        if lock(&ctx.caches.written_statuses).repeats(&key, rv, generation, &conditions) {
+            debug!(revision = %key, "status written already, over the version planned from");
+            return Ok(());
+        }
         let patch =
             json!({ "status": { "observedGeneration": generation, "conditions": conditions } });
         let lane = lane_of(rev.status.as_ref().map(|s| s.observed_generation), rev);
         ctx.write_turn(lane).await;
-        revisions
+        let made = revisions
             .patch_status(&rev.name_any(), &ctx.patch_params(), &Patch::Merge(patch))
             .await?;
         ctx.metrics.writes.inc();
+        lock(&ctx.caches.written_statuses).wrote(
+            key,
+            rv,
+            made.metadata.resource_version.as_deref(),
+            generation,
+            &conditions,
+        );
     }
     Ok(())
 }
@@ -402,6 +415,7 @@ pub fn error_policy(rev: Arc<Revision>, error: &Error, ctx: Arc<Context>) -> Act
     let stored = {
         let mut store = write(&ctx.caches.ae_store);
         store.forget_written(&key);
+        lock(&ctx.caches.written_statuses).forget(&key);
         store.stored(&key)
     };
     {

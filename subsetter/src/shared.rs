@@ -34,6 +34,8 @@ pub(crate) struct SharedCaches {
     /// the activator watches last failed for want of it): no rebalancing meanwhile, since a
     /// moved member's cold start waits on kubelets whose own watches are still backing off.
     pub(crate) aftermath_until: Arc<Mutex<Option<tokio::time::Instant>>>,
+    /// Revision statuses written and not shown by the watch yet (`written_status.rs`).
+    pub(crate) written_statuses: Arc<Mutex<crate::written_status::WrittenStatuses>>,
     /// How many activators `activators` holds, published on each change.
     pub(crate) available_count: Arc<watch::Sender<usize>>,
 }
@@ -51,6 +53,7 @@ impl SharedCaches {
             queued,
             aftermath_until: Arc::default(),
             available_count: Arc::new(watch::Sender::new(0)),
+            written_statuses: Arc::default(),
         }
     }
 }
