@@ -122,7 +122,7 @@ pub(crate) fn delete_object(
         .get(&tk, key)
         .cloned()
         .ok_or_else(|| ApiError::not_found(def, &key.1))?;
-    let uid = meta::meta_str(&cur.obj, "uid").unwrap_or("").to_string();
+    let uid = meta::meta_str(&cur.view, "uid").unwrap_or("").to_string();
     if let Some(p) = &opts.precondition_uid
         && *p != uid
     {
@@ -147,7 +147,8 @@ pub(crate) fn delete_object(
     if opts.dry_run {
         return Ok(Deleted::Pending(cur));
     }
-    let mut obj = (*cur.obj).clone();
+    let cur_full = cur.full();
+    let mut obj = cur_full.clone();
     let deleting = meta::is_deleting(&obj);
 
     if tk == "/namespaces" {
@@ -218,7 +219,7 @@ pub(crate) fn delete_object(
                 if policy == "Foreground" {
                     st.foreground.insert((tk.clone(), key.clone()));
                 }
-                if period > 0 || !meta::finalizers(&s.obj).is_empty() {
+                if period > 0 || !meta::finalizers(&s.view).is_empty() {
                     return Ok(Deleted::Pending(s));
                 }
                 let gone = st.remove(&tk, key).expect("object exists");
@@ -229,7 +230,7 @@ pub(crate) fn delete_object(
     }
 
     if !meta::finalizers(&obj).is_empty() {
-        if deleting && obj == *cur.obj {
+        if deleting && obj == cur_full {
             let already_zero = meta::meta(&obj)
                 .and_then(|m| m.get("deletionGracePeriodSeconds"))
                 .and_then(Value::as_i64)
@@ -242,7 +243,7 @@ pub(crate) fn delete_object(
         if policy == "Foreground" {
             st.foreground.insert((tk.clone(), key.clone()));
         }
-        if obj == *cur.obj {
+        if obj == cur_full {
             return Ok(Deleted::Pending(cur));
         }
         return Ok(Deleted::Pending(st.commit(def, key.clone(), obj)));
@@ -337,7 +338,7 @@ pub(crate) fn orphan_dependents(st: &mut State, owner_uid: &str) {
         let Some(def) = st.tables.get(&tk).map(|t| t.def.clone()) else {
             continue;
         };
-        let mut obj = (*cur.obj).clone();
+        let mut obj = cur.full();
         strip_owner(&mut obj, owner_uid);
         st.commit(&def, key, obj);
     }

@@ -39,7 +39,7 @@ fn pass(st: &mut State) {
             continue;
         };
         let Some(def) = def_of(st, &tk) else { continue };
-        let owners = meta::owner_uids(&cur.obj);
+        let owners = meta::owner_uids(&cur.view);
         if owners.is_empty() {
             continue;
         }
@@ -48,11 +48,11 @@ fn pass(st: &mut State) {
             .filter(|u| !st.uids.contains_key(*u))
             .collect();
         if missing.len() == owners.len() {
-            if !meta::is_deleting(&cur.obj) {
+            if !meta::is_deleting(&cur.view) {
                 let _ = delete::delete_object(st, &def, &key, &background());
             }
         } else if !missing.is_empty() {
-            let mut obj = (*cur.obj).clone();
+            let mut obj = cur.full();
             for u in missing {
                 delete::strip_owner(&mut obj, u);
             }
@@ -65,7 +65,7 @@ fn pass(st: &mut State) {
             st.foreground.remove(&(tk, key));
             continue;
         };
-        let uid = meta::meta_str(&cur.obj, "uid").unwrap_or("").to_string();
+        let uid = meta::meta_str(&cur.view, "uid").unwrap_or("").to_string();
         let deps: Vec<_> = st
             .dependents
             .get(&uid)
@@ -79,14 +79,14 @@ fn pass(st: &mut State) {
             let Some(ddef) = def_of(st, &dtk) else {
                 continue;
             };
-            if !meta::is_deleting(&d.obj) {
+            if !meta::is_deleting(&d.view) {
                 let opts = DeleteOpts {
                     propagation: Some("Foreground".into()),
                     ..Default::default()
                 };
                 let _ = delete::delete_object(st, &ddef, &dkey, &opts);
             }
-            if st.get(&dtk, &dkey).is_some() && blocks(&d.obj, &uid) {
+            if st.get(&dtk, &dkey).is_some() && blocks(&d.view, &uid) {
                 blocking += 1;
             }
         }
@@ -115,7 +115,7 @@ fn pass(st: &mut State) {
             let Some(def) = def_of(st, &tk) else { continue };
             for k in keys {
                 remaining += 1;
-                let deleting = st.get(&tk, &k).is_some_and(|s| meta::is_deleting(&s.obj));
+                let deleting = st.get(&tk, &k).is_some_and(|s| meta::is_deleting(&s.view));
                 if !deleting {
                     let _ = delete::delete_object(st, &def, &k, &background());
                 }
@@ -133,13 +133,13 @@ fn pass(st: &mut State) {
             continue;
         };
         let group = crd
-            .obj
+            .view
             .pointer("/spec/group")
             .and_then(Value::as_str)
             .unwrap_or("")
             .to_string();
         let plural = crd
-            .obj
+            .view
             .pointer("/spec/names/plural")
             .and_then(Value::as_str)
             .unwrap_or("")
@@ -152,7 +152,7 @@ fn pass(st: &mut State) {
             .unwrap_or_default();
         if let Some(def) = def_of(st, &tk) {
             for k in &keys {
-                let deleting = st.get(&tk, k).is_some_and(|s| meta::is_deleting(&s.obj));
+                let deleting = st.get(&tk, k).is_some_and(|s| meta::is_deleting(&s.view));
                 if !deleting {
                     let _ = delete::delete_object(st, &def, k, &background());
                 }
@@ -180,8 +180,8 @@ fn finish_namespace(st: &mut State, ns: &str) {
         st.terminating_namespaces.remove(ns);
         return;
     };
-    let spec_finalizers: Vec<Value> = cur
-        .obj
+    let cur_full = cur.full();
+    let spec_finalizers: Vec<Value> = cur_full
         .pointer("/spec/finalizers")
         .and_then(Value::as_array)
         .cloned()
@@ -194,7 +194,7 @@ fn finish_namespace(st: &mut State, ns: &str) {
     // The controller is done with it; whatever finalizers are left are removed through
     // updates, which delete the namespace when the last one goes.
     st.terminating_namespaces.remove(ns);
-    if left.is_empty() && meta::finalizers(&cur.obj).is_empty() {
+    if left.is_empty() && meta::finalizers(&cur.view).is_empty() {
         // The finalize update that empties the list deletes the namespace in the same write
         // (ShouldDeleteNamespaceDuringUpdate): watchers see DELETED, no MODIFIED before it.
         st.remove("/namespaces", &key);
@@ -203,7 +203,7 @@ fn finish_namespace(st: &mut State, ns: &str) {
     if left.len() != spec_finalizers.len()
         && let Some(def) = def_of(st, "/namespaces")
     {
-        let mut obj = (*cur.obj).clone();
+        let mut obj = cur_full;
         obj["spec"]["finalizers"] = Value::Array(left);
         st.commit(&def, key, obj);
     }
@@ -227,17 +227,17 @@ pub(crate) fn remove_finalizer(st: &mut State, def: &Arc<ResourceDef>, key: &Obj
     let Some(cur) = st.get(&tk, key).cloned() else {
         return;
     };
-    let mut fs = meta::finalizers(&cur.obj);
+    let mut fs = meta::finalizers(&cur.view);
     let before = fs.len();
     fs.retain(|x| x != f);
     if fs.len() == before {
         return;
     }
-    if fs.is_empty() && meta::is_deleting(&cur.obj) && may_go(&tk, &cur.obj) {
+    if fs.is_empty() && meta::is_deleting(&cur.view) && may_go(&tk, &cur.full()) {
         st.remove(&tk, key);
         return;
     }
-    let mut obj = (*cur.obj).clone();
+    let mut obj = cur.full();
     meta::set_finalizers(&mut obj, fs);
     st.commit(def, key.clone(), obj);
 }

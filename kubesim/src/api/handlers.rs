@@ -58,7 +58,7 @@ pub(crate) struct Reply {
 impl Reply {
     fn obj(code: u16, s: &Stored, meta_only: bool, warnings: Vec<String>) -> Self {
         let body = if meta_only {
-            Bytes::from(serde_json::to_vec(&partial_metadata(&s.obj)).unwrap_or_default())
+            Bytes::from(serde_json::to_vec(&partial_metadata(&s.view)).unwrap_or_default())
         } else {
             s.json.clone()
         };
@@ -276,7 +276,7 @@ pub(crate) fn create_object(
     if def.namespaced {
         match st.namespace_exists(&ns_s) {
             None => return Err(ApiError::namespace_not_found(&ns_s)),
-            Some(n) if meta::is_deleting(&n.obj) => {
+            Some(n) if meta::is_deleting(&n.view) => {
                 return Err(ApiError::namespace_terminating(def, &name, &ns_s));
             }
             _ => {}
@@ -358,10 +358,10 @@ pub(crate) fn create_object(
     }
     let s = st.commit(def, key.clone(), obj);
     if crd_schemas.is_some() {
-        crd::register(st, &s.obj);
+        crd::register(st, &s.full());
         // The apiextensions controllers accept the names and establish the CRD in a
         // second write, as on a real cluster.
-        let established = crd::established_status(&s.obj);
+        let established = crd::established_status(&s.full());
         st.commit(def, key, established);
     }
     Ok((s, warnings))
@@ -414,7 +414,8 @@ fn update_object(
         return Err(ApiError::no_resource());
     }
     meta::strip_null_meta(&mut new);
-    let old_obj: &Value = &old.obj;
+    let old_full = old.full();
+    let old_obj: &Value = &old_full;
     if finalize {
         let finalizers = new
             .pointer("/spec/finalizers")
@@ -568,7 +569,7 @@ fn update_object(
     }
     let s = st.commit(def, key, new);
     if tk == CRD_TABLE && sub.is_none() {
-        crd::register(st, &s.obj);
+        crd::register(st, &s.full());
     }
     Ok(Reply::obj(200, &s, ctx.meta_only, warnings))
 }
@@ -672,7 +673,7 @@ pub(crate) fn patch(st: &mut State, ctx: &Ctx) -> Result<Reply, ApiError> {
         let force = ctx.query.flag("force");
         let lists = def.schema.as_ref().map(|s| s.list_types());
         let merged = patch::server_side_apply_with(
-            old.as_ref().map(|o| &*o.obj),
+            old.as_ref().map(Stored::full).as_ref(),
             &applied,
             manager,
             force,
@@ -712,7 +713,7 @@ pub(crate) fn patch(st: &mut State, ctx: &Ctx) -> Result<Reply, ApiError> {
     let old = old.ok_or_else(|| ApiError::not_found(def, &name))?;
     let p: Value = serde_json::from_slice(&ctx.body)
         .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
-    let mut new = (*old.obj).clone();
+    let mut new = old.full();
     match ct.as_str() {
         "application/merge-patch+json" => patch::merge_patch(&mut new, &p),
         "application/json-patch+json" => {
@@ -761,14 +762,14 @@ pub(crate) fn patch(st: &mut State, ctx: &Ctx) -> Result<Reply, ApiError> {
 
 fn success_status(def: &ResourceDef, s: &Stored) -> Value {
     let mut d = Map::new();
-    d.insert("name".into(), meta::name_of(&s.obj).into());
+    d.insert("name".into(), meta::name_of(&s.view).into());
     if !def.group.is_empty() {
         d.insert("group".into(), def.group.clone().into());
     }
     d.insert("kind".into(), def.plural.clone().into());
     d.insert(
         "uid".into(),
-        meta::meta_str(&s.obj, "uid").unwrap_or("").into(),
+        meta::meta_str(&s.view, "uid").unwrap_or("").into(),
     );
     json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": d})
 }
@@ -798,7 +799,7 @@ pub(crate) fn delete_collection(st: &mut State, ctx: &Ctx) -> Result<Reply, ApiE
         .map(|t| {
             t.objects
                 .iter()
-                .filter(|(k, s)| ctx.ns.as_ref().is_none_or(|n| *n == k.0) && sel.matches(&s.obj))
+                .filter(|(k, s)| ctx.ns.as_ref().is_none_or(|n| *n == k.0) && sel.matches(&s.view))
                 .map(|(k, _)| k.clone())
                 .collect()
         })
@@ -839,7 +840,7 @@ fn binding(st: &mut State, ctx: &Ctx) -> Result<Reply, ApiError> {
         .get("/pods", &ctx.key())
         .cloned()
         .ok_or_else(|| ApiError::not_found(&ctx.def, &name))?;
-    if meta::is_deleting(&old.obj) {
+    if meta::is_deleting(&old.view) {
         return Err(ApiError::conflict(
             &ctx.def,
             &name,
@@ -847,7 +848,7 @@ fn binding(st: &mut State, ctx: &Ctx) -> Result<Reply, ApiError> {
         ));
     }
     if let Some(cur) = old
-        .obj
+        .view
         .pointer("/spec/nodeName")
         .and_then(Value::as_str)
         .filter(|n| !n.is_empty())
@@ -859,7 +860,7 @@ fn binding(st: &mut State, ctx: &Ctx) -> Result<Reply, ApiError> {
             ..ApiError::conflict(&ctx.def, &name, "")
         });
     }
-    let mut new = (*old.obj).clone();
+    let mut new = old.full();
     new["spec"]["nodeName"] = json!(node);
     let mut st_obj = new.clone();
     crd::set_condition(&mut st_obj, "PodScheduled", "True", "", "");

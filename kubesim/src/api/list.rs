@@ -93,7 +93,7 @@ impl Selectors {
 /// do (as on a real server).
 fn write_item(out: &mut Vec<u8>, def: &ResourceDef, s: &Stored, meta_only: bool) {
     if meta_only {
-        let _ = serde_json::to_writer(&mut *out, &partial_metadata(&s.obj));
+        let _ = serde_json::to_writer(&mut *out, &partial_metadata(&s.view));
         return;
     }
     if def.custom {
@@ -102,7 +102,9 @@ fn write_item(out: &mut Vec<u8>, def: &ResourceDef, s: &Stored, meta_only: bool)
     }
     out.push(b'{');
     let mut first = true;
-    if let Some(m) = s.obj.as_object() {
+    // Built-in items are few next to the custom resources (pods and nodes, not 100,000
+    // Revisions): parsing them again here costs less than keeping them parsed.
+    if let Some(m) = s.full().as_object() {
         for (k, v) in m {
             if k == "kind" || k == "apiVersion" {
                 continue;
@@ -209,7 +211,7 @@ pub(crate) fn list(st: &State, ctx: &Ctx) -> Result<Reply, ApiError> {
     let mut iter = objects
         .range((start, std::ops::Bound::Unbounded))
         .take_while(|(k, _)| ns.as_ref().is_none_or(|n| *n == k.0))
-        .filter(|(_, s)| sel.matches(&s.obj));
+        .filter(|(_, s)| sel.matches(&s.view));
     let mut items: Vec<&Stored> = Vec::new();
     let mut cont = None;
     let mut remaining = None;

@@ -817,10 +817,10 @@ fn start_watch(
                         if ctx.ns.as_ref().is_some_and(|n| *n != k.0) {
                             break;
                         }
-                        if w.matches(&s.obj) {
+                        if w.matches(&s.view) {
                             let json = if w.meta_only {
                                 Bytes::from(
-                                    serde_json::to_vec(&super::watch::partial_metadata(&s.obj))
+                                    serde_json::to_vec(&super::watch::partial_metadata(&s.view))
                                         .unwrap_or_default(),
                                 )
                             } else {

@@ -80,7 +80,7 @@ impl Event {
         self.deleted
             .get_or_init(|| match (self.ty, &self.old) {
                 (EvType::Modified, Some(old)) => {
-                    let v = meta::with_rv(&old.obj, self.rv);
+                    let v = meta::with_rv(&old.full(), self.rv);
                     event_line("DELETED", &serde_json::to_vec(&v).unwrap_or_default())
                 }
                 _ => event_line("DELETED", &self.new.json),
@@ -92,20 +92,20 @@ impl Event {
     pub fn line_for(&self, w: &Watcher) -> Option<Bytes> {
         let (ty, obj_for_meta): (EvType, &Value) = match self.ty {
             EvType::Added => (
-                w.matches(&self.new.obj).then_some(EvType::Added)?,
-                &self.new.obj,
+                w.matches(&self.new.view).then_some(EvType::Added)?,
+                &self.new.view,
             ),
             EvType::Deleted => (
-                w.matches(&self.new.obj).then_some(EvType::Deleted)?,
-                &self.new.obj,
+                w.matches(&self.new.view).then_some(EvType::Deleted)?,
+                &self.new.view,
             ),
             EvType::Modified => {
-                let was = self.old.as_ref().is_some_and(|o| w.matches(&o.obj));
-                let is = w.matches(&self.new.obj);
+                let was = self.old.as_ref().is_some_and(|o| w.matches(&o.view));
+                let is = w.matches(&self.new.view);
                 match (was, is) {
-                    (true, true) => (EvType::Modified, &self.new.obj),
-                    (false, true) => (EvType::Added, &self.new.obj),
-                    (true, false) => (EvType::Deleted, &self.old.as_ref().expect("old").obj),
+                    (true, true) => (EvType::Modified, &self.new.view),
+                    (false, true) => (EvType::Added, &self.new.view),
+                    (true, false) => (EvType::Deleted, &self.old.as_ref().expect("old").view),
                     (false, false) => return None,
                 }
             }
@@ -261,7 +261,7 @@ impl WatcherSet {
 
     fn candidates(&self, ev: &Event) -> Vec<u64> {
         let mut ids: Vec<u64> = self.rest.iter().copied().collect();
-        let objs = [ev.old.as_ref().map(|o| &*o.obj), Some(&*ev.new.obj)];
+        let objs = [ev.old.as_ref().map(|o| &*o.view), Some(&*ev.new.view)];
         let mut seen_ns: Option<&str> = None;
         let mut seen_node: Option<&str> = None;
         for o in objs.into_iter().flatten() {
