@@ -306,6 +306,13 @@ impl Ctx {
         self.progress.set_message(msg);
     }
 
+    /// A figure measured so far, printed above the progress line as soon as it is known (and
+    /// logged): a long run stopped or killed before its report still leaves what it measured.
+    pub fn note(&self, line: &str) {
+        self.progress.println(line);
+        tracing::info!(target: "loadtest::figures", "{line}");
+    }
+
     /// Starts the cluster `k` describes (`nodes`, N, start delay, write latency; `f` adjusts
     /// the rest) with a namespace of its own, runs `body` on it, shuts it down (on a shared
     /// API server: deletes what it created) and reports.

@@ -184,6 +184,15 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
             let cpu_assign = cpu_secs() - cpu_cluster;
             let requests_assign =
                 by_component_since(&cluster.api_requests_by_component(), &requests_start);
+            ctx.note(&format!(
+                "{} revisions created in {:.1} s, all assigned {:.1} s after the last create \
+                 ({cpu_assign:.0} s of CPU); process {rss_cluster:.0} MiB with the cluster, \
+                 {rss_revisions:.0} MiB with the revisions; API requests: {}",
+                names.len(),
+                creation.created.as_secs_f64(),
+                backlog.as_secs_f64(),
+                requests_line(&requests_assign),
+            ));
             let sampled: Vec<String> = nodes.iter().take(sample).cloned().collect();
             ctx.step(format!("starting {sample} real activators"));
             let t = Instant::now();
@@ -193,6 +202,11 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
             let activators_ready = t.elapsed();
             let rss_activators = rss_mib();
             let per_activator = (rss_activators - rss_revisions) / sample as f64;
+            ctx.note(&format!(
+                "{sample} sampled activators ready in {:.1} s: {rss_activators:.0} MiB, \
+                 {per_activator:.1} MiB per activator",
+                activators_ready.as_secs_f64()
+            ));
             let events_start = watch_events(cluster, &sampled);
 
             // Steady state: the active share's traffic, through sampled members.
@@ -249,6 +263,12 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
             let requests_steady =
                 by_component_since(&cluster.api_requests_by_component(), &components_before);
             let events_steady = watch_events(cluster, &sampled);
+            ctx.note(&format!(
+                "steady state ({} active revisions, {steady_secs:.1} s): {api_rps:.0} API \
+                 requests/s in all; {}",
+                active.len(),
+                requests_line(&requests_steady)
+            ));
 
             // One cluster-wide change: an activator (not sampled) leaves; the subsetter
             // repairs every subset it was in.
@@ -276,6 +296,10 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                 })
                 .await;
             let repair_ms = repaired.then(|| t.elapsed().as_secs_f64() * 1e3);
+            ctx.note(&format!(
+                "one activator leaving ({leaving}, in {in_subsets} subsets): repaired in {}",
+                repair_ms.map_or("NOT within 120 s".into(), |ms| format!("{ms:.0} ms"))
+            ));
             let events_after = watch_events(cluster, &sampled);
 
             // A node lost (its kubelet, apps and activator stop at once): the subsetter repairs
