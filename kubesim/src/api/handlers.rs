@@ -58,7 +58,7 @@ pub(crate) struct Reply {
 impl Reply {
     fn obj(code: u16, s: &Stored, meta_only: bool, warnings: Vec<String>) -> Self {
         let body = if meta_only {
-            Bytes::from(serde_json::to_vec(&partial_metadata(&s.view)).unwrap_or_default())
+            Bytes::from(serde_json::to_vec(&partial_metadata(s)).unwrap_or_default())
         } else {
             s.json.clone()
         };

@@ -93,7 +93,7 @@ impl Selectors {
 /// do (as on a real server).
 fn write_item(out: &mut Vec<u8>, def: &ResourceDef, s: &Stored, meta_only: bool) {
     if meta_only {
-        let _ = serde_json::to_writer(&mut *out, &partial_metadata(&s.view));
+        let _ = serde_json::to_writer(&mut *out, &partial_metadata(s));
         return;
     }
     if def.custom {

@@ -820,7 +820,7 @@ fn start_watch(
                         if w.matches(&s.view) {
                             let json = if w.meta_only {
                                 Bytes::from(
-                                    serde_json::to_vec(&super::watch::partial_metadata(&s.view))
+                                    serde_json::to_vec(&super::watch::partial_metadata(s))
                                         .unwrap_or_default(),
                                 )
                             } else {

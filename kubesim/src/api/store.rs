@@ -22,8 +22,9 @@ pub(crate) type ObjRef = (String, ObjKey);
 /// ~38 KiB per revision that way); a write parses the JSON again ([`Stored::full`]).
 #[derive(Debug, Clone)]
 pub(crate) struct Stored {
-    /// `apiVersion`, `kind`, `metadata` whole, and every other field but arrays (no selector
-    /// reads into an array; field selectors read strings, numbers and booleans).
+    /// `apiVersion`, `kind`, `metadata` but its managedFields, and every other field but
+    /// arrays (no selector reads into an array; field selectors read strings, numbers and
+    /// booleans).
     pub view: Arc<Value>,
     pub json: Bytes,
 }
@@ -65,7 +66,19 @@ fn view_of(obj: Value) -> Value {
         Value::Object(m) => Value::Object(
             m.into_iter()
                 .filter_map(|(k, v)| match k.as_str() {
-                    "apiVersion" | "kind" | "metadata" => Some((k, v)),
+                    "apiVersion" | "kind" => Some((k, v)),
+                    // managedFields are most of a small object's metadata as a Value, and
+                    // only writes (from the JSON) and metadata-only answers read them.
+                    "metadata" => Some((
+                        k,
+                        match v {
+                            Value::Object(mut m) => {
+                                m.remove("managedFields");
+                                Value::Object(m)
+                            }
+                            v => v,
+                        },
+                    )),
                     _ => Some((k, without_arrays(v)?)),
                 })
                 .collect(),

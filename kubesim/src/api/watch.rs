@@ -45,11 +45,22 @@ pub(crate) fn event_line(ty: &str, obj_json: &[u8]) -> Bytes {
 }
 
 /// The object as `PartialObjectMetadata` (for `Accept: ...;as=PartialObjectMetadata`).
-pub(crate) fn partial_metadata(obj: &Value) -> Value {
+pub(crate) fn partial_metadata(s: &Stored) -> Value {
+    // The view leaves managedFields out; a metadata-only answer has them. Only `metadata` is
+    // built from the JSON (serde skips the rest without building it).
+    #[derive(serde::Deserialize)]
+    struct Meta {
+        #[serde(default)]
+        metadata: Option<Value>,
+    }
+    let metadata = serde_json::from_slice::<Meta>(&s.json)
+        .ok()
+        .and_then(|m| m.metadata)
+        .unwrap_or(json!({}));
     json!({
         "kind": "PartialObjectMetadata",
         "apiVersion": "meta.k8s.io/v1",
-        "metadata": obj.get("metadata").cloned().unwrap_or(json!({})),
+        "metadata": metadata,
     })
 }
 
@@ -90,22 +101,22 @@ impl Event {
 
     /// What this event means to a watcher, if anything.
     pub fn line_for(&self, w: &Watcher) -> Option<Bytes> {
-        let (ty, obj_for_meta): (EvType, &Value) = match self.ty {
+        let (ty, obj_for_meta): (EvType, &Stored) = match self.ty {
             EvType::Added => (
                 w.matches(&self.new.view).then_some(EvType::Added)?,
-                &self.new.view,
+                &self.new,
             ),
             EvType::Deleted => (
                 w.matches(&self.new.view).then_some(EvType::Deleted)?,
-                &self.new.view,
+                &self.new,
             ),
             EvType::Modified => {
                 let was = self.old.as_ref().is_some_and(|o| w.matches(&o.view));
                 let is = w.matches(&self.new.view);
                 match (was, is) {
-                    (true, true) => (EvType::Modified, &self.new.view),
-                    (false, true) => (EvType::Added, &self.new.view),
-                    (true, false) => (EvType::Deleted, &self.old.as_ref().expect("old").view),
+                    (true, true) => (EvType::Modified, &self.new),
+                    (false, true) => (EvType::Added, &self.new),
+                    (true, false) => (EvType::Deleted, self.old.as_ref().expect("old")),
                     (false, false) => return None,
                 }
             }
