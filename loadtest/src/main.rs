@@ -177,7 +177,10 @@ enum OnOff {
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+            // `loadtest::figures`: a scenario's figures as they are measured (`Ctx::note`),
+            // which is all a run stopped before its report leaves when not on a terminal.
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,loadtest::figures=info".into()),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))

@@ -306,11 +306,15 @@ impl Ctx {
         self.progress.set_message(msg);
     }
 
-    /// A figure measured so far, printed above the progress line as soon as it is known (and
-    /// logged): a long run stopped or killed before its report still leaves what it measured.
+    /// A figure measured so far, printed as soon as it is known: a long run stopped or killed
+    /// before its report still leaves what it measured. Above the progress line on a terminal;
+    /// otherwise (the progress line hidden, output to a file) logged as `loadtest::figures`.
     pub fn note(&self, line: &str) {
-        self.progress.println(line);
-        tracing::info!(target: "loadtest::figures", "{line}");
+        if self.progress.is_hidden() {
+            tracing::info!(target: "loadtest::figures", "{line}");
+        } else {
+            self.progress.println(line);
+        }
     }
 
     /// Starts the cluster `k` describes (`nodes`, N, start delay, write latency; `f` adjusts
