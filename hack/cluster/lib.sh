@@ -196,6 +196,10 @@ need() {
 # --- the control plane's etcd and kube-apiserver (up, and hack/cluster/{etcd,api} start) -----
 PKI="$STATE_DIR/pki"
 
+# The backend quota: etcd's default (2 GiB) is what kubeadm leaves; 8 GiB is what large
+# clusters set (etcd's own recommended maximum), and what `loadtest run scale --kubeconfig`
+# with 100,000 revisions needs (each status write keeps a version until the API server's
+# compaction, every 5 min).
 start_etcd() {
   start etcd "$(command -v etcd)" --name la-etcd --data-dir "$STATE_DIR/etcd" \
     --listen-client-urls "http://127.0.0.1:$ETCD_CLIENT_PORT" \
@@ -203,7 +207,8 @@ start_etcd() {
     --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
     --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
     --initial-cluster "la-etcd=http://127.0.0.1:$ETCD_PEER_PORT" \
-    --listen-metrics-urls "" --log-level warn
+    --listen-metrics-urls "" --log-level warn \
+    --quota-backend-bytes "${LA_ETCD_QUOTA_BYTES:-8589934592}"
 }
 
 # wait_etcd TIMEOUT

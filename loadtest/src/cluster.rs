@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use activator::cache::watch_only::WatchOnly;
 use activator::{Activator, ActivatorConfig};
 use crds::contract::{
     ADMIN_PORT, APP_NAME_LABEL, APP_NAME_VALUE, COMPONENT_LABEL, COMPONENT_VALUE, DATA_PORT,
@@ -517,6 +518,27 @@ impl SimCluster {
             node: node.to_string(),
             activator,
         })
+    }
+
+    /// An activator's watches and reads ahead for `node`, without the activator
+    /// (`activator::cache::watch_only`): configured as [`SimCluster::start_activator`]
+    /// configures a real one, through the same client.
+    pub fn watch_only(&self, node: &str) -> Result<WatchOnly, Error> {
+        let sim = self
+            .fleet
+            .node(node)
+            .ok_or_else(|| Error::Options(format!("no node {node}")))?;
+        let ip = sim.ip().into();
+        let mut cfg = ActivatorConfig::new(
+            node,
+            SocketAddr::new(ip, DATA_PORT),
+            SocketAddr::new(ip, ADMIN_PORT),
+        );
+        cfg.pod_namespace = self.activator_namespace.clone();
+        if let Some(d) = self.directory {
+            cfg.directory = activator::cache::directory::DirectorySource::Static(vec![d]);
+        }
+        Ok(WatchOnly::start(&cfg, self.activator_client.clone()))
     }
 
     /// Kills `node` as a crash would: its kubelet stops renewing, its apps refuse

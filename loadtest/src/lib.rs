@@ -3,6 +3,7 @@
 
 pub mod activator_metrics;
 pub mod anatomy;
+pub mod apiserver_metrics;
 pub mod cluster;
 pub mod demo;
 pub mod driver;

@@ -149,6 +149,16 @@ pub struct Knobs {
     /// it assigns (scale).
     #[arg(long)]
     pub subsetter_concurrency: Option<u16>,
+    /// Every node without a real activator runs an activator's watches and reads ahead
+    /// (`activator::cache::watch_only`), so the API server carries a whole DaemonSet's
+    /// (scale; on by default against a real API server, off on kubesim).
+    #[arg(long)]
+    pub stand_in_activators: Option<bool>,
+    /// Replace every stand-in activator as a DaemonSet rollout would, this share of the nodes
+    /// at a time (scale, with stand-ins; 0 for no rollout; default 0.1, the chart's
+    /// maxUnavailable).
+    #[arg(long)]
+    pub rollout_max_unavailable: Option<f64>,
     /// How requests name their revision: `headers` (as an ingress) or `host`.
     #[arg(long)]
     pub routing: Option<String>,
@@ -195,6 +205,8 @@ impl Knobs {
             active_share,
             sample_activators,
             subsetter_concurrency,
+            stand_in_activators,
+            rollout_max_unavailable,
             routing,
             ingress
         )

@@ -321,6 +321,42 @@ async fn scale_samples_real_activators_against_every_node() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scale_stands_in_for_every_activator_and_rolls_them() {
+    let (report, f) = run(
+        Scenario::Scale,
+        Knobs {
+            nodes: Some(20),
+            revisions: Some(100),
+            sample_activators: Some(2),
+            active_share: Some(0.05),
+            rate: Some(20.0),
+            duration_secs: Some(1.0),
+            node_grace_secs: Some(3.0),
+            stand_in_activators: Some(true),
+            rollout_max_unavailable: Some(0.5),
+            ..Knobs::default()
+        },
+    )
+    .await;
+    let s = &f["stand_ins"];
+    assert_eq!(num(s, "nodes"), 20.0, "{}", report.text);
+    // 100 revisions × 3 members over 20 nodes: each stand-in holds its node's subsets and has
+    // read their Revisions ahead, as an activator would.
+    assert!(num(s, "subsets_mean") > 0.0, "{}", report.text);
+    assert!(num(s, "revisions_mean") > 0.0, "{}", report.text);
+    // 20 less the 2 sampled, the one that left and the one lost; half at a time.
+    let r = &f["rollout"];
+    assert_eq!(num(r, "activators"), 16.0, "{}", report.text);
+    assert_eq!(num(r, "waves"), 2.0, "{}", report.text);
+    // Every stand-in listed when it started, and again when rolled.
+    let lists = f["api_requests_by_component"]["all"]["activator"]["list"]
+        .as_f64()
+        .unwrap_or(0.0);
+    assert!(lists >= 20.0 + 16.0, "{lists} lists: {}", report.text);
+    assert_eq!(num(&f, "errors"), 0.0, "{}", report.text);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn control_path_on_kubesim_measures_local_binding_and_says_what_it_cannot() {
     let (report, f) = run(
         Scenario::ControlPath,

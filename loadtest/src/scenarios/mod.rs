@@ -11,5 +11,6 @@ pub mod idle;
 pub mod maxscale;
 pub mod node_failure;
 pub mod scale;
+pub mod scale_control_plane;
 pub mod steady;
 pub mod write_rate;

@@ -13,6 +13,7 @@ use rand::RngExt;
 use serde_json::json;
 
 use super::common::{SampleSummary, Sender};
+use super::scale_control_plane::{self as control_plane, ControlPlane};
 use crate::Error;
 use crate::driver::Sample;
 use crate::observe::MemberWatch;
@@ -111,8 +112,22 @@ fn by_component_since(
         .collect()
 }
 
+/// `1.5 (max 3)`: watch events per sampled activator, which only kubesim counts.
+fn events_line(events: &[u64], counted: bool) -> String {
+    if !counted {
+        return "not counted (a real API server)".into();
+    }
+    let mean = events.iter().sum::<u64>() as f64 / events.len().max(1) as f64;
+    format!("{mean:.2} (max {})", events.iter().max().unwrap_or(&0))
+}
+
 /// `harness: create 3, get 1; kubelet: …` for the text report.
 fn requests_line(by: &BTreeMap<String, BTreeMap<String, u64>>) -> String {
+    if by.is_empty() {
+        return "not counted here (a real API server: its own figures are in the control \
+                plane lines)"
+            .into();
+    }
     by.iter()
         .map(|(who, verbs)| {
             let total: u64 = verbs.values().sum();
@@ -156,6 +171,16 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
         .max(1)
         .min(k.nodes.unwrap_or(1));
     let grace = Duration::from_secs_f64(k.node_grace_secs.unwrap_or(40.0).max(0.5));
+    // A real API server: its own figures phase by phase, and stand-ins for the activators
+    // this process does not run, so that it carries a whole DaemonSet's watches.
+    let mut cp = match &ctx.target {
+        crate::scenario::Target::Cluster(client) => ControlPlane::start(client, ctx).await,
+        crate::scenario::Target::Embedded => None,
+    };
+    let stand_ins_on = k
+        .stand_in_activators
+        .unwrap_or(matches!(ctx.target, crate::scenario::Target::Cluster(_)));
+    let rollout_share = k.rollout_max_unavailable.unwrap_or(0.1).clamp(0.0, 1.0);
     ctx.on_cluster(
         Scenario::Scale,
         &k,
@@ -170,6 +195,32 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
         async |cluster, ns| {
             let nodes: Vec<String> = cluster.fleet.nodes().map(|n| n.name().to_string()).collect();
             let names = revision_names(k.revisions.unwrap_or(1).max(1));
+            if let Some(cp) = &mut cp {
+                cp.phase("cluster started (nodes and their activator pods)", ctx).await;
+            }
+            // Stand-ins: every node's activator watches before the revisions, as a DaemonSet
+            // installed first; a sampled node's is replaced by its real activator later.
+            let mut stand_ins = Vec::new();
+            let mut stand_ins_synced = None;
+            if stand_ins_on {
+                ctx.step(format!("starting {} stand-in activators", nodes.len()));
+                let t = Instant::now();
+                stand_ins = control_plane::stand_in(
+                    cluster,
+                    &nodes,
+                    Duration::from_secs(60 + nodes.len() as u64 / 10),
+                )
+                .await?;
+                stand_ins_synced = Some(t.elapsed());
+                ctx.note(&format!(
+                    "{} stand-in activators listed in {:.1} s",
+                    nodes.len(),
+                    t.elapsed().as_secs_f64()
+                ));
+                if let Some(cp) = &mut cp {
+                    cp.phase("stand-in activators' watches started", ctx).await;
+                }
+            }
             let rss_cluster = rss_mib();
             let members = MemberWatch::start(&cluster.client, ns);
             ctx.step(format!("creating {} revisions; the subsetter assigns them", names.len()));
@@ -181,6 +232,9 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
             // while they run.
             let backlog = creation.assigned.saturating_sub(creation.created);
             let rss_revisions = rss_mib();
+            if let Some(cp) = &mut cp {
+                cp.phase("revisions created and assigned", ctx).await;
+            }
             let cpu_assign = cpu_secs() - cpu_cluster;
             let requests_assign =
                 by_component_since(&cluster.api_requests_by_component(), &requests_start);
@@ -208,6 +262,8 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                 .collect();
             ctx.step(format!("starting {sample} real activators"));
             let t = Instant::now();
+            // A sampled node's stand-in gives way to its real activator.
+            stand_ins.retain(|(n, _)| !sampled.contains(n));
             for node in &sampled {
                 cluster.add_activator(node, None).await?;
             }
@@ -275,6 +331,9 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
             let requests_steady =
                 by_component_since(&cluster.api_requests_by_component(), &components_before);
             let events_steady = watch_events(cluster, &sampled);
+            if let Some(cp) = &mut cp {
+                cp.phase("steady state", ctx).await;
+            }
             ctx.note(&format!(
                 "steady state ({} active revisions, {steady_secs:.1} s): {api_rps:.0} API \
                  requests/s in all; {}",
@@ -291,6 +350,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                 .next()
                 .unwrap_or_default();
             ctx.step(format!("{leaving} leaves ({in_subsets} subsets)"));
+            stand_ins.retain(|(n, _)| *n != leaving);
             let t = Instant::now();
             let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
                 kube::Api::namespaced(cluster.client.clone(), cluster.activator_namespace());
@@ -313,6 +373,9 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                 repair_ms.map_or("NOT within 120 s".into(), |ms| format!("{ms:.0} ms"))
             ));
             let events_after = watch_events(cluster, &sampled);
+            if let Some(cp) = &mut cp {
+                cp.phase("one activator leaving", ctx).await;
+            }
 
             // A node lost (its kubelet, apps and activator stop at once): the subsetter repairs
             // once the node lifecycle controller marks it NotReady (after the node grace
@@ -331,6 +394,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                 |n: Option<&k8s_openapi::api::core::v1::Node>| n.is_some_and(|n| !node_ready(n)),
             );
             let killed_at = Instant::now();
+            stand_ins.retain(|(n, _)| *n != lost);
             cluster.kill_node(&lost).await?;
             let not_ready_at = match tokio::time::timeout(grace + NOT_READY_SLACK, not_ready).await {
                 Ok(Ok(_)) => Some(Instant::now()),
@@ -348,6 +412,30 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                 (Some(n), Some(r)) => Some(r.saturating_duration_since(n).as_secs_f64() * 1e3),
                 _ => None,
             };
+            if let Some(cp) = &mut cp {
+                cp.phase("one node lost", ctx).await;
+            }
+            // A DaemonSet rollout: every stand-in replaced, maxUnavailable at a time.
+            let rollout = if !stand_ins.is_empty() && rollout_share > 0.0 {
+                let r = control_plane::rollout(cluster, &mut stand_ins, rollout_share, ctx).await?;
+                ctx.note(&format!(
+                    "rollout of {} stand-in activators, {} at a time: {:.1} s in {} waves, the slowest {:.1} s",
+                    stand_ins.len(),
+                    r.per_wave,
+                    r.took.as_secs_f64(),
+                    r.waves,
+                    r.slowest_wave.as_secs_f64()
+                ));
+                if let Some(cp) = &mut cp {
+                    cp.phase("stand-in activators rolled", ctx).await;
+                }
+                Some(r)
+            } else {
+                None
+            };
+            let stand_in_counts: Vec<(usize, usize, usize)> =
+                stand_ins.iter().map(|(_, w)| w.counts()).collect();
+            drop(stand_ins);
             let peak_mib = peak_rss_mib();
             let cpu_all = cpu_secs();
             let requests_all =
@@ -388,8 +476,8 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                  sampled activators ready in {:.1} s\n\
                  cached per sampled activator: subsets {subsets_mean:.1} (max {subsets_max}), revisions {revisions_mean:.1} (max {revisions_max}), pods {pods_mean:.1} (max {pods_max}) — of {} revisions in the cluster\n\
                  steady state ({} active revisions, {:.0} req/s for {:.1} s): {api_rps:.0} API requests/s in all \
-                 (kubelet leases and status included); watch events per sampled activator {:.1} (max {})\n\
-                 one activator leaving ({in_subsets} subsets repaired in {}): watch events per sampled activator {:.2} (max {})\n\
+                 (kubelet leases and status included); watch events per sampled activator {}\n\
+                 one activator leaving ({in_subsets} subsets repaired in {}): watch events per sampled activator {}\n\
                  one node lost ({lost} in {lost_subsets} subsets): NotReady {} after the kill, subsets repaired {} after NotReady\n\
                  API requests by component while revisions were created and assigned: {}\n\
                  API requests by component in steady state ({steady_secs:.1} s): {}\n\
@@ -411,11 +499,9 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                 active.len(),
                 k.rate.unwrap_or(200.0),
                 duration.as_secs_f64(),
-                mean(&steady_events),
-                steady_events.iter().max().unwrap_or(&0),
+                events_line(&steady_events, cluster.api.is_some()),
                 repair_ms.map_or("NOT within 120 s".into(), |ms| format!("{ms:.0} ms")),
-                mean(&per_change),
-                per_change.iter().max().unwrap_or(&0),
+                events_line(&per_change, cluster.api.is_some()),
                 not_ready_ms.map_or("NOT seen".into(), |ms| format!("{ms:.0} ms")),
                 loss_repair_ms.map_or("NOT within 120 s".into(), |ms| format!("{ms:.0} ms")),
                 requests_line(&requests_assign),
@@ -428,6 +514,53 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                 }),
                 summary.lines(),
             );
+            let mut control = String::new();
+            let subs: Vec<u64> = stand_in_counts.iter().map(|c| c.0 as u64).collect();
+            let revs: Vec<u64> = stand_in_counts.iter().map(|c| c.1 as u64).collect();
+            if let Some(t) = stand_ins_synced {
+                control.push_str(&format!(
+                    "stand-in activators (an activator's watches and reads ahead, no serving) on every node without a real one: first lists of all {} in {:.1} s; at the end each held subsets {:.1} (max {}), revisions {:.1} (max {})\n",
+                    nodes.len(),
+                    t.as_secs_f64(),
+                    mean(&subs),
+                    subs.iter().max().unwrap_or(&0),
+                    mean(&revs),
+                    revs.iter().max().unwrap_or(&0),
+                ));
+            }
+            if let Some(r) = &rollout {
+                control.push_str(&format!(
+                    "rollout: {} stand-in activators replaced {} at a time in {:.1} s ({} waves, the slowest {:.1} s)\n",
+                    stand_in_counts.len(),
+                    r.per_wave,
+                    r.took.as_secs_f64(),
+                    r.waves,
+                    r.slowest_wave.as_secs_f64()
+                ));
+            }
+            let mut api_server_mib = serde_json::Value::Null;
+            if let Some(cp) = &cp {
+                control.push_str(&cp.text());
+                let at = |phase: &str| cp.rss_mib(phase);
+                let cluster_mib = at("cluster started (nodes and their activator pods)");
+                let watches_mib = at("stand-in activators' watches started");
+                let revisions_mib = at("revisions created and assigned");
+                let per_1000 = match (cluster_mib, watches_mib) {
+                    (Some(a), Some(b)) => Some((b - a) / (nodes.len() as f64 / 1000.0)),
+                    _ => None,
+                };
+                let objects = match (watches_mib.or(cluster_mib), revisions_mib) {
+                    (Some(a), Some(b)) => Some(b - a),
+                    _ => None,
+                };
+                control.push_str(&format!(
+                    "API server memory for the product: activators' watches {} per 1,000 nodes; the revisions and their subsets {}\n",
+                    per_1000.map_or("-".into(), |m| format!("{m:.0} MiB")),
+                    objects.map_or("-".into(), |m| format!("{m:.0} MiB for {}", names.len())),
+                ));
+                api_server_mib = json!({"watches_per_1000_nodes": per_1000, "revisions": objects});
+            }
+            let text = format!("{text}{control}");
             Ok(Outcome {
                 figures: json!({
                     "nodes": nodes.len(),
@@ -458,6 +591,16 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                     "api_requests_by_component": {"assign": requests_assign, "steady": requests_steady, "all": requests_all},
                     "latency_ms": latency,
                     "errors": summary.errors + run.as_ref().map_or(0, |r| r.errors() as usize),
+                    "stand_ins": stand_ins_synced.map(|t| json!({
+                        "nodes": nodes.len(), "first_lists_s": t.as_secs_f64(),
+                        "subsets_mean": mean(&subs), "revisions_mean": mean(&revs),
+                    })),
+                    "rollout": rollout.as_ref().map(|r| json!({
+                        "activators": stand_in_counts.len(), "per_wave": r.per_wave, "waves": r.waves,
+                        "took_s": r.took.as_secs_f64(), "slowest_wave_s": r.slowest_wave.as_secs_f64(),
+                    })),
+                    "control_plane": cp.as_ref().map(|c| c.json()),
+                    "api_server_product_mib": api_server_mib,
                 }),
                 text,
                 plots: Vec::new(),

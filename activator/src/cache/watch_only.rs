@@ -1,0 +1,87 @@
+//! An activator's reads of the API for its node — the same watches and the same reads ahead
+//! — without its serving, its pools or its pre-pull. A load test that cannot run thousands of
+//! whole activators in one process runs one of these for every other node, so a real API
+//! server carries what a DaemonSet of activators makes it carry: a label-selected
+//! ActivationEndpoints watch and a field-selected pod watch per node (each listed from the
+//! watch cache when it starts), the directory's watch when it has one, and a Revision read
+//! for every subset the node joins (`node::warm`, which this follows with no pool).
+
+use kube::Client;
+use tokio_util::sync::CancellationToken;
+
+use crate::cache::directory::Directory;
+use crate::cache::endpoints::{EndpointsCache, MemberEvent};
+use crate::cache::pods::PodCache;
+use crate::cache::revisions::RevisionCache;
+use crate::config::ActivatorConfig;
+
+/// The API reads of one node's activator, stopped when dropped.
+pub struct WatchOnly {
+    endpoints: EndpointsCache,
+    pods: PodCache,
+    revisions: RevisionCache,
+    _directory: Option<Directory>,
+    stop: CancellationToken,
+}
+
+impl WatchOnly {
+    /// Starts the watches `cfg` (its node, its subset TTL, its directory source) asks for, as
+    /// [`crate::Activator::start`] does.
+    pub fn start(cfg: &ActivatorConfig, client: Client) -> Self {
+        let stop = CancellationToken::new();
+        let revisions = RevisionCache::new(client.clone());
+        let (member_of_tx, mut member_of) = tokio::sync::mpsc::unbounded_channel();
+        let endpoints = EndpointsCache::start(
+            client.clone(),
+            &cfg.node_name,
+            cfg.endpoints_ttl,
+            stop.child_token(),
+            member_of_tx,
+        );
+        let pods = PodCache::start(client.clone(), &cfg.node_name, stop.child_token());
+        let directory = Directory::start(&cfg.directory, client, stop.child_token());
+        // What `node::warm::keep_members_warm` reads for each membership, without the pools
+        // a minScale share would start.
+        let (ahead, done) = (revisions.clone(), stop.child_token());
+        tokio::spawn(async move {
+            loop {
+                let event = tokio::select! {
+                    _ = done.cancelled() => return,
+                    m = member_of.recv() => match m { Some(m) => m, None => return },
+                };
+                match event {
+                    MemberEvent::Member { key, of, .. } => ahead.prefetch(&key, &of),
+                    MemberEvent::Left(key) => ahead.unpin(&key),
+                }
+            }
+        });
+        Self {
+            endpoints,
+            pods,
+            revisions,
+            _directory: directory,
+            stop,
+        }
+    }
+
+    /// Once the subset and pod watches have their first lists.
+    pub async fn synced(&self) {
+        self.endpoints.synced().await;
+        self.pods.synced().await;
+    }
+
+    /// (subsets listing this node, Revisions read for them, pods on the node) held now.
+    pub fn counts(&self) -> (usize, usize, usize) {
+        (
+            self.endpoints.counts().0,
+            self.revisions.len(),
+            self.pods.counts().0,
+        )
+    }
+}
+
+impl Drop for WatchOnly {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
