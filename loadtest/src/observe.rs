@@ -252,6 +252,16 @@ impl MemberWatch {
         ranked
     }
 
+    /// How many subsets `node` is in now.
+    pub fn subsets_of(&self, node: &str) -> usize {
+        self.members
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter(|s| s.contains(node))
+            .count()
+    }
+
     /// ActivationEndpoints events seen.
     pub fn events(&self) -> usize {
         self.events.load(Ordering::Relaxed)

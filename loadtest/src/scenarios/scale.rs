@@ -332,10 +332,18 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
             );
             let killed_at = Instant::now();
             cluster.kill_node(&lost).await?;
+            ctx.note(&format!("{lost} killed (in {lost_subsets} subsets)"));
             let not_ready_at = match tokio::time::timeout(grace + NOT_READY_SLACK, not_ready).await {
                 Ok(Ok(_)) => Some(Instant::now()),
                 _ => None,
             };
+            ctx.note(&format!(
+                "{lost} NotReady {}",
+                not_ready_at.map_or("NOT seen".into(), |t| format!(
+                    "{:.0} ms after the kill",
+                    (t - killed_at).as_secs_f64() * 1e3
+                ))
+            ));
             let loss_repaired_at = members
                 .wait(Duration::from_secs(120), |m| {
                     m.values().all(|s: &BTreeSet<String>| !s.contains(&lost))
@@ -348,6 +356,40 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                 (Some(n), Some(r)) => Some(r.saturating_duration_since(n).as_secs_f64() * 1e3),
                 _ => None,
             };
+            ctx.note(&format!(
+                "one node lost ({lost}, in {lost_subsets} subsets): repaired {} after NotReady",
+                loss_repair_ms.map_or("NOT within 120 s".into(), |ms| format!("{ms:.0} ms"))
+            ));
+            if loss_repaired_at.is_none() {
+                // Whose lag: this harness's watch, or the subsetter's writes?
+                let watched = members.subsets_of(&lost);
+                let aeps: kube::Api<crds::ActivationEndpoints> =
+                    kube::Api::namespaced(cluster.client.clone(), ns);
+                let listed = aeps
+                    .list(
+                        &kube::api::ListParams::default()
+                            .labels(&crds::contract::member_selector(&lost))
+                            .match_any(),
+                    )
+                    .await
+                    .map(|l| {
+                        let in_status = l
+                            .items
+                            .iter()
+                            .filter(|a| {
+                                a.status
+                                    .as_ref()
+                                    .is_some_and(|s| s.activators.iter().any(|m| m.node == lost))
+                            })
+                            .count();
+                        format!("{} labelled, {in_status} with it in their status", l.items.len())
+                    })
+                    .unwrap_or_else(|e| format!("not listed: {e}"));
+                ctx.note(&format!(
+                    "{lost} still a member of {watched} subsets as the harness's watch shows \
+                     them; the API server's ActivationEndpoints: {listed}"
+                ));
+            }
             let peak_mib = peak_rss_mib();
             let cpu_all = cpu_secs();
             let requests_all =
