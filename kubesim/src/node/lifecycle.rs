@@ -72,20 +72,32 @@ async fn run(client: Client, grace: Duration) {
     let (leases, lease_writer) = reflector::store::<Lease>();
     let node_api: Api<Node> = Api::all(client.clone());
     let lease_api: Api<Lease> = Api::namespaced(client.clone(), LEASE_NAMESPACE);
+    // A failing watch leaves its store as it was (the back-off reaches 30 s): said, since a
+    // stale lease store marks live nodes Unknown.
     let node_stream = watcher::watcher(node_api.clone(), watcher::Config::default())
         .default_backoff()
         .reflect(node_writer)
-        .for_each(|_| async {});
+        .for_each(|e| async move { log_watch("Node", e) });
     let lease_stream = watcher::watcher(lease_api, watcher::Config::default())
         .default_backoff()
         .reflect(lease_writer)
-        .for_each(|_| async {});
+        .for_each(|e| async move { log_watch("Lease", e) });
     let checks = check_loop(client, nodes, leases, grace);
     let (mut a, mut b, mut c) = (pin!(node_stream), pin!(lease_stream), pin!(checks));
     tokio::select! {
         _ = &mut a => {}
         _ = &mut b => {}
         _ = &mut c => {}
+    }
+}
+
+fn log_watch<K>(what: &str, event: Result<watcher::Event<K>, watcher::Error>) {
+    match event {
+        Err(e) => tracing::warn!(error = %e, "node lifecycle controller: {what} watch failed"),
+        Ok(watcher::Event::Init) => {
+            tracing::info!("node lifecycle controller: {what} watch lists again")
+        }
+        Ok(_) => {}
     }
 }
 
