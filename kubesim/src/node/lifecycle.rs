@@ -120,10 +120,9 @@ async fn check_loop(client: Client, nodes: Store<Node>, leases: Store<Lease>, gr
             .filter_map(|n| n.metadata.name.as_deref())
             .collect();
         observed.retain(|name, _| names.contains(name.as_str()));
-        // What this pass decides, then written by up to `UPDATE_WORKERS` at once: one write
-        // after another, a pass at 5,000 nodes lasted as long as all its writes (every new
-        // Node's admission taint, 5,000 of them at start, queued with the kubelets' leases),
-        // minutes during which no lost node was marked.
+        // What this pass decides, then written by up to `UPDATE_WORKERS` at once: one after
+        // another, a pass lasts as long as all its writes (at start, every new Node's
+        // admission taint, queued with the kubelets' leases).
         let mut work = Vec::new();
         for node in current.iter() {
             let Some(name) = node.metadata.name.clone() else {
