@@ -2,7 +2,7 @@
 //! live at once, the most ever), and ActivationEndpoints (member changes, repairs). Each is one
 //! watch, as a platform engineer's `kubectl get -w` would see it.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -160,16 +160,59 @@ impl Drop for PodWatch {
     }
 }
 
+/// Members by revision as one watch shows them, with how many subsets each node is in, kept
+/// as the events come: a question about one node (is it still a member anywhere? which nodes
+/// are in the most subsets?) costs a lookup, not a walk over every revision. At 100,000
+/// revisions a walk (or a copy of the map, as waits once made on every event) takes a good
+/// part of a second of the one process's CPU, and a repair is hundreds of events.
+#[derive(Debug, Default)]
+struct Members {
+    by_revision: BTreeMap<String, BTreeSet<String>>,
+    /// Nodes in at least one subset, with the number of subsets.
+    subsets_of: HashMap<String, usize>,
+}
+
+impl Members {
+    /// `revision`'s members are `now`; returns the nodes that joined or left it (0 for a
+    /// revision seen for the first time).
+    fn set(&mut self, revision: String, now: BTreeSet<String>) -> u64 {
+        let empty = BTreeSet::new();
+        let before = self.by_revision.get(&revision);
+        let was = before.unwrap_or(&empty);
+        for left in was.difference(&now) {
+            if let Some(n) = self.subsets_of.get_mut(left) {
+                *n -= 1;
+                if *n == 0 {
+                    self.subsets_of.remove(left);
+                }
+            }
+        }
+        for joined in now.difference(was) {
+            *self.subsets_of.entry(joined.clone()).or_default() += 1;
+        }
+        let moved = before.map_or(0, |b| b.symmetric_difference(&now).count() as u64);
+        self.by_revision.insert(revision, now);
+        moved
+    }
+
+    fn subsets_of(&self, node: &str) -> usize {
+        self.subsets_of.get(node).copied().unwrap_or(0)
+    }
+}
+
+fn locked(m: &std::sync::Mutex<Members>) -> std::sync::MutexGuard<'_, Members> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// One revision's members at a time, as a [`MemberWatch`] sees them.
 #[derive(Clone)]
-pub struct MemberView(Arc<std::sync::Mutex<BTreeMap<String, BTreeSet<String>>>>);
+pub struct MemberView(Arc<std::sync::Mutex<Members>>);
 
 impl MemberView {
     /// The member nodes of `revision` now (none when it has no ActivationEndpoints yet).
     pub fn of(&self, revision: &str) -> Vec<String> {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        locked(&self.0)
+            .by_revision
             .get(revision)
             .map(|s| s.iter().cloned().collect())
             .unwrap_or_default()
@@ -179,7 +222,7 @@ impl MemberView {
 /// The members of every ActivationEndpoints of a namespace as one watch sees them; counts
 /// member changes (a node in or out of a subset).
 pub struct MemberWatch {
-    members: Arc<std::sync::Mutex<BTreeMap<String, BTreeSet<String>>>>,
+    members: Arc<std::sync::Mutex<Members>>,
     changes: Arc<AtomicU64>,
     events: Arc<AtomicUsize>,
     changed: signal::Receiver<u64>,
@@ -189,31 +232,34 @@ pub struct MemberWatch {
 impl MemberWatch {
     pub fn start(client: &Client, namespace: &str) -> Self {
         let api: Api<ActivationEndpoints> = Api::namespaced(client.clone(), namespace);
-        let members = Arc::new(std::sync::Mutex::new(
-            BTreeMap::<String, BTreeSet<String>>::new(),
-        ));
+        let members = Arc::new(std::sync::Mutex::new(Members::default()));
         let changes = Arc::new(AtomicU64::new(0));
         let events = Arc::new(AtomicUsize::new(0));
         let (m, c, n) = (members.clone(), changes.clone(), events.clone());
         let (tx, changed) = signal::channel(0u64);
         let task = tokio::spawn(async move {
-            let mut stream =
-                std::pin::pin!(watcher(api, watcher::Config::default()).applied_objects());
+            let mut stream = std::pin::pin!(
+                watcher(api, watcher::Config::default())
+                    .default_backoff()
+                    .applied_objects()
+            );
             while let Some(ev) = stream.next().await {
-                let Ok(aep) = ev else { continue };
+                let aep = match ev {
+                    Ok(aep) => aep,
+                    Err(e) => {
+                        // What the figures wait on: a failing watch is worth knowing of.
+                        tracing::warn!(error = %e, "the harness's ActivationEndpoints watch");
+                        continue;
+                    }
+                };
                 n.fetch_add(1, Ordering::Relaxed);
                 let now: BTreeSet<String> = aep
                     .status
                     .map(|s| s.activators.into_iter().map(|a| a.node).collect())
                     .unwrap_or_default();
-                let mut all = m.lock().unwrap_or_else(|e| e.into_inner());
                 let name = aep.metadata.name.unwrap_or_default();
-                if let Some(before) = all.get(&name) {
-                    let moved = before.symmetric_difference(&now).count() as u64;
-                    c.fetch_add(moved, Ordering::Relaxed);
-                }
-                all.insert(name, now);
-                drop(all);
+                let moved = locked(&m).set(name, now);
+                c.fetch_add(moved, Ordering::Relaxed);
                 tx.send_modify(|v| *v += 1);
             }
         });
@@ -232,24 +278,27 @@ impl MemberWatch {
         MemberView(self.members.clone())
     }
 
-    /// Member nodes by revision, now.
+    /// Member nodes by revision, now (a copy: for a scenario's setup, not for a loop).
     pub fn members(&self) -> BTreeMap<String, BTreeSet<String>> {
-        self.members
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        locked(&self.members).by_revision.clone()
     }
 
     /// `nodes` with the number of subsets each is in now, most first (ties by name,
     /// descending): the nodes whose loss costs the most.
     pub fn busiest<'a>(&self, nodes: impl IntoIterator<Item = &'a String>) -> Vec<(usize, String)> {
-        let now = self.members();
+        let now = locked(&self.members);
         let mut ranked: Vec<(usize, String)> = nodes
             .into_iter()
-            .map(|n| (now.values().filter(|s| s.contains(n)).count(), n.clone()))
+            .map(|n| (now.subsets_of(n), n.clone()))
             .collect();
+        drop(now);
         ranked.sort_by(|a, b| b.cmp(a));
         ranked
+    }
+
+    /// How many subsets `node` is in now.
+    pub fn subsets_of(&self, node: &str) -> usize {
+        locked(&self.members).subsets_of(node)
     }
 
     /// ActivationEndpoints events seen.
@@ -263,16 +312,27 @@ impl MemberWatch {
         self.changes.load(Ordering::Relaxed)
     }
 
-    /// Waits until the members satisfy `pred`, at most `limit`; false on timeout.
+    /// Waits until the members satisfy `pred`, at most `limit`; false on timeout. `pred`
+    /// sees the members in place (the watch waits meanwhile): keep it small, or use
+    /// [`MemberWatch::wait_gone`].
     pub async fn wait(
         &self,
         limit: Duration,
         pred: impl Fn(&BTreeMap<String, BTreeSet<String>>) -> bool,
     ) -> bool {
+        self.wait_members(limit, |m| pred(&m.by_revision)).await
+    }
+
+    /// Waits until `node` is in no subset, at most `limit`; false on timeout.
+    pub async fn wait_gone(&self, node: &str, limit: Duration) -> bool {
+        self.wait_members(limit, |m| m.subsets_of(node) == 0).await
+    }
+
+    async fn wait_members(&self, limit: Duration, pred: impl Fn(&Members) -> bool) -> bool {
         let mut changed = self.changed.clone();
         let waiting = async {
             loop {
-                if pred(&self.members()) || changed.changed().await.is_err() {
+                if pred(&locked(&self.members)) || changed.changed().await.is_err() {
                     return;
                 }
             }
@@ -360,5 +420,35 @@ impl<T: Clone + Send + Sync + 'static> FirstSeen<T> {
 impl<T> Drop for FirstSeen<T> {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(nodes: &[&str]) -> BTreeSet<String> {
+        nodes.iter().map(|n| n.to_string()).collect()
+    }
+
+    /// The counts kept event by event are the counts a walk over every subset gives.
+    #[test]
+    fn subsets_per_node_follow_every_change() {
+        let mut m = Members::default();
+        assert_eq!(m.set("a".into(), set(&["n1", "n2", "n3"])), 0);
+        assert_eq!(m.set("b".into(), set(&["n1", "n4"])), 0);
+        // n1 is replaced by n5 in a: one left, one joined.
+        assert_eq!(m.set("a".into(), set(&["n5", "n2", "n3"])), 2);
+        // The same members again: nothing moved.
+        assert_eq!(m.set("b".into(), set(&["n1", "n4"])), 0);
+        assert_eq!(m.set("b".into(), BTreeSet::new()), 2);
+        assert_eq!(m.set("c".into(), set(&["n2"])), 0);
+        for node in ["n1", "n2", "n3", "n4", "n5", "n6"] {
+            let walked = m.by_revision.values().filter(|s| s.contains(node)).count();
+            assert_eq!(m.subsets_of(node), walked, "{node}");
+        }
+        assert_eq!(m.subsets_of("n2"), 2);
+        // Nodes in no subset are not kept.
+        assert_eq!(m.subsets_of.len(), 3);
     }
 }

@@ -12,6 +12,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::pin::pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -71,20 +72,32 @@ async fn run(client: Client, grace: Duration) {
     let (leases, lease_writer) = reflector::store::<Lease>();
     let node_api: Api<Node> = Api::all(client.clone());
     let lease_api: Api<Lease> = Api::namespaced(client.clone(), LEASE_NAMESPACE);
+    // A failing watch leaves its store as it was (the back-off reaches 30 s): said, since a
+    // stale lease store marks live nodes Unknown.
     let node_stream = watcher::watcher(node_api.clone(), watcher::Config::default())
         .default_backoff()
         .reflect(node_writer)
-        .for_each(|_| async {});
+        .for_each(|e| async move { log_watch("Node", e) });
     let lease_stream = watcher::watcher(lease_api, watcher::Config::default())
         .default_backoff()
         .reflect(lease_writer)
-        .for_each(|_| async {});
+        .for_each(|e| async move { log_watch("Lease", e) });
     let checks = check_loop(client, nodes, leases, grace);
     let (mut a, mut b, mut c) = (pin!(node_stream), pin!(lease_stream), pin!(checks));
     tokio::select! {
         _ = &mut a => {}
         _ = &mut b => {}
         _ = &mut c => {}
+    }
+}
+
+fn log_watch<K>(what: &str, event: Result<watcher::Event<K>, watcher::Error>) {
+    match event {
+        Err(e) => tracing::warn!(error = %e, "node lifecycle controller: {what} watch failed"),
+        Ok(watcher::Event::Init) => {
+            tracing::info!("node lifecycle controller: {what} watch lists again")
+        }
+        Ok(_) => {}
     }
 }
 
@@ -102,12 +115,16 @@ async fn check_loop(client: Client, nodes: Store<Node>, leases: Store<Lease>, gr
         ticker.tick().await;
         let now_instant = Instant::now();
         let current = nodes.state();
-        observed.retain(|name, _| {
-            current
-                .iter()
-                .any(|n| n.metadata.name.as_deref() == Some(name))
-        });
-        for node in current {
+        let names: HashSet<&str> = current
+            .iter()
+            .filter_map(|n| n.metadata.name.as_deref())
+            .collect();
+        observed.retain(|name, _| names.contains(name.as_str()));
+        // What this pass decides, then written by up to `UPDATE_WORKERS` at once: one after
+        // another, a pass lasts as long as all its writes (at start, every new Node's
+        // admission taint, queued with the kubelets' leases).
+        let mut work = Vec::new();
+        for node in current.iter() {
             let Some(name) = node.metadata.name.clone() else {
                 continue;
             };
@@ -118,7 +135,7 @@ async fn check_loop(client: Client, nodes: Store<Node>, leases: Store<Lease>, gr
                     .and_then(|s| s.renew_time.as_ref())
                     .map(|t| t.0)
             });
-            let ready = condition(&node, "Ready");
+            let ready = condition(node, "Ready");
             let heartbeat = ready
                 .and_then(|c| c.last_heartbeat_time.as_ref())
                 .map(|t| t.0);
@@ -139,41 +156,91 @@ async fn check_loop(client: Client, nodes: Store<Node>, leases: Store<Lease>, gr
 
             // A node that never posted a Ready condition goes Unknown too ("Kubelet never
             // posted node status" on a real cluster).
-            if stale && (ready.is_none() || ready_status != "Unknown") {
+            let write = if stale && (ready.is_none() || ready_status != "Unknown") {
                 tracing::info!(node = %name, "node stopped posting status; marking it Unknown");
-                match mark_unknown(&client, &node).await {
-                    Ok(()) => {
-                        if ready_status == "True" {
-                            pods_to_mark.insert(name.clone());
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(node = %name, error = %e, "could not mark node Unknown")
-                    }
-                }
+                Some(NodeWrite::MarkUnknown {
+                    was_ready: ready_status == "True",
+                })
             } else {
                 if ready_status == "True" {
                     pods_to_mark.remove(&name);
                 }
                 // A node that never reported keeps its admission taint until it is stale.
-                if ready.is_some()
-                    && condition_taints(&node) != wanted_condition_taints(ready_status)
-                    && let Err(e) = sync_condition_taints(&client, &node, ready_status).await
-                {
-                    tracing::warn!(node = %name, error = %e, "could not update condition taints");
-                }
-            }
-            if pods_to_mark.contains(&name) && ready_status != "True" {
-                match mark_pods_not_ready(&client, &name).await {
-                    Ok(()) => {
-                        pods_to_mark.remove(&name);
-                    }
-                    Err(e) => {
-                        tracing::warn!(node = %name, error = %e, "could not mark pods NotReady")
-                    }
-                }
+                (ready.is_some() && condition_taints(node) != wanted_condition_taints(ready_status))
+                    .then(|| NodeWrite::SyncTaints(ready_status.to_string()))
+            };
+            let mark_pods = pods_to_mark.contains(&name) && ready_status != "True";
+            if write.is_some() || mark_pods {
+                work.push((Arc::clone(node), write, mark_pods));
             }
         }
+        let done: Vec<Written> = futures::stream::iter(work)
+            .map(|(node, write, mark_pods)| run_writes(&client, node, write, mark_pods))
+            .buffer_unordered(UPDATE_WORKERS)
+            .collect()
+            .await;
+        for w in done {
+            if w.marked_unknown {
+                pods_to_mark.insert(w.name.clone());
+            }
+            if w.pods_marked {
+                pods_to_mark.remove(&w.name);
+            }
+        }
+    }
+}
+
+/// Nodes a pass writes at once: kube-controller-manager's node lifecycle controller updates
+/// nodes with 8 workers (`nodeUpdateWorkerSize`).
+const UPDATE_WORKERS: usize = 8;
+
+/// What a pass writes to one Node.
+enum NodeWrite {
+    /// Its conditions Unknown, then the unreachable taints; `was_ready`: its pods are marked
+    /// NotReady next.
+    MarkUnknown { was_ready: bool },
+    /// Its condition taints brought in line with its Ready status (the String).
+    SyncTaints(String),
+}
+
+/// What a node's writes did.
+struct Written {
+    name: String,
+    marked_unknown: bool,
+    pods_marked: bool,
+}
+
+async fn run_writes(
+    client: &Client,
+    node: Arc<Node>,
+    write: Option<NodeWrite>,
+    mark_pods: bool,
+) -> Written {
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let mut marked_unknown = false;
+    match write {
+        Some(NodeWrite::MarkUnknown { was_ready }) => match mark_unknown(client, &node).await {
+            Ok(()) => marked_unknown = was_ready,
+            Err(e) => tracing::warn!(node = %name, error = %e, "could not mark node Unknown"),
+        },
+        Some(NodeWrite::SyncTaints(ready)) => {
+            if let Err(e) = sync_condition_taints(client, &node, &ready).await {
+                tracing::warn!(node = %name, error = %e, "could not update condition taints");
+            }
+        }
+        None => {}
+    }
+    let mut pods_marked = false;
+    if mark_pods {
+        match mark_pods_not_ready(client, &name).await {
+            Ok(()) => pods_marked = true,
+            Err(e) => tracing::warn!(node = %name, error = %e, "could not mark pods NotReady"),
+        }
+    }
+    Written {
+        name,
+        marked_unknown,
+        pods_marked,
     }
 }
 

@@ -5,7 +5,6 @@
 //! node-failure does, with the requests in flight on an activator while it left counted
 //! apart (the bound on what a move may cost: each other request can go elsewhere).
 
-use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -101,11 +100,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                 // later is refused (it stops accepting first), and another member can take it.
                 leaving.push((node.clone(), (left_at, left_at)));
                 cluster.remove_activator(node).await?;
-                members
-                    .wait(Duration::from_secs(60), |all| {
-                        all.values().all(|s: &BTreeSet<String>| !s.contains(node))
-                    })
-                    .await;
+                members.wait_gone(node, Duration::from_secs(60)).await;
                 tokio::time::sleep(gap / 2).await;
                 ctx.step(format!("{node} joins"));
                 cluster.add_activator(node, None).await?;

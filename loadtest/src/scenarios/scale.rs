@@ -6,7 +6,7 @@
 //! the repair of a lost node counted from its NotReady, API requests by component and verb, and
 //! this process's memory and CPU phase by phase.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use rand::RngExt;
@@ -368,11 +368,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
                 Err(e) => return Err(e.into()),
             }
-            let repaired = members
-                .wait(Duration::from_secs(120), |m| {
-                    m.values().all(|s: &BTreeSet<String>| !s.contains(&leaving))
-                })
-                .await;
+            let repaired = members.wait_gone(&leaving, Duration::from_secs(120)).await;
             let repair_ms = repaired.then(|| t.elapsed().as_secs_f64() * 1e3);
             ctx.note(&format!(
                 "one activator leaving ({leaving}, in {in_subsets} subsets): repaired in {}",
@@ -402,14 +398,20 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
             let killed_at = Instant::now();
             stand_ins.retain(|(n, _)| *n != lost);
             cluster.kill_node(&lost).await?;
+            ctx.note(&format!("{lost} killed (in {lost_subsets} subsets)"));
             let not_ready_at = match tokio::time::timeout(grace + NOT_READY_SLACK, not_ready).await {
                 Ok(Ok(_)) => Some(Instant::now()),
                 _ => None,
             };
+            ctx.note(&format!(
+                "{lost} NotReady {}",
+                not_ready_at.map_or("NOT seen".into(), |t| format!(
+                    "{:.0} ms after the kill",
+                    (t - killed_at).as_secs_f64() * 1e3
+                ))
+            ));
             let loss_repaired_at = members
-                .wait(Duration::from_secs(120), |m| {
-                    m.values().all(|s: &BTreeSet<String>| !s.contains(&lost))
-                })
+                .wait_gone(&lost, Duration::from_secs(120))
                 .await
                 .then(Instant::now);
             let not_ready_ms = not_ready_at.map(|t| (t - killed_at).as_secs_f64() * 1e3);
@@ -418,6 +420,50 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                 (Some(n), Some(r)) => Some(r.saturating_duration_since(n).as_secs_f64() * 1e3),
                 _ => None,
             };
+            // Also from the kill: a NotReady the harness did not see in time (the node
+            // lifecycle controller late) is no repair that did not happen.
+            let loss_repair_after_kill_ms =
+                loss_repaired_at.map(|r| (r - killed_at).as_secs_f64() * 1e3);
+            let loss_repair_text = match (loss_repair_ms, loss_repair_after_kill_ms) {
+                (Some(ms), Some(k)) => {
+                    format!("{ms:.0} ms after NotReady ({k:.0} ms after the kill)")
+                }
+                (None, Some(k)) => format!("{k:.0} ms after the kill (NotReady not seen)"),
+                _ => "NOT within 120 s after NotReady".to_string(),
+            };
+            ctx.note(&format!(
+                "one node lost ({lost}, in {lost_subsets} subsets): repaired {loss_repair_text}"
+            ));
+            if loss_repaired_at.is_none() {
+                // Whose lag: this harness's watch, or the subsetter's writes?
+                let watched = members.subsets_of(&lost);
+                let aeps: kube::Api<crds::ActivationEndpoints> =
+                    kube::Api::namespaced(cluster.client.clone(), ns);
+                let listed = aeps
+                    .list(
+                        &kube::api::ListParams::default()
+                            .labels(&crds::contract::member_selector(&lost))
+                            .match_any(),
+                    )
+                    .await
+                    .map(|l| {
+                        let in_status = l
+                            .items
+                            .iter()
+                            .filter(|a| {
+                                a.status
+                                    .as_ref()
+                                    .is_some_and(|s| s.activators.iter().any(|m| m.node == lost))
+                            })
+                            .count();
+                        format!("{} labelled, {in_status} with it in their status", l.items.len())
+                    })
+                    .unwrap_or_else(|e| format!("not listed: {e}"));
+                ctx.note(&format!(
+                    "{lost} still a member of {watched} subsets as the harness's watch shows \
+                     them; the API server's ActivationEndpoints: {listed}"
+                ));
+            }
             if let Some(cp) = &mut cp {
                 cp.phase("one node lost", ctx).await;
             }
@@ -491,7 +537,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                  steady state ({} active revisions, {:.0} req/s for {:.1} s): {api_rps:.0} API requests/s in all \
                  (kubelet leases and status included); watch events per sampled activator {}\n\
                  one activator leaving ({in_subsets} subsets repaired in {}): watch events per sampled activator {}\n\
-                 one node lost ({lost} in {lost_subsets} subsets): NotReady {} after the kill, subsets repaired {} after NotReady\n\
+                 one node lost ({lost} in {lost_subsets} subsets): NotReady {} after the kill, subsets repaired {loss_repair_text}\n\
                  API requests by component while revisions were created and assigned: {}\n\
                  API requests by component in steady state ({steady_secs:.1} s): {}\n\
                  API requests by component over the whole run: {}\n\
@@ -516,7 +562,6 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                 repair_ms.map_or("NOT within 120 s".into(), |ms| format!("{ms:.0} ms")),
                 events_line(&per_change, cluster.api.is_some()),
                 not_ready_ms.map_or("NOT seen".into(), |ms| format!("{ms:.0} ms")),
-                loss_repair_ms.map_or("NOT within 120 s".into(), |ms| format!("{ms:.0} ms")),
                 requests_line(&requests_assign),
                 requests_line(&requests_steady),
                 requests_line(&requests_all),
@@ -601,7 +646,8 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                                    "watch_events_per_activator": mean(&per_change),
                                    "watch_events_max": per_change.iter().max()},
                     "node_loss": {"node": lost, "node_grace_s": grace.as_secs_f64(), "subsets": lost_subsets, "not_ready_ms": not_ready_ms,
-                                  "repaired_after_not_ready_ms": loss_repair_ms},
+                                  "repaired_after_not_ready_ms": loss_repair_ms,
+                                  "repaired_after_kill_ms": loss_repair_after_kill_ms},
                     "api_requests_by_component": {"assign": requests_assign, "steady": requests_steady, "all": requests_all},
                     "latency_ms": latency,
                     "errors": summary.errors + run.as_ref().map_or(0, |r| r.errors() as usize),
