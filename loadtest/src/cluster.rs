@@ -486,24 +486,8 @@ impl SimCluster {
         node: &str,
         configure: Option<&ConfigureActivator>,
     ) -> Result<NodeActivator, Error> {
-        let sim = self
-            .fleet
-            .node(node)
-            .ok_or_else(|| Error::Options(format!("no node {node}")))?;
-        let ip = sim.ip().into();
-        let mut cfg = ActivatorConfig::new(
-            node,
-            SocketAddr::new(ip, DATA_PORT),
-            SocketAddr::new(ip, ADMIN_PORT),
-        );
+        let mut cfg = self.activator_config(node)?;
         let pod_name = cfg.pod_name.clone();
-        cfg.pod_namespace = self.activator_namespace.clone();
-        cfg.hop = self.hop.clone();
-        // The sidecar shares the activator's pod, so its node's socket.
-        cfg.node_agent = sim.agent_socket().map(std::path::Path::to_path_buf);
-        if let Some(d) = self.directory {
-            cfg.directory = activator::cache::directory::DirectorySource::Static(vec![d]);
-        }
         if let Some(f) = configure {
             f(&mut cfg);
         }
@@ -524,6 +508,13 @@ impl SimCluster {
     /// (`activator::cache::watch_only`): configured as [`SimCluster::start_activator`]
     /// configures a real one, through the same client.
     pub fn watch_only(&self, node: &str) -> Result<WatchOnly, Error> {
+        let cfg = self.activator_config(node)?;
+        Ok(WatchOnly::start(&cfg, self.activator_client.clone()))
+    }
+
+    /// The configuration of `node`'s activator: its node's addresses and node agent, this
+    /// cluster's activator namespace, hop secret and directory.
+    fn activator_config(&self, node: &str) -> Result<ActivatorConfig, Error> {
         let sim = self
             .fleet
             .node(node)
@@ -535,10 +526,13 @@ impl SimCluster {
             SocketAddr::new(ip, ADMIN_PORT),
         );
         cfg.pod_namespace = self.activator_namespace.clone();
+        cfg.hop = self.hop.clone();
+        // The sidecar shares the activator's pod, so its node's socket.
+        cfg.node_agent = sim.agent_socket().map(std::path::Path::to_path_buf);
         if let Some(d) = self.directory {
             cfg.directory = activator::cache::directory::DirectorySource::Static(vec![d]);
         }
-        Ok(WatchOnly::start(&cfg, self.activator_client.clone()))
+        Ok(cfg)
     }
 
     /// Kills `node` as a crash would: its kubelet stops renewing, its apps refuse
