@@ -138,7 +138,11 @@ impl Subsetter {
             Arc::new(Queued::new(self.metrics.reconciles_queued.clone())),
             selected.clone(),
         );
-        let shared = SharedCaches::new(synced_rx, Arc::clone(&triggers.queued));
+        let shared = SharedCaches::new(
+            synced_rx,
+            Arc::clone(&triggers.queued),
+            self.config.outage_hold,
+        );
         let claims = HostClaims::new(Arc::clone(&shared.hosts), triggers.clone());
 
         tasks.push(tokio::spawn(watch_endpoints(
@@ -154,8 +158,7 @@ impl Subsetter {
             ActivatorSources {
                 pods,
                 nodes,
-                outage_hold: self.config.outage_hold,
-                aftermath_until: Arc::clone(&shared.aftermath_until),
+                aftermath: shared.aftermath.clone(),
                 available_count: Arc::clone(&shared.available_count),
             },
             Arc::clone(&shared.index),
@@ -163,6 +166,12 @@ impl Subsetter {
             Arc::clone(&synced),
             triggers.clone(),
             Arc::clone(&self.metrics),
+        )));
+        // An etcd outage leaves the watches open: only `/readyz` tells it (`control_plane.rs`).
+        tasks.push(tokio::spawn(crate::control_plane::probe(
+            client.clone(),
+            shared.aftermath.clone(),
+            self.metrics.readyz_failures.clone(),
         )));
         let (rev_reader, rev_writer) = reflector::store::<Revision>();
         if let Some(selector) = self.config.namespace_selector.clone() {
@@ -477,9 +486,8 @@ async fn rebalance_loop(
         }
         // Not while an outage's aftermath lasts: each move is a cold start on the new
         // member, and the kubelets may not see a new pod for a minute after an outage.
-        let until = *lock(&ctx.caches.aftermath_until);
-        if until.is_some_and(|t| t > tokio::time::Instant::now()) {
-            info!("no rebalancing: an API server outage's aftermath lasts until its hold ends");
+        if ctx.caches.aftermath.ends().is_some() {
+            info!("no rebalancing: a control-plane outage's aftermath lasts until its hold ends");
             continue;
         }
         let moves = {

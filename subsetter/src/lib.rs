@@ -9,6 +9,7 @@ pub mod conditions;
 mod config;
 mod context;
 pub mod contract;
+mod control_plane;
 pub mod eligibility;
 pub mod endpoint_slice;
 pub mod error;

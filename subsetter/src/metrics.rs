@@ -22,6 +22,8 @@ pub struct Metrics {
     pub members_replaced: Family<ReplacedBy, Counter>,
     /// Activators lost while most nodes were NotReady at once, kept as members until it ended.
     pub disruption_holds: Counter,
+    /// `/readyz` probes not answered OK: signs of a control-plane outage (`control_plane.rs`).
+    pub readyz_failures: Counter,
     /// How long reconciles take (plan and writes), in seconds.
     pub reconcile_seconds: Histogram,
     /// Reconciles running now, most of them waiting for their turn under the write limit
@@ -55,6 +57,7 @@ impl Default for Metrics {
             members_left: Counter::default(),
             members_replaced: Family::default(),
             disruption_holds: Counter::default(),
+            readyz_failures: Counter::default(),
             // 100 µs to ~3 s: a plan alone is microseconds, a write an etcd commit or a wait
             // under the write rate limit.
             reconcile_seconds: Histogram::new(exponential_buckets(1e-4, 4.0, 9)),
@@ -110,6 +113,12 @@ impl Default for Metrics {
              disruption), or to a Node NotReady right after an API server outage, kept as \
              members until it ended",
             m.disruption_holds.clone(),
+        );
+        registry.register(
+            "readyz_failures",
+            "Probes of the API server's /readyz (one a second) not answered OK: an API server or \
+             etcd outage, whose aftermath holds members on Nodes turning NotReady",
+            m.readyz_failures.clone(),
         );
         registry.register(
             "reconcile_seconds",

@@ -30,10 +30,11 @@ pub(crate) struct SharedCaches {
     pub(crate) synced: watch::Receiver<bool>,
     /// Revisions triggered and not started yet (`queue.rs`).
     pub(crate) queued: Arc<Queued>,
-    /// Until when the aftermath of an API server outage lasts (`Config::outage_hold` after
-    /// the activator watches last failed for want of it): no rebalancing meanwhile, since a
-    /// moved member's cold start waits on kubelets whose own watches are still backing off.
-    pub(crate) aftermath_until: Arc<Mutex<Option<tokio::time::Instant>>>,
+    /// Until when the aftermath of a control-plane outage lasts (`Config::outage_hold` after
+    /// its last sign: a watch that failed for want of the API server, or a failed `/readyz`):
+    /// no rebalancing meanwhile, since a moved member's cold start waits on kubelets whose
+    /// own watches are still backing off.
+    pub(crate) aftermath: crate::control_plane::Aftermath,
     /// Revision statuses written and not shown by the watch yet (`written_status.rs`).
     pub(crate) written_statuses: Arc<Mutex<crate::written_status::WrittenStatuses>>,
     /// How many activators `activators` holds, published on each change.
@@ -42,8 +43,13 @@ pub(crate) struct SharedCaches {
 
 impl SharedCaches {
     /// Empty caches that `synced` says are ready once filled, counting the triggers in
-    /// `queued`.
-    pub(crate) fn new(synced: watch::Receiver<bool>, queued: Arc<Queued>) -> Self {
+    /// `queued`, whose outage aftermath lasts `outage_hold` from its last sign.
+    pub(crate) fn new(
+        synced: watch::Receiver<bool>,
+        queued: Arc<Queued>,
+        outage_hold: std::time::Duration,
+    ) -> Self {
+        let aftermath = crate::control_plane::Aftermath::new(outage_hold);
         Self {
             index: Arc::default(),
             hosts: Arc::default(),
@@ -51,7 +57,7 @@ impl SharedCaches {
             ae_store: Arc::default(),
             synced,
             queued,
-            aftermath_until: Arc::default(),
+            aftermath,
             available_count: Arc::new(watch::Sender::new(0)),
             written_statuses: Arc::default(),
         }

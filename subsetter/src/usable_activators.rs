@@ -15,6 +15,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::activators::{self, Activator, Available};
+use crate::control_plane::Aftermath;
 use crate::controller::{Synced, Triggers, trigger};
 use crate::index::{Key, MembershipIndex};
 use crate::locks::{lock, read, write};
@@ -26,14 +27,14 @@ enum Watched {
     Node(Box<Event<Node>>),
 }
 
-/// What [`watch_activators`] watches, and how long after an outage it reads a Node NotReady
-/// as the outage's aftermath (`Config::outage_hold`).
+/// What [`watch_activators`] watches, and the outage aftermath within which it reads a Node
+/// NotReady as the outage's, not the node's (`Config::outage_hold`).
 pub(crate) struct ActivatorSources {
     pub pods: Api<Pod>,
     pub nodes: Api<Node>,
-    pub outage_hold: std::time::Duration,
-    /// Where the end of an outage's aftermath is published (`SharedCaches`).
-    pub aftermath_until: Arc<Mutex<Option<tokio::time::Instant>>>,
+    /// Given a sign here by each watch failure, and by the `/readyz` probe
+    /// (`control_plane.rs`).
+    pub aftermath: Aftermath,
     /// How many activators are published as usable, for whoever waits for a number of them
     /// (`Caches::wait_for_activators`).
     pub available_count: Arc<watch::Sender<usize>>,
@@ -48,8 +49,7 @@ pub(crate) async fn watch_activators(
     ActivatorSources {
         pods,
         nodes,
-        outage_hold,
-        aftermath_until,
+        aftermath,
         available_count,
     }: ActivatorSources,
     index: Arc<Mutex<MembershipIndex>>,
@@ -75,13 +75,9 @@ pub(crate) async fn watch_activators(
     // A loss is applied only after [`LOSS_SETTLE`], so that the first node of a mass NotReady
     // is not moved before the rest show it is a disruption.
     let mut settle: Option<tokio::time::Instant> = None;
-    // When a watch last failed for want of the API server (not an expired resourceVersion):
-    // losses to a Node NotReady within `outage_hold` of it are the outage's aftermath.
-    let mut outage_seen: Option<tokio::time::Instant> = None;
-    let after_outage = |seen: Option<tokio::time::Instant>| {
-        seen.map(|t| t + outage_hold)
-            .filter(|end| *end > tokio::time::Instant::now())
-    };
+    // Losses to a Node NotReady within `outage_hold` of an outage's last sign (a watch that
+    // failed for want of the API server, not for an expired resourceVersion; a failed
+    // `/readyz`) are the outage's aftermath.
     loop {
         let event = tokio::select! {
             e = events.next() => match e {
@@ -108,7 +104,7 @@ pub(crate) async fn watch_activators(
             held.clear();
             // Within an outage's aftermath (another watch failure may have extended it), a
             // node still NotReady stays held; anything else lost is repaired now.
-            if let Some(end) = after_outage(outage_seen) {
+            if let Some(end) = aftermath.ends() {
                 held = diff
                     .lost
                     .iter()
@@ -134,9 +130,7 @@ pub(crate) async fn watch_activators(
             Ok(e) => e,
             Err(e) => {
                 if !crds::backoff::is_gone(&e) {
-                    let now = tokio::time::Instant::now();
-                    outage_seen = Some(now);
-                    *lock(&aftermath_until) = Some(now + outage_hold);
+                    aftermath.sign();
                 }
                 warn!(error = %e, "activator pod or node watch");
                 continue;
@@ -219,15 +213,14 @@ pub(crate) async fn watch_activators(
             // marks each node whose kubelet has not renewed its lease since (after a 30 s etcd
             // outage, one node of three for 6 s on the repo's cluster); its kubelet clears it
             // at its next report. Held until the aftermath is over, then compared.
-            let outage_end = after_outage(outage_seen);
-            if let Some(end) = outage_end.filter(|_| !set.disrupted()) {
+            if let Some(end) = aftermath.ends().filter(|_| !set.disrupted()) {
                 let marked: Vec<&String> =
                     diff.lost.iter().filter(|n| set.node_not_ready(n)).collect();
                 if !marked.is_empty() {
                     warn!(
                         held = ?marked,
                         for_s = (end - tokio::time::Instant::now()).as_secs_f64(),
-                        "Nodes NotReady right after an API server outage: their kubelets have \
+                        "Nodes NotReady right after a control-plane outage: their kubelets have \
                          not renewed since; their activators stay members until the aftermath \
                          is over"
                     );

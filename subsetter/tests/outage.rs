@@ -241,10 +241,28 @@ async fn the_leader_its_watches_and_its_reconciles_resume_after_an_api_server_ou
 /// A Node NotReady right after an outage is its aftermath (the controller-manager marks each
 /// node whose kubelet has not renewed its lease since, one node of three for 6 s after a
 /// 30 s etcd outage on the repo's cluster): its activator stays a member for
-/// `Config::outage_hold` after the watches came back, and is repaired only if its Node is
-/// still NotReady then.
+/// `Config::outage_hold` after the outage's last sign, and is repaired only if its Node is
+/// still NotReady then. Here the API server stops: the watches fail.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_not_ready_right_after_an_outage_is_held_then_repaired_if_it_stays() -> Result<()> {
+    node_not_ready_after(Outage::ApiServer).await
+}
+
+/// The same after an etcd outage, which the watches do not see: the API server keeps them
+/// open and quiet, and only its `/readyz` (probed every second) fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_not_ready_right_after_an_etcd_outage_is_held_then_repaired_if_it_stays()
+-> Result<()> {
+    node_not_ready_after(Outage::Etcd).await
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Outage {
+    ApiServer,
+    Etcd,
+}
+
+async fn node_not_ready_after(outage: Outage) -> Result<()> {
     use k8s_openapi::api::core::v1::Node;
     use kube::api::{Patch, PatchParams, PostParams};
     use serde_json::json;
@@ -291,11 +309,24 @@ async fn a_node_not_ready_right_after_an_outage_is_held_then_repaired_if_it_stay
     println!("subset before the outage: {:?}", members(&before));
     let victim = members(&before)[0].clone();
 
-    // The outage: the watches fail (connections refused), then every resumed one gets 410.
-    c.server.stop().await;
-    c.server.compact();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    c.server.resume().await?;
+    match outage {
+        Outage::ApiServer => {
+            // The watches fail (connections refused), then every resumed one gets 410.
+            c.server.stop().await;
+            c.server.compact();
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            c.server.resume().await?;
+        }
+        Outage::Etcd => {
+            // The watches stay open; the probe sees `/readyz` fail.
+            c.server.stop_storage();
+            c.wait_metrics(&running, |m| {
+                counter(m, "subsetter_readyz_failures_total") >= 1
+            })
+            .await?;
+            c.server.start_storage();
+        }
+    }
 
     let t = Instant::now();
     nodes
@@ -323,8 +354,8 @@ async fn a_node_not_ready_right_after_an_outage_is_held_then_repaired_if_it_stay
         })
         .await?;
     println!(
-        "{victim} NotReady after the outage: held, then repaired {:?} after it turned NotReady \
-         (hold {hold:?} from the watches' last failure); members {:?} -> {:?}",
+        "{victim} NotReady after the {outage:?} outage: held, then repaired {:?} after it \
+         turned NotReady (hold {hold:?} from the outage's last sign); members {:?} -> {:?}",
         t.elapsed(),
         members(&before),
         members(&after)

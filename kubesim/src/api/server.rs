@@ -105,6 +105,8 @@ pub(crate) struct Inner {
     shutdown: tokio_watch::Sender<bool>,
     /// Stopped ([`ApiServer::stop`]): not listening, every connection cut, state kept.
     down: tokio_watch::Sender<bool>,
+    /// Its etcd stopped ([`ApiServer::stop_storage`]): serving from the cache only.
+    storage_down: tokio_watch::Sender<bool>,
 }
 
 impl Inner {
@@ -145,6 +147,7 @@ impl ApiServer {
         let addr = listener.local_addr()?;
         let (shutdown, _) = tokio_watch::channel(false);
         let (down, _) = tokio_watch::channel(false);
+        let (storage_down, _) = tokio_watch::channel(false);
         let inner = Arc::new(Inner {
             state: Mutex::new(State::new(cfg.watch_history)),
             stats: Mutex::new(StatsInner::default()),
@@ -166,6 +169,7 @@ impl ApiServer {
             gc: Notify::new(),
             shutdown,
             down,
+            storage_down,
         });
         {
             let mut st = inner.state();
@@ -320,6 +324,21 @@ impl ApiServer {
         let accept = tokio::spawn(accept_loop(self.inner.clone(), listener));
         *self.accept.lock().unwrap_or_else(|e| e.into_inner()) = Some(accept);
         Ok(())
+    }
+
+    /// Behaves as a kube-apiserver whose etcd stopped, until [`ApiServer::start_storage`]:
+    /// it keeps listening, its open watches stay open (quiet: nothing is written), reads
+    /// naming a resourceVersion are answered from the cache, `/readyz`, `/livez` and
+    /// `/healthz` answer 500 (their etcd check fails), and a write or quorum read waits for
+    /// the storage until its request's `timeout` (kube-apiserver's `--request-timeout`,
+    /// 60 s, without one), then gets 504 — or is served if the storage is back first.
+    pub fn stop_storage(&self) {
+        self.inner.storage_down.send_replace(true);
+    }
+
+    /// Ends [`ApiServer::stop_storage`]: the waiting writes and quorum reads go on.
+    pub fn start_storage(&self) {
+        self.inner.storage_down.send_replace(false);
     }
 
     /// Stops serving: ends watches and open connections.
@@ -496,6 +515,18 @@ async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Response<Body> {
         match s.as_slice() {
             ["version"] => return value_response(200, &discovery::version(), &[]),
             ["healthz"] | ["readyz"] | ["livez"] => {
+                if *inner.storage_down.borrow() {
+                    // As kube-apiserver words it (the reason is withheld from a caller
+                    // without `?verbose`).
+                    return text_response(
+                        500,
+                        "text/plain; charset=utf-8",
+                        format!(
+                            "[-]etcd failed: reason withheld\n{}z check failed\n",
+                            s[0].trim_end_matches('z')
+                        ),
+                    );
+                }
                 return text_response(200, "text/plain; charset=utf-8", "ok");
             }
             ["metrics"] => {
@@ -650,6 +681,11 @@ async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Response<Body> {
     if access == Access::QuorumRead {
         inner.stats().count_quorum_read(user_key.clone());
     }
+    if matches!(access, Access::Write | Access::QuorumRead)
+        && let Err(e) = storage_up(&inner, &ctx.query).await
+    {
+        return error_response(&e);
+    }
     inner.storage.serve(access).await;
     let own = read_latency(&inner, verb, ctx.def.plural.as_str());
     if !own.is_zero() {
@@ -679,6 +715,44 @@ async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Response<Body> {
     match result {
         Ok(r) => json_response(r.code, r.body, &r.warnings),
         Err(e) => error_response(&e),
+    }
+}
+
+/// Waits while the storage is stopped ([`ApiServer::stop_storage`]), up to the request's
+/// `timeout` (a Go duration as clients send it: `10s`, `1m`; 60 s without one, as
+/// kube-apiserver's `--request-timeout`), and then answers as kube-apiserver does: 504.
+async fn storage_up(inner: &Inner, query: &Query) -> Result<(), ApiError> {
+    let mut down = inner.storage_down.subscribe();
+    if !*down.borrow_and_update() {
+        return Ok(());
+    }
+    let limit = query
+        .get("timeout")
+        .and_then(go_duration)
+        .unwrap_or(REQUEST_TIMEOUT);
+    match tokio::time::timeout(limit, down.wait_for(|d| !*d)).await {
+        Ok(_) => Ok(()),
+        Err(_) => Err(ApiError::new(
+            504,
+            "Timeout",
+            "Timeout: request did not complete within requested timeout - context deadline exceeded",
+        )),
+    }
+}
+
+/// kube-apiserver's `--request-timeout` default.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A Go duration of one unit (`10s`, `500ms`, `1m`), as clients write `?timeout=`.
+fn go_duration(s: &str) -> Option<Duration> {
+    let split = s.find(|c: char| !c.is_ascii_digit())?;
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n.parse().ok()?;
+    match unit {
+        "ms" => Some(Duration::from_millis(n)),
+        "s" => Some(Duration::from_secs(n)),
+        "m" => Some(Duration::from_secs(n * 60)),
+        _ => None,
     }
 }
 
