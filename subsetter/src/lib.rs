@@ -18,6 +18,7 @@ pub mod images;
 pub mod index;
 pub mod load_index;
 mod locks;
+pub mod loss_burst;
 pub mod metrics;
 pub mod namespaces;
 pub mod plan;

@@ -19,6 +19,7 @@ use crate::control_plane::Aftermath;
 use crate::controller::{Synced, Triggers, trigger};
 use crate::index::{Key, MembershipIndex};
 use crate::locks::{lock, read, write};
+use crate::loss_burst::LossBurst;
 use crate::metrics::Metrics;
 
 /// An event of the activator pod watch or of the Node watch.
@@ -75,6 +76,8 @@ pub(crate) async fn watch_activators(
     // A loss is applied only after [`LOSS_SETTLE`], so that the first node of a mass NotReady
     // is not moved before the rest show it is a disruption.
     let mut settle: Option<tokio::time::Instant> = None;
+    // NotReady nodes repaired at once: a few alone, not a burst (`loss_burst.rs`).
+    let mut burst = LossBurst::default();
     // Losses to a Node NotReady within `outage_hold` of an outage's last sign (a watch that
     // failed for want of the API server, not for an expired resourceVersion; a failed
     // `/readyz`) are the outage's aftermath.
@@ -195,11 +198,14 @@ pub(crate) async fn watch_activators(
         }
         // Most nodes NotReady at once is the control plane's (or the network's) trouble, not
         // theirs: moving every subset would cost every warm revision a cold start on nodes
-        // no healthier than the last. A loss waits [`LOSS_SETTLE`] (the controller-manager
-        // marks the nodes and their pods within a pass of its monitor) and is held while
-        // most nodes are NotReady; when that ends the whole set is compared with what was
-        // published.
+        // no healthier than the last. A Node NotReady alone is repaired at once; any other
+        // loss (more NotReady nodes than a lone failure's budget, an activator pod gone or
+        // unready on a Ready node: a rollout, a crash) waits [`LOSS_SETTLE`] (the
+        // controller-manager marks the nodes and their pods within a pass of its monitor)
+        // and is held while most nodes are NotReady; when that ends the whole set is
+        // compared with what was published.
         let mut diff = diff;
+        let mut at_once = BTreeSet::new();
         if !diff.lost.is_empty() {
             if set.disrupted() && settle.is_none() {
                 warn!(
@@ -228,11 +234,29 @@ pub(crate) async fn watch_activators(
                     settle = Some(settle.map_or(end, |s| s.max(end)));
                 }
             }
+            // Outside an outage's aftermath and a disruption, NotReady nodes within the
+            // budget of lone failures are repaired now.
+            if !set.disrupted() && aftermath.ends().is_none() {
+                let failed: BTreeSet<String> = diff
+                    .lost
+                    .iter()
+                    .filter(|n| set.node_not_ready(n))
+                    .cloned()
+                    .collect();
+                let nodes = read(&available).len();
+                if !failed.is_empty()
+                    && burst.admit(tokio::time::Instant::now(), failed.len(), nodes)
+                {
+                    diff.lost.retain(|n| !failed.contains(n));
+                    at_once = failed;
+                }
+            }
             held.append(&mut diff.lost);
-            if settle.is_none() && !set.disrupted() {
+            if !held.is_empty() && settle.is_none() && !set.disrupted() {
                 settle = Some(tokio::time::Instant::now() + LOSS_SETTLE);
             }
         }
+        diff.lost = at_once;
         if !held.is_empty() && settle.is_none() && !set.disrupted() {
             // The disruption is over: the kubelets report again within their status sync
             // (10 s), clearing the controller-manager's marks; what is still gone after
