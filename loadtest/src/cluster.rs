@@ -512,6 +512,33 @@ impl SimCluster {
         Ok(WatchOnly::start(&cfg, self.activator_client.clone()))
     }
 
+    /// How to run `node`'s activator as its own process (`activator_process`) against the
+    /// embedded API server, whose kubeconfig is written into `dir`; None against a real
+    /// cluster (the process would need the cluster's credentials for an activator).
+    pub fn process_spec(
+        &self,
+        node: &str,
+        binary: &std::path::Path,
+        dir: &std::path::Path,
+    ) -> Result<Option<crate::activator_process::ProcessSpec>, Error> {
+        let Some(api) = &self.api else {
+            return Ok(None);
+        };
+        let cfg = self.activator_config(node)?;
+        std::fs::create_dir_all(dir)?;
+        let kubeconfig = dir.join("kubeconfig");
+        api.write_kubeconfig(&kubeconfig)?;
+        Ok(Some(crate::activator_process::ProcessSpec {
+            binary: binary.to_path_buf(),
+            node: node.to_string(),
+            pod_name: cfg.pod_name.clone(),
+            pod_namespace: cfg.pod_namespace.clone(),
+            data: cfg.data_addr,
+            admin: cfg.admin_addr,
+            kubeconfig,
+        }))
+    }
+
     /// The configuration of `node`'s activator: its node's addresses and node agent, this
     /// cluster's activator namespace, hop secret and directory.
     fn activator_config(&self, node: &str) -> Result<ActivatorConfig, Error> {

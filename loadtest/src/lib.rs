@@ -2,6 +2,7 @@
 //! process (or targets a real cluster through `KUBECONFIG`), runs scenarios and reports.
 
 pub mod activator_metrics;
+pub mod activator_process;
 pub mod anatomy;
 pub mod apiserver_metrics;
 pub mod cluster;

@@ -159,6 +159,11 @@ pub struct Knobs {
     /// maxUnavailable).
     #[arg(long)]
     pub rollout_max_unavailable: Option<f64>,
+    /// The `activator` binary to run one node's activator as its own process, for its memory
+    /// idle and with its subsets (scale, on the embedded cluster; default: the one beside
+    /// this program, if any).
+    #[arg(long)]
+    pub activator_binary: Option<std::path::PathBuf>,
     /// How requests name their revision: `headers` (as an ingress) or `host`.
     #[arg(long)]
     pub routing: Option<String>,
@@ -207,6 +212,7 @@ impl Knobs {
             subsetter_concurrency,
             stand_in_activators,
             rollout_max_unavailable,
+            activator_binary,
             routing,
             ingress
         )

@@ -221,6 +221,12 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                     cp.phase("stand-in activators' watches started", ctx).await;
                 }
             }
+            // One node's activator as its own process: its memory idle (no revision exists
+            // yet) and later with its subsets, where the in-process sample's is a difference
+            // of one process's RSS over several.
+            let process = start_process(cluster, &k, &nodes, ctx).await;
+            let process_idle = process.as_ref().and_then(|p| p.rss_bytes());
+            let process_node = process.as_ref().map(|p| p.node().to_string());
             let rss_cluster = rss_mib();
             let members = MemberWatch::start(&cluster.client, ns);
             ctx.step(format!("creating {} revisions; the subsetter assigns them", names.len()));
@@ -282,6 +288,10 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                 activators_ready.as_secs_f64()
             ));
             let events_start = watch_events(cluster, &sampled);
+            // By now the process's watch has had the assignment's events as long as the
+            // sample took to start.
+            let process_with = process.as_ref().and_then(|p| p.rss_bytes());
+            let process_subsets = process_node.as_deref().map(|n| members.subsets_of(n));
 
             // Steady state: the active share's traffic, through sampled members.
             let m = members.members();
@@ -351,7 +361,9 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
             // repairs every subset it was in.
             // The node (not sampled) in the most subsets: the largest repair one node causes.
             let (in_subsets, leaving) = members
-                .busiest(nodes.iter().filter(|n| !sampled.contains(n)))
+                .busiest(nodes.iter().filter(|n| {
+                    !sampled.contains(n) && Some(n.as_str()) != process_node.as_deref()
+                }))
                 .into_iter()
                 .next()
                 .unwrap_or_default();
@@ -383,7 +395,11 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
             // once the node lifecycle controller marks it NotReady (after the node grace
             // period); the goal counts from NotReady.
             let (lost_subsets, lost) = members
-                .busiest(nodes.iter().filter(|n| !sampled.contains(n) && **n != leaving))
+                .busiest(nodes.iter().filter(|n| {
+                    !sampled.contains(n)
+                        && **n != leaving
+                        && Some(n.as_str()) != process_node.as_deref()
+                }))
                 .into_iter()
                 .next()
                 .unwrap_or_default();
@@ -495,6 +511,15 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
             let stand_in_counts: Vec<(usize, usize, usize)> =
                 stand_ins.iter().map(|(_, w)| w.counts()).collect();
             drop(stand_ins);
+            let process_end = process.as_ref().and_then(|p| p.rss_bytes());
+            let process_line = process_figures(
+                process_node.as_deref(),
+                process_idle,
+                process_with,
+                process_end,
+                process_subsets,
+            );
+            drop(process);
             let peak_mib = peak_rss_mib();
             let cpu_all = cpu_secs();
             let requests_all =
@@ -532,6 +557,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                  subsetter: all {} revisions created and assigned in {:.1} s ({assigned} with members; {} reconciles at once); the creates took {:.1} s, the last assignment {:.1} s after them; {cpu_assign:.0} s of CPU meanwhile\n\
                  memory: process {rss_cluster:.0} MiB with the cluster, {rss_revisions:.0} MiB with the revisions, \
                  {rss_activators:.0} MiB with the sampled activators: {per_activator:.1} MiB per activator; peak {peak_mib:.0} MiB\n\
+                 {}\n\
                  sampled activators ready in {:.1} s ({late} of them not Ready within the limit)\n\
                  cached per sampled activator: subsets {subsets_mean:.1} (max {subsets_max}), revisions {revisions_mean:.1} (max {revisions_max}), pods {pods_mean:.1} (max {pods_max}) — of {} revisions in the cluster\n\
                  steady state ({} active revisions, {:.0} req/s for {:.1} s): {api_rps:.0} API requests/s in all \
@@ -553,6 +579,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                 k.subsetter_concurrency.unwrap_or(128),
                 creation.created.as_secs_f64(),
                 backlog.as_secs_f64(),
+                process_line.0,
                 activators_ready.as_secs_f64(),
                 names.len(),
                 active.len(),
@@ -633,6 +660,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                     "assigned_after_creation_s": backlog.as_secs_f64(),
                     "rss_mib": {"cluster": rss_cluster, "with_revisions": rss_revisions, "with_activators": rss_activators, "peak": peak_mib},
                     "per_activator_mib": per_activator,
+                    "activator_process": process_line.1,
                     "cached_per_activator": {
                         "subsets_mean": subsets_mean, "subsets_max": subsets_max,
                         "revisions_mean": revisions_mean, "revisions_max": revisions_max,
@@ -668,4 +696,90 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
         },
     )
     .await
+}
+
+/// Starts one node's activator as its own process (`activator_process`), when there is a
+/// binary and the API server is the embedded one; a failure is noted and the run goes on.
+async fn start_process(
+    cluster: &crate::SimCluster,
+    k: &Knobs,
+    nodes: &[String],
+    ctx: &Ctx,
+) -> Option<crate::activator_process::ActivatorProcess> {
+    let binary = k
+        .activator_binary
+        .clone()
+        .or_else(crate::activator_process::beside_this_program)?;
+    let node = nodes.last()?;
+    let dir = std::env::temp_dir().join(format!("la-scale-{}", std::process::id()));
+    let spec = match cluster.process_spec(node, &binary, &dir) {
+        Ok(Some(spec)) => spec,
+        Ok(None) => return None,
+        Err(e) => {
+            ctx.note(&format!(
+                "activator process on {node}: {e}; going on without it"
+            ));
+            return None;
+        }
+    };
+    ctx.step(format!(
+        "starting {node}'s activator as its own process ({})",
+        binary.display()
+    ));
+    match crate::activator_process::ActivatorProcess::start(spec, Duration::from_secs(60)).await {
+        Ok(p) => {
+            ctx.note(&format!(
+                "activator process on {node} ready, idle: {}",
+                mib(p.rss_bytes())
+            ));
+            Some(p)
+        }
+        Err(e) => {
+            ctx.note(&format!(
+                "activator process on {node}: {e}; going on without it"
+            ));
+            None
+        }
+    }
+}
+
+fn mib(bytes: Option<u64>) -> String {
+    bytes.map_or("-".into(), |b| {
+        format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))
+    })
+}
+
+/// The process activator's line of the report and its JSON.
+fn process_figures(
+    node: Option<&str>,
+    idle: Option<u64>,
+    with: Option<u64>,
+    end: Option<u64>,
+    subsets: Option<usize>,
+) -> (String, serde_json::Value) {
+    let Some(node) = node else {
+        return (
+            "activator process: not run (no activator binary beside this program, or not on the embedded cluster)".into(),
+            serde_json::Value::Null,
+        );
+    };
+    let above = |b: Option<u64>| match (b, idle) {
+        (Some(b), Some(i)) => Some((b as f64 - i as f64) / (1024.0 * 1024.0)),
+        _ => None,
+    };
+    let text = format!(
+        "activator process on {node} (its own RSS): idle {} (ready, no revision yet); with its {} subsets {} ({} above idle); at the end {} ({} above idle)",
+        mib(idle),
+        subsets.map_or("-".into(), |s| s.to_string()),
+        mib(with),
+        above(with).map_or("-".into(), |m| format!("{m:.2} MiB")),
+        mib(end),
+        above(end).map_or("-".into(), |m| format!("{m:.2} MiB")),
+    );
+    let mb = |b: Option<u64>| b.map(|b| b as f64 / (1024.0 * 1024.0));
+    (
+        text,
+        json!({"node": node, "subsets": subsets, "idle_mib": mb(idle), "with_subsets_mib": mb(with),
+               "end_mib": mb(end), "above_idle_mib": above(with), "above_idle_end_mib": above(end)}),
+    )
 }
