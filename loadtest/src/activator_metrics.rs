@@ -43,19 +43,26 @@ pub fn parse(text: &str, name: &str) -> Vec<(BTreeMap<String, String>, u64)> {
 /// [`crds::contract::ADMIN_PORT`]); None when it does not answer within 5 s. One small HTTP
 /// request: cheap enough to poll while measuring the node.
 pub async fn read_total(ip: std::net::IpAddr, name: &str) -> Option<u64> {
+    let text = fetch((ip, crds::contract::ADMIN_PORT).into(), "/metrics").await?;
+    Some(parse(&text, name).into_iter().map(|(_, v)| v).sum())
+}
+
+/// The whole answer (status line, headers, body) to `GET path` on an admin port at `addr`,
+/// over HTTP/1.0 (the server closes when done); None when it does not answer within 5 s.
+pub async fn fetch(addr: std::net::SocketAddr, path: &str) -> Option<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let read = async {
-        let mut s = tokio::net::TcpStream::connect((ip, crds::contract::ADMIN_PORT)).await?;
-        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await?;
+        let mut s = tokio::net::TcpStream::connect(addr).await?;
+        s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
+            .await?;
         let mut text = String::new();
         s.read_to_string(&mut text).await?;
         Ok::<_, std::io::Error>(text)
     };
-    let text = tokio::time::timeout(std::time::Duration::from_secs(5), read)
+    tokio::time::timeout(std::time::Duration::from_secs(5), read)
         .await
         .ok()?
-        .ok()?;
-    Some(parse(&text, name).into_iter().map(|(_, v)| v).sum())
+        .ok()
 }
 
 #[cfg(test)]

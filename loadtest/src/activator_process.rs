@@ -5,12 +5,13 @@
 //! idle) and again once it holds its share of the revisions.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
+
+use crate::activator_metrics::fetch;
 
 use crate::error::Error;
 
@@ -75,7 +76,7 @@ impl ActivatorProcess {
                     message: format!("exited: {status}"),
                 });
             }
-            if admin_get(p.spec.admin, "/readyz")
+            if fetch(p.spec.admin, "/readyz")
                 .await
                 .is_some_and(|r| r.starts_with("HTTP/1.1 200") || r.starts_with("HTTP/1.0 200"))
             {
@@ -98,46 +99,8 @@ impl ActivatorProcess {
 
     /// Its resident set size in bytes (`VmRSS`), None once it is gone.
     pub fn rss_bytes(&self) -> Option<u64> {
-        let pid = self.child.id()?;
-        rss_of(&PathBuf::from(format!("/proc/{pid}/status")))
+        kubesim::node::process::rss_bytes_of(self.child.id()?)
     }
-
-    /// The sum of its counter or gauge `name` over all labels, from its admin port.
-    pub async fn metric(&self, name: &str) -> Option<u64> {
-        let text = admin_get(self.spec.admin, "/metrics").await?;
-        let body = text.split_once("\r\n\r\n")?.1;
-        Some(
-            crate::activator_metrics::parse(body, name)
-                .into_iter()
-                .map(|(_, v)| v)
-                .sum(),
-        )
-    }
-}
-
-/// `VmRSS` of a `/proc/<pid>/status` file, in bytes.
-fn rss_of(status: &Path) -> Option<u64> {
-    let text = std::fs::read_to_string(status).ok()?;
-    let line = text.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
-
-/// The whole answer to `GET path` on `addr` (HTTP/1.0: the server closes), None if it does
-/// not answer within 2 s.
-async fn admin_get(addr: SocketAddr, path: &str) -> Option<String> {
-    let read = async {
-        let mut s = tokio::net::TcpStream::connect(addr).await?;
-        s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
-            .await?;
-        let mut text = String::new();
-        s.read_to_string(&mut text).await?;
-        Ok::<_, std::io::Error>(text)
-    };
-    tokio::time::timeout(Duration::from_secs(2), read)
-        .await
-        .ok()?
-        .ok()
 }
 
 /// The `activator` binary beside this program's (as `cargo build` leaves them), if there is
@@ -174,21 +137,5 @@ mod tests {
         ] {
             assert!(args.iter().any(|a| a == want), "{want} in {args:?}");
         }
-    }
-
-    #[test]
-    fn reads_vmrss_from_a_status_file() {
-        let dir = std::env::temp_dir().join(format!("la-rss-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let f = dir.join("status");
-        std::fs::write(
-            &f,
-            "Name:\tactivator\nVmPeak:\t  9000 kB\nVmRSS:\t   12345 kB\n",
-        )
-        .unwrap();
-        assert_eq!(rss_of(&f), Some(12345 * 1024));
-        std::fs::write(&f, "Name:\tactivator\n").unwrap();
-        assert_eq!(rss_of(&f), None);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -1202,31 +1202,13 @@ async fn api_answers(client: &Client, limit: Duration) -> bool {
 /// The sum of an activator's counter `name` over all its labels, from its admin port (None
 /// when it does not answer).
 async fn metric_total(data: SocketAddr, name: &str) -> Option<u64> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let read = async {
-        let mut s = tokio::net::TcpStream::connect((data.ip(), crds::contract::ADMIN_PORT)).await?;
-        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await?;
-        let mut text = String::new();
-        s.read_to_string(&mut text).await?;
-        Ok::<_, std::io::Error>(text)
-    };
-    let text = tokio::time::timeout(Duration::from_secs(5), read)
-        .await
-        .ok()?
-        .ok()?;
-    Some(
-        loadtest::activator_metrics::parse(&text, name)
-            .into_iter()
-            .map(|(_, v)| v)
-            .sum(),
-    )
+    loadtest::activator_metrics::read_total(data.ip(), name).await
 }
 
 /// The members the subsetters replaced because their activator was lost
 /// (`subsetter_members_replaced_total{reason="lost"}`), summed over every replica that
 /// answers on its admin port (9091); None when none answers.
 async fn lost_replacements(client: &Client) -> Option<u64> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NS);
     let lp = ListParams::default().labels("app.kubernetes.io/component=subsetter");
     let mut total = None;
@@ -1234,14 +1216,12 @@ async fn lost_replacements(client: &Client) -> Option<u64> {
         let Some(ip) = p.status.and_then(|s| s.pod_ip) else {
             continue;
         };
-        let read = async {
-            let mut s = tokio::net::TcpStream::connect((ip.as_str(), 9091)).await?;
-            s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await?;
-            let mut text = String::new();
-            s.read_to_string(&mut text).await?;
-            Ok::<_, std::io::Error>(text)
+        let Ok(ip) = ip.parse::<std::net::IpAddr>() else {
+            continue;
         };
-        if let Ok(Ok(text)) = tokio::time::timeout(Duration::from_secs(5), read).await {
+        if let Some(text) =
+            loadtest::activator_metrics::fetch(SocketAddr::new(ip, 9091), "/metrics").await
+        {
             let lost: u64 =
                 loadtest::activator_metrics::parse(&text, "subsetter_members_replaced_total")
                     .into_iter()
