@@ -33,8 +33,9 @@ enum Watched {
 pub(crate) struct ActivatorSources {
     pub pods: Api<Pod>,
     pub nodes: Api<Node>,
-    /// Given a sign here by each watch failure, and by the `/readyz` probe
-    /// (`control_plane.rs`).
+    /// Losses to a Node NotReady within its hold of an outage's last sign are the outage's
+    /// aftermath. Signs: a watch here that failed for want of the API server (not for an
+    /// expired resourceVersion), and the `/readyz` probe's failures (`control_plane.rs`).
     pub aftermath: Aftermath,
     /// How many activators are published as usable, for whoever waits for a number of them
     /// (`Caches::wait_for_activators`).
@@ -78,9 +79,6 @@ pub(crate) async fn watch_activators(
     let mut settle: Option<tokio::time::Instant> = None;
     // NotReady nodes repaired at once: a few alone, not a burst (`loss_burst.rs`).
     let mut burst = LossBurst::default();
-    // Losses to a Node NotReady within `outage_hold` of an outage's last sign (a watch that
-    // failed for want of the API server, not for an expired resourceVersion; a failed
-    // `/readyz`) are the outage's aftermath.
     loop {
         let event = tokio::select! {
             e = events.next() => match e {
