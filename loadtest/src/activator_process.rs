@@ -45,6 +45,18 @@ impl ProcessSpec {
     }
 }
 
+/// How far apart two reads of a settled process's memory agree.
+pub const SETTLE_STEP: Duration = Duration::from_secs(1);
+
+/// A process's resident memory, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Memory {
+    /// `VmRSS`: everything resident, the binary's mapped pages included.
+    pub rss: u64,
+    /// `RssAnon`: its heap and stacks, what it allocated itself.
+    pub anon: u64,
+}
+
 /// A running activator process, killed when dropped.
 pub struct ActivatorProcess {
     child: Child,
@@ -97,9 +109,30 @@ impl ActivatorProcess {
         &self.spec.node
     }
 
-    /// Its resident set size in bytes (`VmRSS`), None once it is gone.
-    pub fn rss_bytes(&self) -> Option<u64> {
-        kubesim::node::process::rss_bytes_of(self.child.id()?)
+    /// Its memory now, None once it is gone.
+    pub fn memory(&self) -> Option<Memory> {
+        let pid = self.child.id()?;
+        Some(Memory {
+            rss: kubesim::node::process::rss_bytes_of(pid)?,
+            anon: kubesim::node::process::rss_anon_bytes_of(pid)?,
+        })
+    }
+
+    /// Its memory once it stops changing: two reads [`SETTLE_STEP`] apart agree (a process
+    /// just ready still faults in code and grows its allocator for a moment), or the last
+    /// read after `limit`.
+    pub async fn settled(&self, limit: Duration) -> Option<Memory> {
+        let until = tokio::time::Instant::now() + limit;
+        let mut last = self.memory()?;
+        loop {
+            // Sampling the process's memory: nothing to wait on but time.
+            tokio::time::sleep(SETTLE_STEP).await;
+            let now = self.memory()?;
+            if now == last || tokio::time::Instant::now() >= until {
+                return Some(now);
+            }
+            last = now;
+        }
     }
 }
 

@@ -11,9 +11,23 @@ pub fn rss_bytes_of(pid: u32) -> Option<u64> {
     rss_in(&std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?)
 }
 
+/// Anonymous resident memory of process `pid` in bytes (`RssAnon`: its heap and stacks,
+/// not the pages of its binary it has mapped), None once it is gone.
+pub fn rss_anon_bytes_of(pid: u32) -> Option<u64> {
+    field_in(
+        &std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?,
+        "RssAnon:",
+    )
+}
+
 /// `VmRSS` of a `/proc/<pid>/status` text, in bytes.
 pub fn rss_in(status: &str) -> Option<u64> {
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    field_in(status, "VmRSS:")
+}
+
+/// A `/proc/<pid>/status` field given in kB, in bytes.
+fn field_in(status: &str, field: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with(field))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
 }
@@ -31,5 +45,7 @@ mod tests {
         let status = "Name:\tactivator\nVmPeak:\t  9000 kB\nVmRSS:\t   12345 kB\n";
         assert_eq!(super::rss_in(status), Some(12345 * 1024));
         assert_eq!(super::rss_in("Name:\tactivator\n"), None);
+        let status = "VmRSS:\t  16296 kB\nRssAnon:\t    2304 kB\nRssFile:\t   13992 kB\n";
+        assert_eq!(super::field_in(status, "RssAnon:"), Some(2304 * 1024));
     }
 }

@@ -6,6 +6,7 @@
 //! the repair of a lost node counted from its NotReady, API requests by component and verb, and
 //! this process's memory and CPU phase by phase.
 
+use crate::activator_process::Memory;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -225,7 +226,10 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
             // yet) and later with its subsets, where the in-process sample's is a difference
             // of one process's RSS over several.
             let process = start_process(cluster, &k, &nodes, ctx).await;
-            let process_idle = process.as_ref().and_then(|p| p.rss_bytes());
+            let process_idle = match &process {
+                Some(p) => p.settled(PROCESS_SETTLE).await,
+                None => None,
+            };
             let process_node = process.as_ref().map(|p| p.node().to_string());
             let rss_cluster = rss_mib();
             let members = MemberWatch::start(&cluster.client, ns);
@@ -290,7 +294,10 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
             let events_start = watch_events(cluster, &sampled);
             // By now the process's watch has had the assignment's events as long as the
             // sample took to start.
-            let process_with = process.as_ref().and_then(|p| p.rss_bytes());
+            let process_with = match &process {
+                Some(p) => p.settled(PROCESS_SETTLE).await,
+                None => None,
+            };
             let process_subsets = process_node.as_deref().map(|n| members.subsets_of(n));
 
             // Steady state: the active share's traffic, through sampled members.
@@ -511,7 +518,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
             let stand_in_counts: Vec<(usize, usize, usize)> =
                 stand_ins.iter().map(|(_, w)| w.counts()).collect();
             drop(stand_ins);
-            let process_end = process.as_ref().and_then(|p| p.rss_bytes());
+            let process_end = process.as_ref().and_then(|p| p.memory());
             let process_line = process_figures(
                 process_node.as_deref(),
                 process_idle,
@@ -728,10 +735,7 @@ async fn start_process(
     ));
     match crate::activator_process::ActivatorProcess::start(spec, Duration::from_secs(60)).await {
         Ok(p) => {
-            ctx.note(&format!(
-                "activator process on {node} ready, idle: {}",
-                mib(p.rss_bytes())
-            ));
+            ctx.note(&format!("activator process on {node} ready"));
             Some(p)
         }
         Err(e) => {
@@ -743,18 +747,27 @@ async fn start_process(
     }
 }
 
-fn mib(bytes: Option<u64>) -> String {
-    bytes.map_or("-".into(), |b| {
-        format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))
+/// How long the activator process's memory may take to settle before it is read.
+const PROCESS_SETTLE: Duration = Duration::from_secs(10);
+
+fn mib(m: Option<Memory>) -> String {
+    m.map_or("-".into(), |m| {
+        format!(
+            "{:.2} MiB (anonymous {:.2} MiB)",
+            m.rss as f64 / MIB,
+            m.anon as f64 / MIB
+        )
     })
 }
+
+const MIB: f64 = 1024.0 * 1024.0;
 
 /// The process activator's line of the report and its JSON.
 fn process_figures(
     node: Option<&str>,
-    idle: Option<u64>,
-    with: Option<u64>,
-    end: Option<u64>,
+    idle: Option<Memory>,
+    with: Option<Memory>,
+    end: Option<Memory>,
     subsets: Option<usize>,
 ) -> (String, serde_json::Value) {
     let Some(node) = node else {
@@ -763,23 +776,34 @@ fn process_figures(
             serde_json::Value::Null,
         );
     };
-    let above = |b: Option<u64>| match (b, idle) {
-        (Some(b), Some(i)) => Some((b as f64 - i as f64) / (1024.0 * 1024.0)),
+    let above = |m: Option<Memory>| match (m, idle) {
+        (Some(m), Some(i)) => Some((
+            (m.rss as f64 - i.rss as f64) / MIB,
+            (m.anon as f64 - i.anon as f64) / MIB,
+        )),
         _ => None,
     };
+    let above_text = |m: Option<Memory>| {
+        above(m).map_or("-".into(), |(r, a)| {
+            format!("{r:.2} MiB above idle, anonymous {a:.2} MiB")
+        })
+    };
     let text = format!(
-        "activator process on {node} (its own RSS): idle {} (ready, no revision yet); with its {} subsets {} ({} above idle); at the end {} ({} above idle)",
+        "activator process on {node} (its own memory, settled): idle {} (ready, no revision yet); with its {} subsets {} ({}); at the end {} ({})",
         mib(idle),
         subsets.map_or("-".into(), |s| s.to_string()),
         mib(with),
-        above(with).map_or("-".into(), |m| format!("{m:.2} MiB")),
+        above_text(with),
         mib(end),
-        above(end).map_or("-".into(), |m| format!("{m:.2} MiB")),
+        above_text(end),
     );
-    let mb = |b: Option<u64>| b.map(|b| b as f64 / (1024.0 * 1024.0));
+    let js = |m: Option<Memory>| {
+        m.map(|m| json!({"rss_mib": m.rss as f64 / MIB, "anon_mib": m.anon as f64 / MIB}))
+    };
+    let js_above = |m: Option<Memory>| above(m).map(|(r, a)| json!({"rss_mib": r, "anon_mib": a}));
     (
         text,
-        json!({"node": node, "subsets": subsets, "idle_mib": mb(idle), "with_subsets_mib": mb(with),
-               "end_mib": mb(end), "above_idle_mib": above(with), "above_idle_end_mib": above(end)}),
+        json!({"node": node, "subsets": subsets, "idle": js(idle), "with_subsets": js(with),
+               "end": js(end), "above_idle": js_above(with), "above_idle_end": js_above(end)}),
     )
 }
