@@ -691,6 +691,8 @@ mod tests {
     #[derive(Clone)]
     struct Sim {
         nodes: Arc<Mutex<Writer<Node>>>,
+        /// What the writes are checked against, as the API server checks resourceVersions.
+        server: Store<Node>,
         taint_write_time: Duration,
         watch_shows_writes: bool,
         /// Each node marked Unknown, and when.
@@ -702,12 +704,20 @@ mod tests {
     impl Sim {
         fn new(nodes: Writer<Node>, taint_write_time: Duration, watch_shows_writes: bool) -> Self {
             Sim {
+                server: nodes.as_reader(),
                 nodes: Arc::new(Mutex::new(nodes)),
                 taint_write_time,
                 watch_shows_writes,
                 marked: Arc::default(),
                 taint_writes: Arc::default(),
             }
+        }
+
+        /// A write from a copy that is no longer the server's fails (409): without this, a
+        /// taint write started before the node was marked Unknown would put Ready back.
+        fn conflicts(&self, node: &Node) -> bool {
+            let current = self.server.get(&ObjectRef::from_obj(node));
+            current.is_some_and(|c| c.metadata.resource_version != node.metadata.resource_version)
         }
 
         fn show(&self, mut node: Node) {
@@ -727,6 +737,9 @@ mod tests {
 
     impl NodeWrites for Sim {
         async fn mark_unknown(&self, node: Arc<Node>) -> WriteResult {
+            if self.conflicts(&node) {
+                return Ok(false);
+            }
             let mut node = (*node).clone();
             let name = node.metadata.name.clone().unwrap_or_default();
             for c in node
@@ -743,6 +756,9 @@ mod tests {
 
         async fn sync_taints(&self, node: Arc<Node>, ready: String) -> WriteResult {
             tokio::time::sleep(self.taint_write_time).await;
+            if self.conflicts(&node) {
+                return Ok(false);
+            }
             let mut node = (*node).clone();
             let name = node.metadata.name.clone().unwrap_or_default();
             *self.taint_writes.lock().unwrap().entry(name).or_default() += 1;
