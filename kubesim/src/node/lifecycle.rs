@@ -673,6 +673,26 @@ mod tests {
         }
     }
 
+    /// `n` nodes named `node-<i>`, their Nodes and Leases (renewed at 0) in filled stores.
+    #[allow(clippy::type_complexity)]
+    fn cluster(
+        n: usize,
+    ) -> (
+        Vec<String>,
+        (Store<Node>, Writer<Node>),
+        (Store<Lease>, Writer<Lease>),
+    ) {
+        let names: Vec<String> = (0..n).map(|i| format!("node-{i}")).collect();
+        let (nodes, mut node_writer) = reflector::store::<Node>();
+        let (leases, mut lease_writer) = reflector::store::<Lease>();
+        filled(&mut node_writer, names.iter().map(|n| node(n)).collect());
+        filled(
+            &mut lease_writer,
+            names.iter().map(|n| lease(n, stamp(0))).collect(),
+        );
+        (names, (nodes, node_writer), (leases, lease_writer))
+    }
+
     fn filled<K>(writer: &mut Writer<K>, objects: Vec<K>)
     where
         K: kube::Resource + Clone,
@@ -821,14 +841,7 @@ mod tests {
     /// dead node was marked a grace period after the tainting pass ended: here at ~280 s.)
     #[tokio::test(start_paused = true)]
     async fn a_long_tainting_pass_holds_up_no_health_check() {
-        let names: Vec<String> = (0..64).map(|i| format!("node-{i}")).collect();
-        let (nodes, mut node_writer) = reflector::store::<Node>();
-        let (leases, mut lease_writer) = reflector::store::<Lease>();
-        filled(&mut node_writer, names.iter().map(|n| node(n)).collect());
-        filled(
-            &mut lease_writer,
-            names.iter().map(|n| lease(n, stamp(0))).collect(),
-        );
+        let (names, (nodes, node_writer), (leases, lease_writer)) = cluster(64);
         // 64 taint writes, 8 at once, 30 s each: 240 s of tainting.
         let sim = Sim::new(node_writer, Duration::from_secs(30), true);
         let start = Instant::now();
@@ -866,14 +879,7 @@ mod tests {
     /// server, and as many writes queued with everyone else's).
     #[tokio::test(start_paused = true)]
     async fn a_write_is_not_repeated_while_the_watch_lags() {
-        let names: Vec<String> = (0..20).map(|i| format!("node-{i}")).collect();
-        let (nodes, mut node_writer) = reflector::store::<Node>();
-        let (leases, mut lease_writer) = reflector::store::<Lease>();
-        filled(&mut node_writer, names.iter().map(|n| node(n)).collect());
-        filled(
-            &mut lease_writer,
-            names.iter().map(|n| lease(n, stamp(0))).collect(),
-        );
+        let (names, (nodes, node_writer), (leases, lease_writer)) = cluster(20);
         let sim = Sim::new(node_writer, Duration::from_millis(100), false);
         let start = Instant::now();
         let controller = tokio::spawn(check_loop(sim.clone(), nodes, leases, GRACE));
