@@ -17,6 +17,7 @@ pub mod crdgen;
 pub mod directory;
 pub mod key;
 pub mod pod_ready;
+pub mod pod_template;
 pub mod revision;
 
 pub use activation_endpoints::{

@@ -1,9 +1,10 @@
 //! The `Revision` custom resource.
 
-use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
+
+pub use crate::pod_template::PodTemplate;
 
 /// One immutable version of an app that scales to zero.
 ///
@@ -81,27 +82,6 @@ pub struct RevisionSpec {
     #[serde(default = "default_timeout_seconds")]
     #[schemars(range(min = 1, max = 3600))]
     pub timeout_seconds: i64,
-}
-
-/// `spec.template` as stored. The CRD keeps it schemaless, so the API server accepts any
-/// object there; holding it as JSON means one malformed template cannot stop a watch of all
-/// Revisions from decoding (every activator and the subsetter watch them). It is parsed into
-/// a `PodTemplateSpec` where it is used, and a bad one is reported for its revision alone.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[serde(transparent)]
-pub struct PodTemplate(pub serde_json::Value);
-
-impl PodTemplate {
-    /// The template as a `PodTemplateSpec`, or why it is not one.
-    pub fn parse(&self) -> Result<PodTemplateSpec, String> {
-        serde_json::from_value(self.0.clone()).map_err(|e| format!("spec.template: {e}"))
-    }
-}
-
-impl From<PodTemplateSpec> for PodTemplate {
-    fn from(t: PodTemplateSpec) -> Self {
-        Self(serde_json::to_value(t).expect("a PodTemplateSpec serializes"))
-    }
 }
 
 /// What the subsetter reports about a revision.

@@ -48,7 +48,7 @@ fn check(doc: &str, text: &str) -> (usize, Vec<String>) {
             }
         };
         problems.extend(rev.problems().into_iter().map(|p| format!("{doc}: {p}")));
-        match serde_json::from_value::<PodTemplateSpec>(rev.spec.template.0.clone()) {
+        match serde_json::from_str::<PodTemplateSpec>(rev.spec.template.json()) {
             Ok(t) => {
                 let containers = t.spec.map(|s| s.containers).unwrap_or_default();
                 if containers.is_empty() {

@@ -471,7 +471,9 @@ pub fn app_env(rev: &mut Revision, env: &[(&str, String)]) {
         .iter()
         .map(|(k, v)| serde_json::json!({"name": k, "value": v}))
         .collect();
-    rev.spec.template.0["spec"]["containers"][0]["env"] = serde_json::Value::Array(env);
+    let mut t = rev.spec.template.value();
+    t["spec"]["containers"][0]["env"] = serde_json::Value::Array(env);
+    rev.spec.template = t.into();
 }
 
 /// Revision names `rev-0000`….

@@ -72,7 +72,9 @@ fn app_env(rev: &mut crds::Revision, env: &[(&str, &str)]) {
         .iter()
         .map(|(k, v)| serde_json::json!({"name": k, "value": v}))
         .collect();
-    rev.spec.template.0["spec"]["containers"][0]["env"] = serde_json::Value::Array(env);
+    let mut t = rev.spec.template.value();
+    t["spec"]["containers"][0]["env"] = serde_json::Value::Array(env);
+    rev.spec.template = t.into();
 }
 
 fn entry(c: &SimCluster, node: &str) -> (String, std::net::SocketAddr) {
@@ -321,8 +323,10 @@ async fn an_exec_probe_waits_for_the_kubelets_ready_and_no_probe_does_not() {
     .await;
     let exec = revision(&c, &ns, "exec-probe", |r| {
         r.spec.activators = Some(1);
-        r.spec.template.0["spec"]["containers"][0]["readinessProbe"] =
+        let mut t = r.spec.template.value();
+        t["spec"]["containers"][0]["readinessProbe"] =
             serde_json::json!({"exec": {"command": ["cat", "/tmp/ready"]}});
+        r.spec.template = t.into();
     })
     .await;
     let plain = revision(&c, &ns, "no-probe", |r| r.spec.activators = Some(1)).await;

@@ -137,8 +137,10 @@ async fn a_burst_past_the_primarys_share_spills_to_the_other_members() {
     let mut rev = echo_revision("spill", &ns, vec![host_of("spill", &ns)]);
     rev.spec.container_concurrency = 1;
     rev.spec.max_scale = 3;
-    rev.spec.template.0["spec"]["containers"][0]["env"] =
+    let mut t = rev.spec.template.value();
+    t["spec"]["containers"][0]["env"] =
         serde_json::json!([{"name": "SIM_DELAY_MS", "value": "1500"}]);
+    rev.spec.template = t.into();
     let members = create(&c, &ns, &rev).await;
     assert_eq!(members.len(), 3, "{members:?}");
     assert!(members.iter().all(|m| m.max_pods == 1), "{members:?}");

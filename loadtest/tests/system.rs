@@ -327,9 +327,9 @@ async fn a_pod_the_api_server_refuses_is_a_502_that_leaks_nothing() {
     let (c, ns) = cluster().await;
     let api: Api<crds::Revision> = Api::namespaced(c.client.clone(), &ns);
     let mut bad = echo_revision("refused", &ns, vec![host_of("refused", &ns)]);
-    let mut t = bad.spec.template.0.clone();
+    let mut t = bad.spec.template.value();
     t["spec"]["containers"][0]["name"] = "Not_A_Label".into();
-    bad.spec.template = crds::PodTemplate(t);
+    bad.spec.template = t.into();
     api.create(&PostParams::default(), &bad).await.unwrap();
     let members = wait_subsets_of(&c, &ns, "refused").await;
     let entry = c
@@ -356,7 +356,7 @@ async fn a_malformed_revision_fails_alone() {
     // The template is schemaless in the CRD, so the API server takes this.
     let api: Api<crds::Revision> = Api::namespaced(c.client.clone(), &ns);
     let mut bad = echo_revision("broken", &ns, vec![host_of("broken", &ns)]);
-    bad.spec.template = crds::PodTemplate(serde_json::json!({"spec": {"containers": "x"}}));
+    bad.spec.template = serde_json::json!({"spec": {"containers": "x"}}).into();
     api.create(&PostParams::default(), &bad).await.unwrap();
     // Revisions created after it still route, cold-start and answer on every activator.
     let members = revision(&c, &ns, "fine").await;

@@ -275,10 +275,10 @@ impl WantedCache {
         &self,
         uid: Option<&str>,
         generation: Option<i64>,
-        template: &Value,
+        template: &crds::PodTemplate,
     ) -> std::sync::Arc<[u64]> {
         let Some(uid) = uid else {
-            return wanted(template).into();
+            return wanted(&template.value()).into();
         };
         let key = fingerprint(uid);
         let mut map = self
@@ -293,7 +293,7 @@ impl WantedCache {
         if map.len() >= WANTED_CACHE_ENTRIES {
             map.clear();
         }
-        let w: std::sync::Arc<[u64]> = wanted(template).into();
+        let w: std::sync::Arc<[u64]> = wanted(&template.value()).into();
         map.insert(key, (generation, std::sync::Arc::clone(&w)));
         w
     }
@@ -449,23 +449,26 @@ mod tests {
         let cache = WantedCache::default();
         let t1 = json!({"spec": {"containers": [{"image": "nginx:1"}]}});
         let t2 = json!({"spec": {"containers": [{"image": "nginx:2"}]}});
-        let first = cache.get(Some("u1"), Some(1), &t1);
+        let first = cache.get(Some("u1"), Some(1), &crds::PodTemplate::from(&t1));
         assert_eq!(&*first, wanted(&t1).as_slice());
         // Same generation: what was parsed, even if handed another template (it cannot
         // differ for one generation; this shows nothing is parsed).
-        let again = cache.get(Some("u1"), Some(1), &t2);
+        let again = cache.get(Some("u1"), Some(1), &crds::PodTemplate::from(&t2));
         assert!(std::sync::Arc::ptr_eq(&first, &again));
         assert_eq!(
-            &*cache.get(Some("u1"), Some(2), &t2),
+            &*cache.get(Some("u1"), Some(2), &crds::PodTemplate::from(&t2)),
             wanted(&t2).as_slice()
         );
         assert_eq!(
-            &*cache.get(Some("u2"), Some(2), &t1),
+            &*cache.get(Some("u2"), Some(2), &crds::PodTemplate::from(&t1)),
             wanted(&t1).as_slice()
         );
         assert_eq!(cache.len(), 2);
         // No uid: parsed, not kept.
-        assert_eq!(&*cache.get(None, Some(1), &t2), wanted(&t2).as_slice());
+        assert_eq!(
+            &*cache.get(None, Some(1), &crds::PodTemplate::from(&t2)),
+            wanted(&t2).as_slice()
+        );
         assert_eq!(cache.len(), 2);
     }
 }

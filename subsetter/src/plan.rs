@@ -100,7 +100,7 @@ pub fn subset(inp: &SubsetInputs<'_>) -> SubsetPlan {
     let found: RefCell<Vec<(&str, &Activator)>> = RefCell::new(Vec::new());
     // Only activators on nodes where the revision's pod could run are candidates; a member
     // whose node stopped being one (tainted, cordoned, relabelled) loses its slot.
-    let placement = Placement::of_template(&inp.revision.spec.template.0);
+    let placement = Placement::of_template(&inp.revision.spec.template.value());
     let evicted = |node: &str| inp.evict == Some(node);
     // The images the pod pulls (empty with locality off): the policy prefers nodes holding
     // them when locality is on, and the status counts the members that do.
@@ -418,7 +418,7 @@ mod tests {
             evict: None,
             policy: &LeastLoaded,
             image_locality: true,
-            images: &crate::images::wanted(&rev.spec.template.0),
+            images: &crate::images::wanted(&rev.spec.template.value()),
             default_n: 3,
             host_conflicts,
             now: Timestamp::from_second(now).unwrap(),
@@ -701,11 +701,13 @@ mod tests {
                     .iter()
                     .map(|k| json!({"key": KEYS[*k], "operator": "Exists"}))
                     .collect();
-                rev.spec.template.0["spec"]["tolerations"] = Value::Array(tols);
+                let mut template = rev.spec.template.value();
+                template["spec"]["tolerations"] = Value::Array(tols);
                 if want_ssd {
-                    rev.spec.template.0["spec"]["nodeSelector"] = json!({"disk": "ssd"});
+                    template["spec"]["nodeSelector"] = json!({"disk": "ssd"});
                 }
-                let placement = Placement::of_template(&rev.spec.template.0);
+                rev.spec.template = template.into();
+                let placement = Placement::of_template(&rev.spec.template.value());
                 let policy: Box<dyn SubsetPolicy> = if random {
                     Box::new(Random::seeded(seed))
                 } else {
@@ -739,7 +741,7 @@ mod tests {
                     evict: None,
                     policy: policy.as_ref(),
                     image_locality: true,
-                    images: &crate::images::wanted(&rev.spec.template.0),
+                    images: &crate::images::wanted(&rev.spec.template.value()),
                     default_n: 3,
                     host_conflicts: &[],
                     now: Timestamp::from_second(1).unwrap(),

@@ -185,7 +185,7 @@ fn plan_and_reserve(
         ctx.wanted_images.get(
             rev.metadata.uid.as_deref(),
             rev.metadata.generation,
-            &rev.spec.template.0,
+            &rev.spec.template,
         )
     } else {
         Arc::from([])

@@ -47,14 +47,14 @@ async fn set_taints(c: &Cluster, name: &str, taints: serde_json::Value) -> Resul
 }
 
 fn tolerating_gpu(mut spec: crds::RevisionSpec) -> crds::RevisionSpec {
-    let mut template = spec.template.0.clone();
+    let mut template = spec.template.value();
     template["spec"]["tolerations"] = serde_json::to_value(vec![Toleration {
         key: Some("gpu".into()),
         operator: Some("Exists".into()),
         ..Default::default()
     }])
     .unwrap();
-    spec.template.0 = template;
+    spec.template = template.into();
     spec
 }
 

@@ -47,9 +47,9 @@ async fn set_status(c: &Cluster, name: &str, images: serde_json::Value) -> Resul
 }
 
 fn with_image(mut spec: crds::RevisionSpec, image: &str) -> crds::RevisionSpec {
-    let mut template = spec.template.0.clone();
+    let mut template = spec.template.value();
     template["spec"]["containers"][0]["image"] = json!(image);
-    spec.template.0 = template;
+    spec.template = template.into();
     spec
 }
 

@@ -158,7 +158,7 @@ mod tests {
         rev.spec.template = t.into();
         assert!(build_pod(&rev, "n", 0).is_err());
         // Not a PodTemplateSpec at all: refused with the reason, nothing panics.
-        rev.spec.template = PodTemplate(serde_json::json!({"spec": {"containers": "x"}}));
+        rev.spec.template = PodTemplate::from(serde_json::json!({"spec": {"containers": "x"}}));
         assert!(
             build_pod(&rev, "n", 0)
                 .unwrap_err()

@@ -472,7 +472,7 @@ impl Scaler {
         let (port, check) = {
             let rev = pool.revision();
             let port = u16::try_from(rev.spec.port).unwrap_or(0);
-            (port, Check::of_template(&rev.spec.template.0, port))
+            (port, Check::of_template(&rev.spec.template.value(), port))
         };
         let mut pass = Pass {
             now,

@@ -42,12 +42,11 @@ pub(crate) fn too_late(key: &RevisionKey, timeout: Duration) -> Refusal {
 }
 
 /// HTTP/2 to the app (and between activators, so trailers survive the hop) when the
-/// revision's first container port is named `h2c`, as Knative decides. Read from the
-/// template's JSON directly: parsing the whole PodTemplateSpec per request would cost more
-/// than the proxying.
+/// revision's first container port is named `h2c`, as Knative decides. Read once per cached
+/// copy of the revision (`PodTemplate::first_port_name`): parsing the template per request
+/// would cost more than the proxying.
 pub(crate) fn upstream_protocol(rev: &Revision) -> UpstreamProtocol {
-    let name = rev.spec.template.0["spec"]["containers"][0]["ports"][0]["name"].as_str();
-    UpstreamProtocol::for_port_name(name)
+    UpstreamProtocol::for_port_name(rev.spec.template.first_port_name())
 }
 
 #[cfg(test)]

@@ -104,7 +104,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                 .get(&names[0])
                 .await?;
             let nodes: Vec<String> = entries.iter().map(|(n, _)| n.clone()).collect();
-            let spec = rev.spec.template.0.get("spec").cloned().unwrap_or_default();
+            let spec = rev.spec.template.value().get("spec").cloned().unwrap_or_default();
             let port = u16::try_from(rev.spec.port).unwrap_or(8080);
             let limit = std::time::Duration::from_secs(120);
             Some(floor::burst(&cluster.client, ns, &spec, port, &nodes, pods, limit).await)

@@ -173,7 +173,7 @@ impl World {
                 self.wanted.get(
                     Some(&self.names[i]),
                     rev.metadata.generation,
-                    &rev.spec.template.0,
+                    &rev.spec.template,
                 )
             } else {
                 Arc::from([])
@@ -209,7 +209,7 @@ impl World {
     /// How many of `nodes` hold every image of revision `i` (counted here rather than from
     /// the plans' `status.imageMembers`, which locality off leaves out).
     fn holding(&self, i: usize, nodes: &[String]) -> usize {
-        let wanted = images::wanted(&self.revs[i % self.revs.len()].spec.template.0);
+        let wanted = images::wanted(&self.revs[i % self.revs.len()].spec.template.value());
         nodes
             .iter()
             .filter(|n| {
