@@ -97,7 +97,9 @@ impl EndpointsCache {
                 .any_semantic()
         };
         // As the pod watch (pods.rs): bounded back-off, a 410 re-lists at once.
-        let events = crds::backoff::resilient(watcher(api, cfg)).reflect(writer);
+        let events = crds::backoff::resilient(watcher(api, cfg))
+            .modify(super::trim::subset)
+            .reflect(writer);
         let me = node.to_string();
         let memo: Arc<DashMap<RevisionKey, (u64, Membership)>> = Arc::default();
         let epoch: Arc<AtomicU64> = Arc::default();
@@ -209,7 +211,10 @@ impl EndpointsCache {
             };
             let cond = await_condition(api, &key.name, has_members);
             let got = match tokio::time::timeout(SUBSET_WATCH_LIMIT, cond).await {
-                Ok(Ok(aep)) => aep.map(Arc::new),
+                Ok(Ok(aep)) => aep.map(|mut a| {
+                    super::trim::subset(&mut a);
+                    Arc::new(a)
+                }),
                 Ok(Err(e)) => {
                     tracing::warn!(revision = %key, error = %e, "waiting for the subset");
                     None
@@ -298,7 +303,10 @@ impl EndpointsCache {
         } else {
             get_cache_first(&api, &key.name, None).await?
         }
-        .map(Arc::new);
+        .map(|mut a| {
+            super::trim::subset(&mut a);
+            Arc::new(a)
+        });
         self.others
             .insert(key.clone(), (Instant::now(), got.clone()));
         Ok(got)

@@ -6,6 +6,7 @@
 //!   short-lived lookups of other revisions' subsets, for forwarding.
 //! - [`pods`]: app pods on this node (a `spec.nodeName` field-selected watch).
 //! - [`read`]: reads by name from the API server's cache first, not from etcd.
+//! - [`trim`]: what the caches drop from each object they keep (its field-manager trees).
 //! - [`watch_only`]: the watches and reads ahead of [`endpoints`], [`pods`] and [`revisions`]
 //!   for one node, without serving: load tests run it for nodes with no whole activator.
 
@@ -16,6 +17,7 @@ pub(crate) mod hosts;
 pub(crate) mod pods;
 pub(crate) mod read;
 pub(crate) mod revisions;
+mod trim;
 pub mod watch_only;
 
 /// How many objects the caches hold now: what an activator costs grows with these, not with

@@ -236,7 +236,7 @@ impl RevisionCache {
         let api: Api<Revision> = Api::namespaced(self.client.clone(), &key.namespace);
         let revision = get_cache_first(&api, &key.name, min_generation)
             .await?
-            .map(Arc::new);
+            .map(|r| Arc::new(super::trim::revision(r)));
         if self.fetched.len() >= ENTRIES_KEPT {
             let pinned = &self.pinned;
             self.fetched.retain(|k, e| {
