@@ -19,6 +19,7 @@ pub mod key;
 pub mod pod_ready;
 pub mod pod_template;
 pub mod revision;
+pub mod unread;
 
 pub use activation_endpoints::{
     ActivationEndpoints, ActivationEndpointsSpec, ActivationEndpointsStatus, ActivatorMember,

@@ -411,8 +411,6 @@ impl Triggers {
     }
 }
 
-const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
-
 /// The Revision watch: keeps the store, the host claims, and triggers a reconcile when a
 /// revision's generation changes (the subsetter's own status writes do not).
 async fn watch_revisions(
@@ -429,12 +427,7 @@ async fn watch_revisions(
         resilient(watcher::watcher(api, watcher::Config::default()))
             // Nothing reads these, and at 100,000 revisions they would be most of the store:
             // managedFields, and kubectl's copy of the whole object it applied.
-            .modify(|r: &mut Revision| {
-                r.managed_fields_mut().clear();
-                if let Some(a) = r.metadata.annotations.as_mut() {
-                    a.remove(LAST_APPLIED);
-                }
-            })
+            .modify(crds::unread::drop_unread_metadata::<Revision>)
             .reflect(writer)
     );
     while let Some(event) = events.next().await {

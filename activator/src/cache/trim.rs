@@ -5,31 +5,16 @@
 //! 5,000 × 100,000). Parsed into `serde_json::Value`, every JSON object is a `BTreeMap` whose
 //! first node alone takes ~630 bytes, and the objects an API server answers carry
 //! `metadata.managedFields`: one field tree per writer (the creator, the subsetter's status
-//! writes), each a map per field. Those trees were most of a cached subset's ~20 KiB
-//! (docs/load-testing.md, "the activator's own memory"), and no path of the activator reads
-//! them. So the caches keep each object without them, without the `kubectl apply` copy of the
+//! writes), each a map per field. Those trees were half of the ~22 KiB of heap a membership
+//! cost (docs/load-testing.md, "The activator's own memory, trimmed"), and no path of the
+//! activator reads them. So the caches keep each object without them, without the `kubectl apply` copy of the
 //! whole object (an annotation as large as the object); a subset without its labels (the
 //! watch selected on them already) and what its status says for people (conditions, policy,
 //! image counts); a Revision without its status (the subsetter's conditions). What is kept:
 //! the members, the generation and owner the subset was written for, the Revision's spec.
 
+use crds::unread::drop_unread_metadata as metadata;
 use crds::{ActivationEndpoints, Revision};
-use kube::Resource;
-
-/// The annotation `kubectl apply` keeps the last applied object in.
-const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
-
-/// Drops what no path of the activator reads from any object's metadata.
-pub(crate) fn metadata<K: Resource>(k: &mut K) {
-    let meta = k.meta_mut();
-    meta.managed_fields = None;
-    if let Some(a) = meta.annotations.as_mut() {
-        a.remove(LAST_APPLIED);
-        if a.is_empty() {
-            meta.annotations = None;
-        }
-    }
-}
 
 /// A subset as the activator keeps it: its members and what they were written for.
 pub(crate) fn subset(ae: &mut ActivationEndpoints) {
@@ -52,6 +37,7 @@ pub(crate) fn revision(mut rev: Revision) -> Revision {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crds::unread::LAST_APPLIED;
 
     fn read<K: serde::de::DeserializeOwned>(v: serde_json::Value) -> K {
         serde_json::from_value(v).expect("a valid object")
