@@ -102,6 +102,9 @@ pub struct Snapshot {
     pub rss_bytes: f64,
     /// `process_cpu_seconds_total`.
     pub cpu_secs: f64,
+    /// Watches the server closed because their watcher fell behind
+    /// (`apiserver_terminated_watchers_total`, all resources).
+    pub terminated_watchers: f64,
 }
 
 /// A sample line: its name, labels and value (floats, as the API server writes them).
@@ -173,6 +176,7 @@ impl Snapshot {
                 }
                 "process_resident_memory_bytes" => s.rss_bytes = value,
                 "process_cpu_seconds_total" => s.cpu_secs = value,
+                "apiserver_terminated_watchers_total" => s.terminated_watchers += value,
                 _ => {}
             }
         }
@@ -390,6 +394,8 @@ apiserver_longrunning_requests{component=\"apiserver\",group=\"\",resource=\"pod
 apiserver_longrunning_requests{component=\"apiserver\",group=\"\",resource=\"nodes\",scope=\"cluster\",subresource=\"\",verb=\"WATCH\",version=\"v1\"} 4
 process_resident_memory_bytes 1.048576e+08
 process_cpu_seconds_total 12.5
+apiserver_terminated_watchers_total{resource=\"activationendpoints.local-activator.dev\"} 245
+apiserver_terminated_watchers_total{resource=\"pods\"} 5
 ";
 
     #[test]
@@ -414,6 +420,7 @@ process_cpu_seconds_total 12.5
         assert_eq!(s.watches, 7.0);
         assert_eq!(s.rss_bytes, 104_857_600.0);
         assert_eq!(s.cpu_secs, 12.5);
+        assert_eq!(s.terminated_watchers, 250.0, "summed over resources");
     }
 
     #[test]

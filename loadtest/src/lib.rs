@@ -19,6 +19,7 @@ pub mod report;
 pub mod scenario;
 pub mod scenarios;
 pub mod stats;
+pub mod watch_cost;
 
 pub use cluster::{ClusterOptions, SimCluster};
 pub use error::Error;

@@ -165,6 +165,28 @@ enum Cmd {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// What a real API server pays per subset write for the activators' watches: none, the
+    /// member-label watch (DESIGN's contract), a per-node object watched by name (the
+    /// proposal in docs/membership-watch-cost.md). Stop the product's subsetter first.
+    WatchCost {
+        /// The cluster (default: KUBECONFIG, then ~/.kube/config).
+        #[arg(long)]
+        kubeconfig: Option<PathBuf>,
+        /// Activators watching (one per simulated node).
+        #[arg(long, default_value_t = 1000)]
+        watchers: usize,
+        /// Subsets written in each phase.
+        #[arg(long, default_value_t = 2000)]
+        subsets: usize,
+        #[arg(long, default_value_t = 3)]
+        members: usize,
+        /// Subset writes in flight.
+        #[arg(long, default_value_t = 16)]
+        concurrency: usize,
+        /// Write the figures as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -307,6 +329,36 @@ async fn main() -> anyhow::Result<()> {
                 anyhow::bail!("{} of {} requests failed", summary.errors, summary.requests);
             }
         }
+        Cmd::WatchCost {
+            kubeconfig,
+            watchers,
+            subsets,
+            members,
+            concurrency,
+            json,
+        } => {
+            let client = client_of(kubeconfig).await?;
+            let opts = loadtest::watch_cost::Options {
+                watchers,
+                subsets,
+                members,
+                concurrency,
+            };
+            let phases = loadtest::watch_cost::run(client, &opts).await?;
+            for p in &phases {
+                println!("{}", p.line());
+            }
+            if let [none, label, name] = &phases[..] {
+                println!(
+                    "kube-apiserver CPU per subset over no watches: label {:.2} ms, name {:.2} ms",
+                    label.cpu_ms_per_subset() - none.cpu_ms_per_subset(),
+                    name.cpu_ms_per_subset() - none.cpu_ms_per_subset(),
+                );
+            }
+            if let Some(path) = json {
+                std::fs::write(path, serde_json::to_vec_pretty(&phases)?)?;
+            }
+        }
         Cmd::Installed {
             kubeconfig,
             runs,
@@ -324,14 +376,7 @@ async fn main() -> anyhow::Result<()> {
             warm_path,
             json,
         } => {
-            let client = match kubeconfig {
-                Some(p) => {
-                    let kc = kube::config::Kubeconfig::read_from(&p)?;
-                    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
-                    kube::Client::try_from(cfg)?
-                }
-                None => kube::Client::try_default().await?,
-            };
+            let client = client_of(kubeconfig).await?;
             let opts = loadtest::installed::Options {
                 runs,
                 burst,
@@ -397,4 +442,16 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A client for `kubeconfig`, or the default one (KUBECONFIG, then ~/.kube/config).
+async fn client_of(kubeconfig: Option<PathBuf>) -> anyhow::Result<kube::Client> {
+    Ok(match kubeconfig {
+        Some(p) => {
+            let kc = kube::config::Kubeconfig::read_from(&p)?;
+            let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+            kube::Client::try_from(cfg)?
+        }
+        None => kube::Client::try_default().await?,
+    })
 }
