@@ -222,8 +222,13 @@ pub struct Phase {
 
 /// The SLO class of a series, with its p99 limit in seconds (the Kubernetes scalability SLOs:
 /// mutating calls and single-object reads ≤ 1 s; lists ≤ 1 s for one object's scope,
-/// 5 s for a namespace, 30 s for the cluster). None for what the SLOs leave out.
+/// 5 s for a namespace, 30 s for the cluster). None for what the SLOs leave out: watches,
+/// and requests for no API object (`/readyz`, `/metrics`: no scope), which the SLOs' "API
+/// calls" are not (the subsetter's once-a-second `/readyz` was read as a single-object read).
 pub fn slo_limit(verb: &str, scope: &str) -> Option<(&'static str, f64)> {
+    if scope.is_empty() {
+        return None;
+    }
     match verb {
         "POST" | "PUT" | "PATCH" | "DELETE" | "APPLY" => Some(("mutating", 1.0)),
         "GET" => Some(("read one", 1.0)),
@@ -471,6 +476,7 @@ apiserver_terminated_watchers_total{resource=\"pods\"} 5
         assert_eq!(slo_limit("LIST", "cluster"), Some(("list", 30.0)));
         assert_eq!(slo_limit("LIST", "namespace"), Some(("list", 5.0)));
         assert_eq!(slo_limit("WATCH", "cluster"), None);
+        assert_eq!(slo_limit("GET", ""), None, "a non-resource URL such as /readyz");
     }
 
     #[test]
