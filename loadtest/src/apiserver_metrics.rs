@@ -476,7 +476,11 @@ apiserver_terminated_watchers_total{resource=\"pods\"} 5
         assert_eq!(slo_limit("LIST", "cluster"), Some(("list", 30.0)));
         assert_eq!(slo_limit("LIST", "namespace"), Some(("list", 5.0)));
         assert_eq!(slo_limit("WATCH", "cluster"), None);
-        assert_eq!(slo_limit("GET", ""), None, "a non-resource URL such as /readyz");
+        assert_eq!(
+            slo_limit("GET", ""),
+            None,
+            "a non-resource URL such as /readyz"
+        );
     }
 
     #[test]
