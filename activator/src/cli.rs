@@ -144,6 +144,14 @@ pub struct Args {
     #[arg(long, env = "PREPULL_SECRETS", default_value = "false", num_args = 0..=1,
           default_missing_value = "true", value_parser = BoolishValueParser::new())]
     pub prepull_secrets: bool,
+    /// Member revisions a start (or a re-list of the subsets) finds are read ahead at most
+    /// this many a second, so that a DaemonSet rollout does not read every revision at once
+    /// (a request for one not read yet reads it itself). 0: they are not read ahead.
+    #[arg(long, env = "READ_AHEAD_PER_SECOND", default_value = "0.2", value_parser = rate)]
+    pub read_ahead_per_second: f64,
+    /// Those reads in flight at once.
+    #[arg(long, env = "READ_AHEAD_IN_FLIGHT", default_value = "2", value_parser = at_least_one)]
+    pub read_ahead_in_flight: usize,
     /// The directory's replicas (the subsetter's pods, in this activator's namespace), by
     /// label: a Host or revision the API server does not answer is looked up there, so warm
     /// traffic survives an API server outage. Empty: no directory.
@@ -190,6 +198,10 @@ impl Args {
         cfg.prepull = self.prepull;
         cfg.prepull_concurrency = self.prepull_concurrency;
         cfg.prepull_secrets = self.prepull_secrets;
+        cfg.read_ahead = crate::config::ReadAheadConfig {
+            per_second: self.read_ahead_per_second,
+            in_flight: self.read_ahead_in_flight,
+        };
         cfg.directory = if self.directory_selector.is_empty() {
             DirectorySource::Off
         } else {
@@ -241,6 +253,19 @@ fn at_least_one(s: &str) -> Result<usize, String> {
 fn at_least_one_u32(s: &str) -> Result<u32, String> {
     let n = at_least_one(s)?;
     u32::try_from(n).map_err(|_| format!("{s:?} is more than {}", u32::MAX))
+}
+
+/// A rate: a finite number, 0 or more.
+fn rate(s: &str) -> Result<f64, String> {
+    let f: f64 = s
+        .trim()
+        .parse()
+        .map_err(|e| format!("{s:?} is not a number: {e}"))?;
+    if f.is_finite() && f >= 0.0 {
+        Ok(f)
+    } else {
+        Err(format!("{s:?}: must be a finite number, 0 or more"))
+    }
 }
 
 /// A fraction in (0, 1].
@@ -327,6 +352,8 @@ mod tests {
             "--prepull-secrets",
             "--directory-selector=app=dir",
             "--directory-port=7000",
+            "--read-ahead-per-second=1.5",
+            "--read-ahead-in-flight=4",
         ])
         .unwrap();
         let c = args.config();
@@ -355,6 +382,10 @@ mod tests {
         want.prepull = false;
         want.prepull_concurrency = 5;
         want.prepull_secrets = true;
+        want.read_ahead = crate::config::ReadAheadConfig {
+            per_second: 1.5,
+            in_flight: 4,
+        };
         want.directory = DirectorySource::Pods {
             namespace: "ops".into(),
             selector: "app=dir".into(),
@@ -405,6 +436,10 @@ mod tests {
             ("--probe-interval-max=0s", "longer than zero"),
             ("--body-idle-timeout=0s", "longer than zero"),
             ("--connect-retries=-1", "invalid"),
+            ("--read-ahead-per-second=-1", "0 or more"),
+            ("--read-ahead-per-second=inf", "finite"),
+            ("--read-ahead-per-second=fast", "not a number"),
+            ("--read-ahead-in-flight=0", "must be at least 1"),
         ];
         for (arg, why) in cases {
             let e = parse(&["--node-name=n", arg]).expect_err(arg).to_string();

@@ -11,6 +11,7 @@ use std::time::Duration;
 pub const DEFAULT_CONNS_PER_THREAD: usize = 16;
 
 pub use crate::node::pool::PoolConfig;
+pub use crate::node::read_ahead::ReadAheadConfig;
 
 /// Configuration of one activator.
 #[derive(Debug, Clone)]
@@ -44,6 +45,8 @@ pub struct ActivatorConfig {
     pub host_routing: bool,
     /// Buffering, throttling and local scaling.
     pub pool: PoolConfig,
+    /// How the Revisions of the memberships a start (or re-list) finds are read ahead.
+    pub read_ahead: ReadAheadConfig,
     /// Threads serving the data port, each with its own single-threaded runtime and listener
     /// (SO_REUSEPORT). 0 or 1: served on the caller's runtime (tests and the load test run
     /// many activators in one process). The binary uses one per core.
@@ -127,6 +130,7 @@ impl ActivatorConfig {
             host_miss_ttl: Duration::from_secs(1),
             host_routing: true,
             pool: PoolConfig::default(),
+            read_ahead: ReadAheadConfig::default(),
             io_threads: 0,
             conns_per_thread: DEFAULT_CONNS_PER_THREAD,
             thread_hot: crate::threads::placement::HOT as f64 / 1000.0,

@@ -107,6 +107,8 @@ impl Activator {
             pools.clone(),
             caches.revisions.clone(),
             prepull,
+            cfg.read_ahead,
+            metrics.read_ahead_queued.clone(),
             stop_caches.child_token(),
         ));
         let serving = Serving {

@@ -883,6 +883,94 @@ async fn a_members_cold_start_makes_one_api_request_the_pod_create() {
     c.shutdown().await;
 }
 
+/// What `activator_api_requests_total` says of `get revisions`.
+fn revision_reads(m: &std::sync::Arc<activator::ops::metrics::Metrics>) -> u64 {
+    let get_revisions = ("get".to_string(), "revisions".to_string());
+    api_requests(m).get(&get_revisions).copied().unwrap_or(0)
+}
+
+/// The memberships an activator finds when it starts (a DaemonSet rollout: every subset
+/// listing its node at once) are read ahead at its pace (`--read-ahead-per-second`), not all
+/// at once; and a request never waits for that pace: at a pace of 0 nothing is read ahead,
+/// and a request for a member revision reads it itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_starting_activators_memberships_are_read_ahead_at_its_pace_and_requests_never_wait() {
+    let (mut c, ns) = cluster_with(options()).await;
+    // Three subsets that list every node.
+    let names = ["ra", "rb", "rc"];
+    for name in names {
+        revision(&c, &ns, name, |r| r.spec.activators = Some(5)).await;
+    }
+    let node = c.activators[0].node.clone();
+    // The process restarts; its pod stays Ready (as a container restart leaves it), so the
+    // subsets keep listing the node and the new process finds them in its first list.
+    let restart = async |c: &mut SimCluster, per_second: f64| {
+        assert!(c.stop_activator(&node).await);
+        let pace: loadtest::cluster::ConfigureActivator = Arc::new(move |cfg| {
+            cfg.pool.scale_in_window = Duration::from_millis(500);
+            cfg.read_ahead.per_second = per_second;
+        });
+        c.add_activator(&node, Some(&pace)).await.unwrap();
+        let a = c.activators.iter().find(|a| a.node == node).unwrap();
+        a.activator.metrics().clone()
+    };
+
+    // Pace 0: the three memberships are known, none is read ahead; the first request for one
+    // reads it (it does not wait for a read that will never come).
+    let metrics = restart(&mut c, 0.0).await;
+    let held = |c: &SimCluster| {
+        let a = c.activators.iter().find(|a| a.node == node).unwrap();
+        a.activator.cached_objects()
+    };
+    tokio::time::timeout(LIMIT, async {
+        while held(&c).subsets < names.len() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the new process listed the node's subsets");
+    assert_eq!(
+        revision_reads(&metrics),
+        0,
+        "nothing read ahead at a pace of 0"
+    );
+    assert_eq!(held(&c).revisions, 0);
+    let (m, addr) = entry(&c, &node);
+    let s = Driver::new()
+        .get_named((&m, addr), &ns, names[0], "/")
+        .await;
+    assert!(s.ok(), "{s:?}");
+    assert_eq!(
+        revision_reads(&metrics),
+        1,
+        "the request read its member revision itself"
+    );
+
+    // A pace above 0: every membership found at the start is read, each once.
+    let metrics = restart(&mut c, 50.0).await;
+    tokio::time::timeout(LIMIT, async {
+        while revision_reads(&metrics) < names.len() as u64 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the listed memberships were read ahead");
+    let (m, addr) = entry(&c, &node);
+    let (s, made) = api_made(
+        &metrics,
+        Driver::new().get_named((&m, addr), &ns, names[1], "/"),
+    )
+    .await;
+    assert!(s.ok(), "{s:?}");
+    assert!(
+        !made
+            .keys()
+            .any(|(verb, resource, _)| verb == "get" && resource == "revisions"),
+        "a member revision read ahead is not read again by its request: {made:?}"
+    );
+    c.shutdown().await;
+}
+
 /// A request's deltas of `activator_api_requests_total` around `f`.
 async fn api_made<F: std::future::Future>(
     m: &std::sync::Arc<activator::ops::metrics::Metrics>,

@@ -39,10 +39,13 @@ pub enum Membership {
 #[derive(Debug, Clone)]
 pub enum MemberEvent {
     /// A subset lists this node (again, or changed), written for the Revision `of` names.
+    /// `listed`: seen in the watch's list (at start, or a re-list after the watch failed),
+    /// not as a change: a start finds all of this node's memberships at once.
     Member {
         key: RevisionKey,
         me: ActivatorMember,
         of: SubsetOf,
+        listed: bool,
     },
     /// A subset no longer lists this node (or is gone).
     Left(RevisionKey),
@@ -113,6 +116,7 @@ impl EndpointsCache {
                 let ns = aep.metadata.namespace.clone()?;
                 Some(RevisionKey::new(ns, aep.metadata.name.clone()?))
             };
+            let listed = matches!(ev, watcher::Event::InitApply(_));
             match ev {
                 watcher::Event::Apply(aep) | watcher::Event::InitApply(aep) => {
                     let status = aep.status.as_ref();
@@ -129,6 +133,7 @@ impl EndpointsCache {
                                         .find(|o| o.controller == Some(true))
                                         .map(|o| o.uid.clone()),
                                 },
+                                listed,
                             });
                         }
                         (Some(key), None) => {

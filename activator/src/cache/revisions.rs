@@ -83,35 +83,48 @@ impl RevisionCache {
         }
     }
 
-    /// This node is a member of `key`'s subset, written for `of`: read the revision now (in
-    /// the background) unless the copy held is that one, and keep it. A copy of another
-    /// Revision of the same name (deleted and created again) is dropped at once, so that no
-    /// request uses it meanwhile.
-    pub fn prefetch(&self, key: &RevisionKey, of: &SubsetOf) {
+    /// This node is a member of `key`'s subset, written for `of`: keep its Revision while it
+    /// is. A copy of another Revision of the same name (deleted and created again) is dropped
+    /// at once, so that no request uses it meanwhile. Whether and when the Revision is read
+    /// ahead is the caller's ([`crate::node::read_ahead`]): [`RevisionCache::wants_read`],
+    /// then [`RevisionCache::read_ahead`].
+    pub fn pin(&self, key: &RevisionKey, of: &SubsetOf) {
         self.pinned.insert(key.clone(), of.generation);
+        let other = self
+            .fetched
+            .get(key)
+            .and_then(|e| e.revision.clone())
+            .is_some_and(|rev| of.uid.is_some() && of.uid != rev.metadata.uid);
+        if other {
+            self.fetched.remove(key);
+        }
+    }
+
+    /// Whether `key` is still pinned and the copy held (if any) is not the Revision `of`
+    /// names: a read ahead would fetch something new.
+    pub fn wants_read(&self, key: &RevisionKey, of: &SubsetOf) -> bool {
+        if !self.pinned.contains_key(key) {
+            return false;
+        }
         let held = self.fetched.get(key).and_then(|e| e.revision.clone());
-        let fresh = match &held {
-            Some(rev) if of.uid.is_some() && of.uid != rev.metadata.uid => {
-                self.fetched.remove(key);
-                false
-            }
-            Some(rev) => of.held_by(rev),
-            None => false,
-        };
-        if !fresh {
-            let this = self.clone();
-            let key = key.clone();
-            let generation = of.generation;
-            tokio::spawn(async move {
-                if let Err(e) = this.fetch_shared(&key, generation).await {
-                    tracing::debug!(revision = %key, error = %e, "reading a member revision ahead");
-                }
-            });
+        !held.is_some_and(|rev| of.held_by(&rev))
+    }
+
+    /// Whether this node is (still) a member of `key`'s subset.
+    pub fn is_pinned(&self, key: &RevisionKey) -> bool {
+        self.pinned.contains_key(key)
+    }
+
+    /// Reads `key` for a membership (shared with a request's read of it, if one is in
+    /// flight); a failure is left for the first request to meet again.
+    pub async fn read_ahead(&self, key: &RevisionKey, of: &SubsetOf) {
+        if let Err(e) = self.fetch_shared(key, of.generation).await {
+            tracing::debug!(revision = %key, error = %e, "reading a member revision ahead");
         }
     }
 
     /// A member revision that is the one its subset was written for (`of`): the copy held if
-    /// it is, else a read (shared with [`RevisionCache::prefetch`]'s).
+    /// it is, else a read (shared with [`RevisionCache::read_ahead`]'s).
     pub async fn get_member(
         &self,
         key: &RevisionKey,

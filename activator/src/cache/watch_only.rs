@@ -14,6 +14,7 @@ use crate::cache::endpoints::{EndpointsCache, MemberEvent};
 use crate::cache::pods::PodCache;
 use crate::cache::revisions::RevisionCache;
 use crate::config::ActivatorConfig;
+use crate::node::read_ahead::ReadAhead;
 
 /// The API reads of one node's activator, stopped when dropped.
 pub struct WatchOnly {
@@ -40,18 +41,22 @@ impl WatchOnly {
         );
         let pods = PodCache::start(client.clone(), &cfg.node_name, stop.child_token());
         let directory = Directory::start(&cfg.directory, client, stop.child_token());
-        // What `node::warm::keep_members_warm` reads for each membership, without the pools
-        // a minScale share would start.
-        let (ahead, done) = (revisions.clone(), stop.child_token());
+        // What `node::warm::keep_members_warm` reads for each membership, at its pace,
+        // without the pools a minScale share would start.
+        let mut ahead = ReadAhead::new(revisions.clone(), cfg.read_ahead, None, None);
+        let done = stop.child_token();
         tokio::spawn(async move {
             loop {
                 let event = tokio::select! {
                     _ = done.cancelled() => return,
+                    _ = ahead.step() => continue,
                     m = member_of.recv() => match m { Some(m) => m, None => return },
                 };
                 match event {
-                    MemberEvent::Member { key, of, .. } => ahead.prefetch(&key, &of),
-                    MemberEvent::Left(key) => ahead.unpin(&key),
+                    MemberEvent::Member {
+                        key, of, listed, ..
+                    } => ahead.member(key, of, listed),
+                    MemberEvent::Left(key) => ahead.left(key),
                 }
             }
         });

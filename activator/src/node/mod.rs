@@ -17,6 +17,7 @@ pub mod prepull;
 pub(crate) mod prepull_images;
 pub(crate) mod prepull_queue;
 pub(crate) mod pull_secrets;
+pub mod read_ahead;
 pub(crate) mod readiness;
 pub(crate) mod scaler;
 pub(crate) mod throttle;

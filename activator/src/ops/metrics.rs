@@ -325,6 +325,9 @@ pub struct Metrics {
     /// Connections the fast lane handed to the full HTTP stack (hyper), each with the request
     /// that needed it (see `fast`).
     pub fast_lane_handovers: Counter,
+    /// Member revisions a start (or re-list) found, waiting for their paced read ahead
+    /// (`node::read_ahead`).
+    pub read_ahead_queued: Gauge,
     /// Connections accepted on one serving thread and served on another (see `placement`).
     pub moved_on_accept: Counter,
     /// Connections moved off a hot serving thread between two requests.
@@ -360,6 +363,7 @@ impl Default for Metrics {
             buffer_full: Counter::default(),
             fast_lane_handovers: Counter::default(),
             moved_on_accept: Counter::default(),
+            read_ahead_queued: Gauge::default(),
             moved_off_hot_thread: Counter::default(),
             prepull: PrepullMetrics::default(),
         }
@@ -558,6 +562,12 @@ impl Metrics {
             "Connections moved between two requests from a serving thread busy --thread-hot of \
              the time to one busy less than --thread-cool",
             self.moved_off_hot_thread.clone(),
+        );
+        r.register(
+            "read_ahead_queued",
+            "Member revisions found by a start (or a re-list of the subsets) still waiting \
+             for their read ahead, paced by --read-ahead-per-second",
+            self.read_ahead_queued.clone(),
         );
         self.prepull.register(&mut r);
         r
