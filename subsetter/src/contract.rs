@@ -163,7 +163,7 @@ fn check_members(
     let Some(status) = ae.status.as_ref() else {
         return;
     };
-    let placement = Placement::of_template(&rev.spec.template.value());
+    let placement = Placement::of(&rev.spec.template);
     let mut seen = BTreeSet::new();
     for m in &status.activators {
         if !seen.insert(m.node.as_str()) {

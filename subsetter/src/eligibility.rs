@@ -112,7 +112,29 @@ pub enum Ineligible {
     Affinity(String),
 }
 
+/// The template keys [`Placement::of_template`] reads: a template whose text holds none of
+/// them is placed anywhere, and needs no parse.
+const PLACEMENT_KEYS: [&str; 4] = [
+    "\"tolerations\"",
+    "\"nodeSelector\"",
+    "\"affinity\"",
+    "\"schedulerName\"",
+];
+
 impl Placement {
+    /// A revision's placement. Every plan asks (each reconcile, each node update), and most
+    /// templates constrain nothing: their text (serde_json's, which escapes no letter in a
+    /// key) lacks every key read, and they are answered without parsing the template. One
+    /// that names a key anywhere, even in a string, is parsed.
+    pub fn of(template: &crds::PodTemplate) -> Self {
+        let text = template.json();
+        if PLACEMENT_KEYS.iter().any(|k| text.contains(k)) {
+            Self::of_template(&template.value())
+        } else {
+            Self::default()
+        }
+    }
+
     /// Read from a PodTemplateSpec's JSON. Each part is read on its own, so a malformed part
     /// (refused later, when the activator creates the pod) does not hide the others; a part
     /// that cannot be read places no constraint.
@@ -454,5 +476,40 @@ mod tests {
             let n = node("n", &[], &[(&k2, &v2, e2)]);
             prop_assert_eq!(p.allows(&n).is_ok(), k1 == k2 && v1 == v2 && e1 == e2);
         }
+
+        /// The unparsed answer is the parsed one, whichever placement keys a template holds
+        /// (as keys, or only inside a string).
+        #[test]
+        fn placement_without_a_parse_is_the_parsed_placement(
+            tolerate in any::<bool>(), select in any::<bool>(), affinity in any::<bool>(),
+            scheduler in prop::sample::select(vec!["", "default-scheduler", "mine"]),
+            env in prop::sample::select(vec!["plain", "nodeSelector", "\"affinity\""]),
+        ) {
+            let mut spec = json!({"containers": [{"name": "app", "image": "i",
+                "env": [{"name": "X", "value": env}]}]});
+            if tolerate {
+                spec["tolerations"] = json!([{"key": "gpu", "operator": "Exists"}]);
+            }
+            if select {
+                spec["nodeSelector"] = json!({"disk": "ssd"});
+            }
+            if affinity {
+                spec["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                    {"nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}}});
+            }
+            if !scheduler.is_empty() {
+                spec["schedulerName"] = json!(scheduler);
+            }
+            let template: crds::PodTemplate = json!({"spec": spec}).into();
+            prop_assert_eq!(Placement::of(&template), Placement::of_template(&template.value()));
+        }
+    }
+
+    #[test]
+    fn a_template_without_placement_keys_is_unconstrained_unparsed() {
+        let t: crds::PodTemplate = json!({"spec": {"containers": [{"name": "app"}]}}).into();
+        assert!(Placement::of(&t).is_unconstrained());
+        let t: crds::PodTemplate = json!({"spec": {"nodeSelector": {"a": "b"}}}).into();
+        assert!(!Placement::of(&t).is_unconstrained());
     }
 }

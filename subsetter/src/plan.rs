@@ -100,7 +100,7 @@ pub fn subset(inp: &SubsetInputs<'_>) -> SubsetPlan {
     let found: RefCell<Vec<(&str, &Activator)>> = RefCell::new(Vec::new());
     // Only activators on nodes where the revision's pod could run are candidates; a member
     // whose node stopped being one (tainted, cordoned, relabelled) loses its slot.
-    let placement = Placement::of_template(&inp.revision.spec.template.value());
+    let placement = Placement::of(&inp.revision.spec.template);
     let evicted = |node: &str| inp.evict == Some(node);
     // The images the pod pulls (empty with locality off): the policy prefers nodes holding
     // them when locality is on, and the status counts the members that do.
@@ -707,7 +707,7 @@ mod tests {
                     template["spec"]["nodeSelector"] = json!({"disk": "ssd"});
                 }
                 rev.spec.template = template.into();
-                let placement = Placement::of_template(&rev.spec.template.value());
+                let placement = Placement::of(&rev.spec.template);
                 let policy: Box<dyn SubsetPolicy> = if random {
                     Box::new(Random::seeded(seed))
                 } else {
