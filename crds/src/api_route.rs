@@ -38,8 +38,17 @@ pub const READ_LIMIT: Duration = Duration::from_secs(5);
 /// IP from `KUBERNETES_SERVICE_HOST`), one that goes straight to an API server address and
 /// falls back to the virtual IP; otherwise (a kubeconfig, a test) the plain client.
 /// Nothing here fails that the plain client would not: a failed read of the Endpoints is
-/// logged and the virtual IP used.
+/// logged and the virtual IP used. Every request but a watch gets at most
+/// [`crate::bounded::DEFAULT_ANSWER_LIMIT`] for its answer ([`crate::bounded`]).
 pub async fn client(config: Config) -> Result<Client, kube::Error> {
+    let routed = routed(config).await?;
+    Ok(crate::bounded::bounded(
+        routed,
+        crate::bounded::DEFAULT_ANSWER_LIMIT,
+    ))
+}
+
+async fn routed(config: Config) -> Result<Client, kube::Error> {
     let via_service = Client::try_from(config.clone())?;
     let service_host = std::env::var("KUBERNETES_SERVICE_HOST").ok();
     let Some(vip) = service_host.filter(|h| config.cluster_url.host() == Some(h.as_str())) else {

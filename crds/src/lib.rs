@@ -12,6 +12,7 @@
 pub mod activation_endpoints;
 pub mod api_route;
 pub mod backoff;
+pub mod bounded;
 pub mod contract;
 pub mod crdgen;
 pub mod directory;
