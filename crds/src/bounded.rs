@@ -106,7 +106,8 @@ mod tests {
         assert_eq!(started.elapsed().as_secs(), 75, "failed at the limit");
 
         // A watch has no such bound: still waiting at ten times the limit.
-        let watch = api.watch(&WatchParams::default(), "0");
+        let params = WatchParams::default();
+        let watch = api.watch(&params, "0");
         let waited = tokio::time::timeout(Duration::from_secs(750), watch).await;
         assert!(waited.is_err(), "the watch was not cut short");
     }
