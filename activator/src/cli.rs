@@ -145,7 +145,7 @@ pub struct Args {
           default_missing_value = "true", value_parser = BoolishValueParser::new())]
     pub prepull_secrets: bool,
     /// Member revisions a start (or a re-list of the subsets) finds are read ahead at most
-    /// this many a second, so that a DaemonSet rollout does not read every revision at once
+    /// this many a second, so that activators restarting together do not read every one at once
     /// (a request for one not read yet reads it itself). 0: they are not read ahead.
     #[arg(long, env = "READ_AHEAD_PER_SECOND", default_value = "0.2", value_parser = rate)]
     pub read_ahead_per_second: f64,

@@ -889,9 +889,9 @@ fn revision_reads(m: &std::sync::Arc<activator::ops::metrics::Metrics>) -> u64 {
     api_requests(m).get(&get_revisions).copied().unwrap_or(0)
 }
 
-/// The memberships an activator finds when it starts (a DaemonSet rollout: every subset
-/// listing its node at once) are read ahead at its pace (`--read-ahead-per-second`), not all
-/// at once; and a request never waits for that pace: at a pace of 0 nothing is read ahead,
+/// The memberships an activator finds when it starts (a restart that keeps its node in its
+/// subsets: every subset listing the node at once) are read ahead at its pace
+/// (`--read-ahead-per-second`), not all at once; and a request never waits for that pace: at a pace of 0 nothing is read ahead,
 /// and a request for a member revision reads it itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_starting_activators_memberships_are_read_ahead_at_its_pace_and_requests_never_wait() {
