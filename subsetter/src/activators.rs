@@ -234,6 +234,12 @@ impl ActivatorSet {
         self.nodes.get(node).is_some_and(|s| !s.ready)
     }
 
+    /// Whether `node`'s Node object is known and Ready: an activator lost there is being
+    /// replaced, or restarted (`replacements.rs`), not lost with its node.
+    pub fn node_known_ready(&self, node: &str) -> bool {
+        self.nodes.get(node).is_some_and(|s| s.ready)
+    }
+
     /// Whether most nodes are NotReady at once: a disruption of the control plane or the
     /// network (after an API server or etcd outage longer than the node-monitor grace
     /// period, the controller-manager marks every node whose lease went stale NotReady, and

@@ -44,6 +44,11 @@ pub struct Config {
     /// marks a node whose kubelet has not renewed its lease since the outage NotReady for
     /// the seconds until it does.
     pub outage_hold: Duration,
+    /// An activator lost while its Node is Ready (a DaemonSet rolling update, a restart, a
+    /// deleted pod) stays a member this long for its replacement on the node, rather than
+    /// every subset it is in moving (`replacements.rs`); no more than the 3 s settle: moved
+    /// after the settle.
+    pub replacement_hold: Duration,
 }
 
 impl Default for Config {
@@ -61,6 +66,7 @@ impl Default for Config {
             settings_config_map: None,
             image_locality: true,
             outage_hold: crate::usable_activators::OUTAGE_HOLD,
+            replacement_hold: crate::replacements::REPLACEMENT_HOLD,
             endpoint_slices: false,
             rebalance_interval: Duration::from_secs(60),
             rebalance: crate::rebalance::Limits {

@@ -160,6 +160,7 @@ impl Subsetter {
                 nodes,
                 aftermath: shared.aftermath.clone(),
                 available_count: Arc::clone(&shared.available_count),
+                replacement_hold: self.config.replacement_hold,
             },
             Arc::clone(&shared.index),
             Arc::clone(&shared.activators),

@@ -25,6 +25,7 @@ pub mod plan;
 pub mod policy;
 pub mod queue;
 pub mod rebalance;
+pub mod replacements;
 pub mod settings;
 mod shared;
 pub mod shares;

@@ -119,6 +119,7 @@ async fn main() -> anyhow::Result<()> {
         endpoint_slices: args.endpoint_slices,
         image_locality: args.image_locality,
         outage_hold: std::time::Duration::from_secs(args.outage_hold_seconds),
+        replacement_hold: std::time::Duration::from_secs(args.replacement_hold_seconds),
         rebalance_interval: std::time::Duration::from_secs(args.rebalance_interval_seconds),
         rebalance: subsetter::rebalance::Limits {
             threshold: args.rebalance_threshold,

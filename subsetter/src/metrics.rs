@@ -22,6 +22,11 @@ pub struct Metrics {
     pub members_replaced: Family<ReplacedBy, Counter>,
     /// Activators lost while most nodes were NotReady at once, kept as members until it ended.
     pub disruption_holds: Counter,
+    /// Activators lost on a Ready node, kept as members while their replacement comes
+    /// (`replacements.rs`); those not replaced in time; those held now.
+    pub replacement_holds: Counter,
+    pub replacement_holds_expired: Counter,
+    pub held_for_replacement: Gauge,
     /// `/readyz` probes not answered OK: signs of a control-plane outage (`control_plane.rs`).
     pub readyz_failures: Counter,
     /// How long reconciles take (plan and writes), in seconds.
@@ -57,6 +62,9 @@ impl Default for Metrics {
             members_left: Counter::default(),
             members_replaced: Family::default(),
             disruption_holds: Counter::default(),
+            replacement_holds: Counter::default(),
+            replacement_holds_expired: Counter::default(),
+            held_for_replacement: Gauge::default(),
             readyz_failures: Counter::default(),
             // 100 µs to ~3 s: a plan alone is microseconds, a write an etcd commit or a wait
             // under the write rate limit.
@@ -113,6 +121,23 @@ impl Default for Metrics {
              disruption), or to a Node NotReady right after an API server outage, kept as \
              members until it ended",
             m.disruption_holds.clone(),
+        );
+        registry.register(
+            "replacement_holds",
+            "Activators lost on a Ready node (a DaemonSet rolling update, a restart), kept as \
+             members while their replacement comes (--replacement-hold-seconds)",
+            m.replacement_holds.clone(),
+        );
+        registry.register(
+            "replacement_holds_expired",
+            "Activators held for their replacement that none replaced within the hold: their \
+             subsets repaired then",
+            m.replacement_holds_expired.clone(),
+        );
+        registry.register(
+            "held_for_replacement",
+            "Activators held as members now while their replacement comes",
+            m.held_for_replacement.clone(),
         );
         registry.register(
             "readyz_failures",

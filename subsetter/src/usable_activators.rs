@@ -21,6 +21,7 @@ use crate::index::{Key, MembershipIndex};
 use crate::locks::{lock, read, write};
 use crate::loss_burst::LossBurst;
 use crate::metrics::Metrics;
+use crate::replacements::Replacements;
 
 /// An event of the activator pod watch or of the Node watch.
 enum Watched {
@@ -40,6 +41,18 @@ pub(crate) struct ActivatorSources {
     /// How many activators are published as usable, for whoever waits for a number of them
     /// (`Caches::wait_for_activators`).
     pub available_count: Arc<watch::Sender<usize>>,
+    /// How long an activator lost on a Ready node stays a member, waiting for its replacement
+    /// (`Config::replacement_hold`, `replacements.rs`).
+    pub replacement_hold: std::time::Duration,
+}
+
+/// What woke the loop.
+enum Wake<E> {
+    Event(Option<E>),
+    /// The losses held for [`LOSS_SETTLE`] (or an outage's aftermath) have settled.
+    Settled,
+    /// A hold for a replacement ran out.
+    ReplacementDue,
 }
 
 /// Keeps the usable activator set from the activator pod and Node watches, one event at a
@@ -53,6 +66,7 @@ pub(crate) async fn watch_activators(
         nodes,
         aftermath,
         available_count,
+        replacement_hold,
     }: ActivatorSources,
     index: Arc<Mutex<MembershipIndex>>,
     available: Arc<RwLock<Arc<Available>>>,
@@ -79,13 +93,39 @@ pub(crate) async fn watch_activators(
     let mut settle: Option<tokio::time::Instant> = None;
     // NotReady nodes repaired at once: a few alone, not a burst (`loss_burst.rs`).
     let mut burst = LossBurst::default();
+    // Activators lost on a Ready node, kept published while their replacement comes.
+    let mut replacements = Replacements::new(replacement_hold, LOSS_SETTLE);
     loop {
-        let event = tokio::select! {
-            e = events.next() => match e {
-                Some(e) => Some(e),
-                None => break,
-            },
-            _ = tokio::time::sleep_until(settle.unwrap_or_else(tokio::time::Instant::now)), if settle.is_some() => None,
+        let due = replacements.next();
+        let wake = tokio::select! {
+            e = events.next() => Wake::Event(e),
+            _ = tokio::time::sleep_until(settle.unwrap_or_else(tokio::time::Instant::now)), if settle.is_some() => Wake::Settled,
+            _ = tokio::time::sleep_until(due.unwrap_or_else(tokio::time::Instant::now)), if due.is_some() => Wake::ReplacementDue,
+        };
+        let event = match wake {
+            Wake::Event(Some(e)) => Some(e),
+            Wake::Event(None) => break,
+            Wake::Settled => None,
+            Wake::ReplacementDue => {
+                // Not replaced in time: lost after all, through the settle (which still tells
+                // a disruption from a loss).
+                let now = tokio::time::Instant::now();
+                for node in replacements.due(now) {
+                    if set.get(&node).is_none() {
+                        warn!(
+                            node,
+                            hold_s = replacement_hold.as_secs_f64(),
+                            "an activator lost on a Ready node was not replaced within its hold: \
+                             its subsets are repaired"
+                        );
+                        metrics.replacement_holds_expired.inc();
+                        held.insert(node);
+                        settle = Some(settle.map_or(now, |s| s.min(now)));
+                    }
+                }
+                metrics.held_for_replacement.set(replacements.len() as i64);
+                continue;
+            }
         };
         let Some(event) = event else {
             // The losses have settled: applied, unless most nodes are NotReady by now.
@@ -102,6 +142,8 @@ pub(crate) async fn watch_activators(
             settle = None;
             let published = Arc::clone(&*read(&available));
             let mut diff = activators::diff(&published, set.available());
+            // Still waiting for their replacement: not lost yet.
+            diff.lost.retain(|n| !replacements.contains(n));
             held.clear();
             // Within an outage's aftermath (another watch failure may have extended it), a
             // node still NotReady stays held; anything else lost is repaired now.
@@ -191,7 +233,8 @@ pub(crate) async fn watch_activators(
             info!(activators = next.len(), "activator set synced");
             continue;
         }
-        if diff.is_empty() {
+        // A Node event that changes no activator may still end a hold (below).
+        if diff.is_empty() && replacements.is_empty() {
             continue;
         }
         // Most nodes NotReady at once is the control plane's (or the network's) trouble, not
@@ -203,6 +246,58 @@ pub(crate) async fn watch_activators(
         // and is held while most nodes are NotReady; when that ends the whole set is
         // compared with what was published.
         let mut diff = diff;
+        let now = tokio::time::Instant::now();
+        // A held node whose Node turned NotReady or was deleted failed, or left: lost as
+        // such (`replacements.rs`), unless its activator is back meanwhile.
+        let failed: Vec<String> = replacements
+            .nodes()
+            .filter(|n| !set.node_known_ready(n) && set.get(n).is_none())
+            .cloned()
+            .collect();
+        for node in failed {
+            replacements.end(&node);
+            diff.lost.insert(node);
+        }
+        // An activator lost on a Ready node is being replaced or restarted: held.
+        if replacements.enabled() && !set.disrupted() {
+            let replaced: Vec<String> = diff
+                .lost
+                .iter()
+                .filter(|n| set.node_known_ready(n) && !held.contains(*n))
+                .cloned()
+                .collect();
+            for node in replaced {
+                diff.lost.remove(&node);
+                replacements.lost(&node, now);
+                metrics.replacement_holds.inc();
+                info!(
+                    node,
+                    hold_s = replacement_hold.as_secs_f64(),
+                    "an activator lost on a Ready node: kept as a member while its replacement \
+                     comes"
+                );
+            }
+        }
+        // A held node's activator is back: the published one is replaced by it (a new pod,
+        // a new address: its subsets are written again), or is the same (a container that
+        // restarted).
+        let back: Vec<String> = diff
+            .added
+            .iter()
+            .filter(|n| replacements.contains(n))
+            .cloned()
+            .collect();
+        if !back.is_empty() {
+            let published = Arc::clone(&*read(&available));
+            for node in back {
+                replacements.end(&node);
+                diff.added.remove(&node);
+                if published.get(&node) != set.get(&node) {
+                    diff.changed.insert(node);
+                }
+            }
+        }
+        metrics.held_for_replacement.set(replacements.len() as i64);
         let mut at_once = BTreeSet::new();
         if !diff.lost.is_empty() {
             if set.disrupted() && settle.is_none() {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result};
 use crds::{ActivationEndpoints, Revision, RevisionSpec};
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, Namespace, Pod, PodSpec, PodTemplateSpec,
+    Container, ContainerPort, Namespace, Node, Pod, PodSpec, PodTemplateSpec,
 };
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
@@ -68,9 +68,15 @@ impl Cluster {
 
     /// An activator DaemonSet-style pod on `node`, Ready with pod IP `ip`.
     pub async fn add_activator(&self, node: &str, ip: &str) -> Result<()> {
+        self.add_activator_pod(node, &activator_pod(node), ip).await
+    }
+
+    /// An activator pod named `name` on `node`, Ready with pod IP `ip` (a DaemonSet's
+    /// replacement has a new name).
+    pub async fn add_activator_pod(&self, node: &str, name: &str, ip: &str) -> Result<()> {
         let pod = Pod {
             metadata: kube::api::ObjectMeta {
-                name: Some(activator_pod(node)),
+                name: Some(name.to_owned()),
                 labels: Some(
                     [
                         ("app.kubernetes.io/name", "local-activator"),
@@ -99,11 +105,16 @@ impl Cluster {
             status: None,
         };
         self.pods().create(&PostParams::default(), &pod).await?;
-        self.set_activator_ready(node, ip, true).await
+        self.set_pod_ready(name, ip, true).await
     }
 
     /// What a kubelet reports: the pod IP and the Ready condition.
     pub async fn set_activator_ready(&self, node: &str, ip: &str, ready: bool) -> Result<()> {
+        self.set_pod_ready(&activator_pod(node), ip, ready).await
+    }
+
+    /// What a kubelet reports for the activator pod `name`.
+    pub async fn set_pod_ready(&self, name: &str, ip: &str, ready: bool) -> Result<()> {
         let status = if ready { "True" } else { "False" };
         let patch = json!({ "status": {
             "phase": "Running",
@@ -113,10 +124,42 @@ impl Cluster {
                              "lastTransitionTime": "2026-01-01T00:00:00Z" }],
         }});
         self.pods()
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await?;
+        Ok(())
+    }
+
+    /// Node objects for `names`, Ready and untainted, as a kubelet and the node lifecycle
+    /// controller leave them.
+    pub async fn add_ready_nodes(&self, names: &[&str]) -> Result<()> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        for name in names {
+            let n: Node = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+            nodes.create(&PostParams::default(), &n).await?;
+            self.set_node_ready(name, true).await?;
+            // The API server taints a new Node not-ready; the lifecycle controller lifts it.
+            nodes
+                .patch(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"taints": []}})),
+                )
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// A Node's Ready condition, as its kubelet or the node lifecycle controller sets it.
+    pub async fn set_node_ready(&self, name: &str, ready: bool) -> Result<()> {
+        let status = if ready { "True" } else { "False" };
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        nodes
             .patch_status(
-                &activator_pod(node),
+                name,
                 &PatchParams::default(),
-                &Patch::Merge(patch),
+                &Patch::Merge(
+                    json!({"status": {"conditions": [{"type": "Ready", "status": status}]}}),
+                ),
             )
             .await?;
         Ok(())
