@@ -141,6 +141,9 @@ pub struct ClusterOptions {
     pub subsetter_write_qps: f64,
     /// The subsetter's reconciles at once (its `--concurrency`).
     pub subsetter_concurrency: u16,
+    /// How long the subsetter keeps an activator lost on a Ready node as a member for its
+    /// replacement (its `--replacement-hold-seconds`).
+    pub subsetter_replacement_hold: Duration,
 }
 
 impl Default for ClusterOptions {
@@ -170,6 +173,7 @@ impl Default for ClusterOptions {
             real_activators: None,
             subsetter_write_qps: subsetter::Config::default().write_qps,
             subsetter_concurrency: subsetter::Config::default().concurrency,
+            subsetter_replacement_hold: subsetter::Config::default().replacement_hold,
         }
     }
 }
@@ -204,6 +208,8 @@ pub struct SimCluster {
     activator_client: Client,
     stop_subsetter: CancellationToken,
     subsetter: tokio::task::JoinHandle<()>,
+    /// The in-process subsetter's metrics.
+    subsetter_metrics: Arc<subsetter::metrics::Metrics>,
     /// Where the in-process subsetter answers directory lookups (`crds::directory`).
     directory: Option<SocketAddr>,
     /// The hop secret every activator of this cluster shares (as the DaemonSet mounts one).
@@ -366,6 +372,7 @@ impl SimCluster {
             activator_client: clients.activator.clone(),
             stop_subsetter: CancellationToken::new(),
             subsetter: tokio::spawn(async {}),
+            subsetter_metrics: Arc::default(),
             directory: None,
             hop: activator::pipeline::hop::HopAuth::new(&format!(
                 "{:032x}",
@@ -386,10 +393,12 @@ impl SimCluster {
                 activator_namespace: Some(cluster.activator_namespace.clone()),
                 write_qps: opts.subsetter_write_qps,
                 concurrency: opts.subsetter_concurrency,
+                replacement_hold: opts.subsetter_replacement_hold,
                 ..subsetter::Config::default()
             },
             Arc::new(subsetter::Random::new()),
         );
+        cluster.subsetter_metrics = sub.metrics();
         // The subsetter's caches and its directory first: the activators are told where the
         // directory is when they start (the binary finds the replicas by their labels).
         let caches = Arc::new(sub.start_caches());
@@ -478,6 +487,48 @@ impl SimCluster {
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// Replaces `node`'s activator pod `old` by a new one named `new`, as a DaemonSet rolling
+    /// update does (the data port is a hostPort, so no surge): `old` is deleted and gone
+    /// before `new` is created. Returns once `new` is Ready.
+    pub async fn replace_activator_pod(
+        &self,
+        node: &str,
+        old: &str,
+        new: &str,
+        limit: Duration,
+    ) -> Result<(), Error> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.activator_namespace);
+        let uid = match pods.get_opt(old).await? {
+            Some(p) => p.metadata.uid,
+            None => None,
+        };
+        match pods.delete(old, &Default::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+        let timeout = |what: String| Error::Timeout {
+            what,
+            secs: limit.as_secs(),
+        };
+        if let Some(uid) = uid {
+            let gone = await_condition(pods.clone(), old, conditions::is_deleted(&uid));
+            tokio::time::timeout(limit, gone)
+                .await
+                .map_err(|_| timeout(format!("activator pod {old} to be gone")))?
+                .map_err(|e| Error::KubeConfig(e.to_string()))?;
+        }
+        self.create_activator_pod(node, new).await?;
+        let ready = await_condition(pods, new, |p: Option<&Pod>| {
+            p.is_some_and(crate::observe::is_ready)
+        });
+        tokio::time::timeout(limit, ready)
+            .await
+            .map_err(|_| timeout(format!("activator pod {new} to be Ready")))?
+            .map_err(|e| Error::KubeConfig(e.to_string()))?;
+        Ok(())
     }
 
     /// Starts the activator of `node` and creates its pod (not waiting for it to be Ready).
@@ -618,6 +669,11 @@ impl SimCluster {
             })?
             .map_err(|e| Error::KubeConfig(e.to_string()))?;
         Ok(())
+    }
+
+    /// The in-process subsetter's metrics (its `/metrics`).
+    pub fn subsetter_metrics(&self) -> &subsetter::metrics::Metrics {
+        &self.subsetter_metrics
     }
 
     /// The cluster's hop secret: a test can send what a peer activator forwards.

@@ -159,6 +159,15 @@ pub struct Knobs {
     /// maxUnavailable).
     #[arg(long)]
     pub rollout_max_unavailable: Option<f64>,
+    /// The rollout deletes each stand-in's pod and creates a new one on its node once it is
+    /// gone, as a DaemonSet rolling update does (default); false: the pods stay and only the
+    /// processes restart.
+    #[arg(long)]
+    pub rollout_replace_pods: Option<bool>,
+    /// How long the subsetter keeps an activator lost on a Ready node as a member for its
+    /// replacement, seconds (its `--replacement-hold-seconds`; default 60; 3 or less: none).
+    #[arg(long)]
+    pub replacement_hold_secs: Option<f64>,
     /// The `activator` binary to run one node's activator as its own process, for its memory
     /// idle and with its subsets (scale, on the embedded cluster; default: the one beside
     /// this program, if any).
@@ -212,6 +221,8 @@ impl Knobs {
             subsetter_concurrency,
             stand_in_activators,
             rollout_max_unavailable,
+            rollout_replace_pods,
+            replacement_hold_secs,
             activator_binary,
             routing,
             ingress

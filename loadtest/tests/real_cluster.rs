@@ -798,8 +798,34 @@ async fn a_rolling_update_of_the_activators_under_load_loses_nothing_and_keeps_t
     let Some(env) = env("a_rolling_update_of_the_activators_under_load").await else {
         return;
     };
-    env.revision("rolled", 2, |s| s["activators"] = 2.into())
-        .await;
+    let original: BTreeSet<String> = env
+        .revision("rolled", 2, |s| s["activators"] = 2.into())
+        .await
+        .into_iter()
+        .map(|m| m.node)
+        .collect();
+    // Every member set the subset shows through the rollout: the subsetter holds each node's
+    // activator for its replacement (`--replacement-hold-seconds`), so none moves.
+    let seen: Arc<Mutex<Vec<BTreeSet<String>>>> = Arc::default();
+    let recorder = {
+        let seen = Arc::clone(&seen);
+        let api: Api<ActivationEndpoints> = Api::namespaced(env.client.clone(), &env.ns);
+        let stream = watcher(
+            api,
+            watcher::Config::default().fields("metadata.name=rolled"),
+        )
+        .applied_objects();
+        tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(Ok(ae)) = stream.next().await {
+                let nodes = ae
+                    .status
+                    .map(|s| s.activators.into_iter().map(|m| m.node).collect())
+                    .unwrap_or_default();
+                seen.lock().unwrap().push(nodes);
+            }
+        })
+    };
     let load = Load::start(&env, "rolled", 4);
     load.wait_for(20).await;
     // The pods serving the load (with the node agent they serve before the kubelet reports
@@ -842,6 +868,37 @@ async fn a_rolling_update_of_the_activators_under_load_loses_nothing_and_keeps_t
         .map(|p| p.uid().unwrap())
         .collect();
     assert!(before.is_subset(&after), "{before:?} not all in {after:?}");
+    // The subset names the new activator pods, and its members never changed.
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), SYSTEM_NS);
+    let lp = ListParams::default().labels("app.kubernetes.io/component=activator");
+    let current: BTreeSet<String> = pods
+        .list(&lp)
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| p.name_any())
+        .collect();
+    let members = env
+        .members("rolled", move |m| {
+            m.iter().all(|m| current.contains(&m.pod))
+        })
+        .await;
+    recorder.abort();
+    let seen = seen.lock().unwrap().clone();
+    eprintln!(
+        "members through the rollout: {} states, {:?}",
+        seen.len(),
+        members
+            .iter()
+            .map(|m| (&m.node, &m.pod))
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        seen.iter().all(|m| *m == original),
+        "a member moved during the rollout (from {original:?}): {seen:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -281,6 +281,9 @@ async fn scale_samples_real_activators_against_every_node() {
             duration_secs: Some(1.0),
             // The lost node turns NotReady in seconds, not kube-controller-manager's 40.
             node_grace_secs: Some(3.0),
+            // The activator that leaves (its node Ready) is held this long for a replacement
+            // that never comes, then repaired.
+            replacement_hold_secs: Some(4.0),
             ..Knobs::default()
         },
     )
@@ -334,6 +337,9 @@ async fn scale_stands_in_for_every_activator_and_rolls_them() {
             node_grace_secs: Some(3.0),
             stand_in_activators: Some(true),
             rollout_max_unavailable: Some(0.5),
+            // Long enough for a wave's pods to be replaced on 20 simulated nodes; the
+            // activator that leaves waits it out.
+            replacement_hold_secs: Some(10.0),
             ..Knobs::default()
         },
     )
@@ -353,6 +359,16 @@ async fn scale_stands_in_for_every_activator_and_rolls_them() {
         .as_f64()
         .unwrap_or(0.0);
     assert!(lists >= 20.0 + 16.0, "{lists} lists: {}", report.text);
+    // Each stand-in's pod was deleted and a new one made Ready on its node, as a DaemonSet
+    // does: the subsetter held each one for its replacement and wrote the new pod in place,
+    // so no member moved.
+    assert_eq!(r["pods_replaced"], true, "{}", report.text);
+    assert_eq!(num(r, "replacement_holds"), 16.0, "{}", report.text);
+    assert_eq!(num(r, "replacement_holds_expired"), 0.0, "{}", report.text);
+    assert_eq!(num(r, "member_changes"), 0.0, "{}", report.text);
+    assert_eq!(num(r, "members_left"), 0.0, "{}", report.text);
+    assert!(num(r, "endpoints_events") > 0.0, "{}", report.text);
+    assert_eq!(r["settled"], true, "{}", report.text);
     assert_eq!(num(&f, "errors"), 0.0, "{}", report.text);
 }
 

@@ -182,6 +182,12 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
         .stand_in_activators
         .unwrap_or(matches!(ctx.target, crate::scenario::Target::Cluster(_)));
     let rollout_share = k.rollout_max_unavailable.unwrap_or(0.1).clamp(0.0, 1.0);
+    let replace_pods = k.rollout_replace_pods.unwrap_or(true);
+    let replacement_hold = k
+        .replacement_hold_secs
+        .map_or(subsetter::replacements::REPLACEMENT_HOLD, |s| {
+            Duration::from_secs_f64(s.max(0.0))
+        });
     ctx.on_cluster(
         Scenario::Scale,
         &k,
@@ -192,6 +198,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
             o.subsetter_write_qps = 0.0;
             o.max_pods = 250;
             o.node_grace = grace;
+            o.subsetter_replacement_hold = replacement_hold;
         },
         async |cluster, ns| {
             let nodes: Vec<String> = cluster.fleet.nodes().map(|n| n.name().to_string()).collect();
@@ -387,11 +394,17 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
                 Err(e) => return Err(e.into()),
             }
-            let repaired = members.wait_gone(&leaving, Duration::from_secs(120)).await;
+            let repaired = members
+                .wait_gone(&leaving, replacement_hold + Duration::from_secs(120))
+                .await;
             let repair_ms = repaired.then(|| t.elapsed().as_secs_f64() * 1e3);
+            // Its node stays Ready, so the subsetter first holds it for a replacement that
+            // never comes (`--replacement-hold-seconds`).
             ctx.note(&format!(
-                "one activator leaving ({leaving}, in {in_subsets} subsets): repaired in {}",
-                repair_ms.map_or("NOT within 120 s".into(), |ms| format!("{ms:.0} ms"))
+                "one activator leaving ({leaving}, in {in_subsets} subsets, its node Ready): \
+                 repaired in {} (after a {:.0} s hold for its replacement)",
+                repair_ms.map_or("NOT within the hold and 120 s".into(), |ms| format!("{ms:.0} ms")),
+                replacement_hold.as_secs_f64(),
             ));
             let events_after = watch_events(cluster, &sampled);
             if let Some(cp) = &mut cp {
@@ -491,16 +504,41 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                 cp.phase("one node lost", ctx).await;
             }
             // A DaemonSet rollout: every stand-in replaced, maxUnavailable at a time.
+            // What it cost the subsets: members moved, ActivationEndpoints written, and the
+            // subsetter's holds for the replacements.
+            let sm = cluster.subsetter_metrics();
+            // The repairs above are counted when their writes return, which may be after
+            // the harness's watch showed them.
+            subsetter_idle(sm, Duration::from_secs(60)).await;
+            let before = (
+                members.changes(),
+                members.events(),
+                sm.replacement_holds.get(),
+                sm.replacement_holds_expired.get(),
+                sm.members_left.get(),
+            );
             let rollout = if !stand_ins.is_empty() && rollout_share > 0.0 {
-                match control_plane::rollout(cluster, &mut stand_ins, rollout_share, ctx).await {
-                Ok(r) => {
+                match control_plane::rollout(cluster, &mut stand_ins, rollout_share, replace_pods, ctx).await {
+                Ok(mut r) => {
+                // The last wave's replacements are written after its activators listed.
+                let settled = subsetter_idle(sm, Duration::from_secs(60)).await;
+                r.cost = Some(RolloutCost {
+                    member_changes: members.changes() - before.0,
+                    endpoints_events: (members.events() - before.1) as u64,
+                    holds: sm.replacement_holds.get() - before.2,
+                    holds_expired: sm.replacement_holds_expired.get() - before.3,
+                    members_left: sm.members_left.get() - before.4,
+                    settled,
+                });
                 ctx.note(&format!(
-                    "rollout of {} stand-in activators, {} at a time: {:.1} s in {} waves, the slowest {:.1} s",
+                    "rollout of {} stand-in activators ({}), {} at a time: {:.1} s in {} waves, the slowest {:.1} s; {}",
                     stand_ins.len(),
+                    if r.pods_replaced { "pods deleted and created again, as a DaemonSet does" } else { "processes restarted, pods kept" },
                     r.per_wave,
                     r.took.as_secs_f64(),
                     r.waves,
-                    r.slowest_wave.as_secs_f64()
+                    r.slowest_wave.as_secs_f64(),
+                    r.cost.as_ref().map_or(String::new(), RolloutCost::text),
                 ));
                 if let Some(cp) = &mut cp {
                     cp.phase("stand-in activators rolled", ctx).await;
@@ -622,12 +660,14 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
             }
             if let Some(r) = &rollout {
                 control.push_str(&format!(
-                    "rollout: {} stand-in activators replaced {} at a time in {:.1} s ({} waves, the slowest {:.1} s)\n",
+                    "rollout: {} stand-in activators replaced {} at a time ({}) in {:.1} s ({} waves, the slowest {:.1} s); {}\n",
                     stand_in_counts.len(),
                     r.per_wave,
+                    if r.pods_replaced { "pods replaced" } else { "pods kept" },
                     r.took.as_secs_f64(),
                     r.waves,
-                    r.slowest_wave.as_secs_f64()
+                    r.slowest_wave.as_secs_f64(),
+                    r.cost.as_ref().map_or(String::new(), RolloutCost::text),
                 ));
             }
             let mut api_server_mib = serde_json::Value::Null;
@@ -693,6 +733,14 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                     "rollout": rollout.as_ref().map(|r| json!({
                         "activators": stand_in_counts.len(), "per_wave": r.per_wave, "waves": r.waves,
                         "took_s": r.took.as_secs_f64(), "slowest_wave_s": r.slowest_wave.as_secs_f64(),
+                        "pods_replaced": r.pods_replaced,
+                        "replacement_hold_s": replacement_hold.as_secs_f64(),
+                        "member_changes": r.cost.as_ref().map(|c| c.member_changes),
+                        "endpoints_events": r.cost.as_ref().map(|c| c.endpoints_events),
+                        "replacement_holds": r.cost.as_ref().map(|c| c.holds),
+                        "replacement_holds_expired": r.cost.as_ref().map(|c| c.holds_expired),
+                        "members_left": r.cost.as_ref().map(|c| c.members_left),
+                        "settled": r.cost.as_ref().map(|c| c.settled),
                     })),
                     "control_plane": cp.as_ref().map(|c| c.json()),
                     "api_server_product_mib": api_server_mib,
@@ -806,4 +854,55 @@ fn process_figures(
         json!({"node": node, "subsets": subsets, "idle": js(idle), "with_subsets": js(with),
                "end": js(end), "above_idle": js_above(with), "above_idle_end": js_above(end)}),
     )
+}
+
+/// What a rollout cost the subsets, from the harness's ActivationEndpoints watch and the
+/// subsetter's metrics.
+pub struct RolloutCost {
+    /// Nodes that joined or left a subset (a member moved is two).
+    pub member_changes: u64,
+    /// ActivationEndpoints events the watch saw (each a write by the subsetter).
+    pub endpoints_events: u64,
+    /// Activators the subsetter held for their replacement, and held past the hold.
+    pub holds: u64,
+    pub holds_expired: u64,
+    /// Members the subsetter removed from subsets.
+    pub members_left: u64,
+    /// Whether the subsetter had nothing held or queued within a minute of the last wave.
+    pub settled: bool,
+}
+
+impl RolloutCost {
+    fn text(&self) -> String {
+        format!(
+            "{} member changes, {} ActivationEndpoints writes, {} activators held for their \
+             replacement ({} past the hold), {} members removed{}",
+            self.member_changes,
+            self.endpoints_events,
+            self.holds,
+            self.holds_expired,
+            self.members_left,
+            if self.settled {
+                ""
+            } else {
+                " (the subsetter NOT settled a minute after)"
+            }
+        )
+    }
+}
+
+/// Waits until the subsetter holds no activator for its replacement and has no reconcile
+/// queued or running, at most `limit`; false on timeout. Its metrics have no event to await,
+/// so this polls them.
+async fn subsetter_idle(sm: &subsetter::metrics::Metrics, limit: Duration) -> bool {
+    tokio::time::timeout(limit, async {
+        while sm.held_for_replacement.get() > 0
+            || sm.reconciles_queued.get() > 0
+            || sm.reconciles_in_flight.get() > 0
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .is_ok()
 }

@@ -153,17 +153,28 @@ pub struct Rollout {
     pub took: Duration,
     /// The slowest wave: from stopping its activators to every new one's first lists.
     pub slowest_wave: Duration,
+    /// Whether the activator pods were replaced (deleted, then new ones created and Ready),
+    /// or only the processes restarted in place.
+    pub pods_replaced: bool,
+    /// What it cost the subsets (filled in by the scenario).
+    pub cost: Option<super::scale::RolloutCost>,
 }
 
 /// Replaces every stand-in, `share` of them at a time, as a DaemonSet rolling update with
-/// that maxUnavailable does: a wave's old activators stop, new ones start, and the next wave
-/// begins once all of them have their first lists.
+/// that maxUnavailable does: a wave's old activators stop and their pods are deleted; once
+/// they are gone, new pods (a new name: `…-2`) are created on the same nodes, and the new
+/// activators start once those are Ready; the next wave begins when all of them have their
+/// first lists. With `replace_pods` false the pods stay and only the processes restart (a
+/// restart in place: what the subsetter sees is nothing).
 pub async fn rollout(
     cluster: &SimCluster,
     stand_ins: &mut Vec<(String, WatchOnly)>,
     share: f64,
+    replace_pods: bool,
     ctx: &Ctx,
 ) -> Result<Rollout, Error> {
+    use futures::StreamExt;
+    const LIMIT: Duration = Duration::from_secs(300);
     let per_wave = ((stand_ins.len() as f64 * share).ceil() as usize).max(1);
     let t = Instant::now();
     let mut slowest = Duration::ZERO;
@@ -179,7 +190,19 @@ pub async fn rollout(
         let nodes: Vec<String> = stand_ins[i..end].iter().map(|(n, _)| n.clone()).collect();
         // The old ones stop first (maxUnavailable), then the new ones list.
         stand_ins.drain(i..end).for_each(drop);
-        let new = stand_in(cluster, &nodes, Duration::from_secs(300)).await?;
+        if replace_pods {
+            let replaced: Vec<Result<(), Error>> = futures::stream::iter(&nodes)
+                .map(|node| async move {
+                    let old = crate::cluster::activator_pod_name(node);
+                    let new = format!("{old}-2");
+                    cluster.replace_activator_pod(node, &old, &new, LIMIT).await
+                })
+                .buffer_unordered(32)
+                .collect()
+                .await;
+            replaced.into_iter().collect::<Result<Vec<()>, _>>()?;
+        }
+        let new = stand_in(cluster, &nodes, LIMIT).await?;
         for (k, s) in new.into_iter().enumerate() {
             stand_ins.insert(i + k, s);
         }
@@ -195,5 +218,7 @@ pub async fn rollout(
         per_wave,
         took: t.elapsed(),
         slowest_wave: slowest,
+        pods_replaced: replace_pods,
+        cost: None,
     })
 }
