@@ -4,15 +4,16 @@
 //! A subset that starts listing this node while the activator runs (a new revision, a
 //! repair) is one membership: its Revision is read at once, as it always was. An activator's
 //! first list of its memberships is all of them at once: ~300 each at 1,000 nodes ×
-//! 100,000 revisions, when it restarts while the subsetter keeps its node (within the
-//! subsetter's settle; the scale scenario's in-place rollout of stand-ins). Read at once,
+//! 100,000 revisions, when it restarts while the subsetter keeps its node (a restart, or a
+//! DaemonSet rolling update: the subsetter holds the node for its replacement). Read at once,
 //! 988 such restarts made 278,078 GETs in 284 s on the test bed's API server
 //! (docs/load-testing.md, real-server run 3), which pushed the kubelets' lease renewals to
 //! 36 s. So memberships found by a list (at start, or a re-list after the watch failed) are
 //! read [`ReadAheadConfig::per_second`], at most [`ReadAheadConfig::in_flight`] at once: N
-//! such restarts then read at most N × `per_second` a second, whatever the revisions. (A
-//! DaemonSet rolling update is not one of them: its old pod is gone past the settle, the
-//! subsetter moves the node's memberships away, and they come back as changes.) Nothing waits for this pace: a request for a member revision not read yet
+//! such restarts then read at most N × `per_second` a second, whatever the revisions. A
+//! DaemonSet rolling update is one of them: the subsetter keeps a node's memberships while
+//! its activator is replaced (`subsetter::replacements`). Nothing waits for this pace: a
+//! request for a member revision not read yet
 //! reads it itself (one GET from the API server's watch cache), and its queued read, when
 //! its turn comes, finds it held and is dropped without spending a turn.
 
