@@ -490,13 +490,15 @@ impl SimCluster {
     }
 
     /// Replaces `node`'s activator pod `old` by a new one named `new`, as a DaemonSet rolling
-    /// update does (the data port is a hostPort, so no surge): `old` is deleted and gone
-    /// before `new` is created. Returns once `new` is Ready.
+    /// update does (the data port is a hostPort, so no surge): `old` turns unready at once
+    /// (its SIGTERM fails `/readyz`) and exits `drain` later (the activator's shutdown delay
+    /// and drain), and only once it is gone is `new` created. Returns once `new` is Ready.
     pub async fn replace_activator_pod(
         &self,
         node: &str,
         old: &str,
         new: &str,
+        drain: Duration,
         limit: Duration,
     ) -> Result<(), Error> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.activator_namespace);
@@ -504,6 +506,25 @@ impl SimCluster {
             Some(p) => p.metadata.uid,
             None => None,
         };
+        if uid.is_some() && !drain.is_zero() {
+            // What its kubelet reports when the readiness probe fails: the container and
+            // the pod not ready.
+            let unready = serde_json::json!({"status": {
+                "conditions": [
+                    {"type": "Ready", "status": "False", "reason": "ContainersNotReady"},
+                    {"type": "ContainersReady", "status": "False", "reason": "ContainersNotReady"},
+                ],
+                "containerStatuses": [{
+                    "name": "activator", "image": "local-activator/activator:dev", "imageID": "",
+                    "ready": false, "restartCount": 0, "started": true,
+                    "state": {"running": {}},
+                }],
+            }});
+            pods.patch_status(old, &PatchParams::default(), &Patch::Merge(&unready))
+                .await?;
+            // The modelled drain: time passing, not a wait for an event.
+            tokio::time::sleep(drain).await;
+        }
         match pods.delete(old, &Default::default()).await {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 404 => {}

@@ -516,6 +516,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                 sm.replacement_holds.get(),
                 sm.replacement_holds_expired.get(),
                 sm.members_left.get(),
+                rebalanced(sm),
             );
             let rollout = if !stand_ins.is_empty() && rollout_share > 0.0 {
                 match control_plane::rollout(cluster, &mut stand_ins, rollout_share, replace_pods, ctx).await {
@@ -528,6 +529,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                     holds: sm.replacement_holds.get() - before.2,
                     holds_expired: sm.replacement_holds_expired.get() - before.3,
                     members_left: sm.members_left.get() - before.4,
+                    rebalanced: rebalanced(sm) - before.5,
                     settled,
                 });
                 ctx.note(&format!(
@@ -740,6 +742,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                         "replacement_holds": r.cost.as_ref().map(|c| c.holds),
                         "replacement_holds_expired": r.cost.as_ref().map(|c| c.holds_expired),
                         "members_left": r.cost.as_ref().map(|c| c.members_left),
+                        "members_rebalanced": r.cost.as_ref().map(|c| c.rebalanced),
                         "settled": r.cost.as_ref().map(|c| c.settled),
                     })),
                     "control_plane": cp.as_ref().map(|c| c.json()),
@@ -866,8 +869,10 @@ pub struct RolloutCost {
     /// Activators the subsetter held for their replacement, and held past the hold.
     pub holds: u64,
     pub holds_expired: u64,
-    /// Members the subsetter removed from subsets.
+    /// Members the subsetter removed from subsets, and of those, the ones its rebalancer
+    /// moved (at most `--rebalance-max-moves` a minute, whatever the rollout does).
     pub members_left: u64,
+    pub rebalanced: u64,
     /// Whether the subsetter had nothing held or queued within a minute of the last wave.
     pub settled: bool,
 }
@@ -876,12 +881,13 @@ impl RolloutCost {
     fn text(&self) -> String {
         format!(
             "{} member changes, {} ActivationEndpoints writes, {} activators held for their \
-             replacement ({} past the hold), {} members removed{}",
+             replacement ({} past the hold), {} members removed ({} by the rebalancer){}",
             self.member_changes,
             self.endpoints_events,
             self.holds,
             self.holds_expired,
             self.members_left,
+            self.rebalanced,
             if self.settled {
                 ""
             } else {
@@ -905,4 +911,13 @@ async fn subsetter_idle(sm: &subsetter::metrics::Metrics, limit: Duration) -> bo
     })
     .await
     .is_ok()
+}
+
+/// Members the subsetter's rebalancer moved so far.
+fn rebalanced(sm: &subsetter::metrics::Metrics) -> u64 {
+    sm.members_replaced
+        .get_or_create(&subsetter::metrics::ReplacedBy {
+            reason: "rebalance",
+        })
+        .get()
 }

@@ -161,8 +161,9 @@ pub struct Rollout {
 }
 
 /// Replaces every stand-in, `share` of them at a time, as a DaemonSet rolling update with
-/// that maxUnavailable does: a wave's old activators stop and their pods are deleted; once
-/// they are gone, new pods (a new name: `…-2`) are created on the same nodes, and the new
+/// that maxUnavailable does: a wave's old activators stop, their pods unready for the
+/// shutdown delay (5 s) and then deleted; once they are gone, new pods (a new name: `…-2`)
+/// are created on the same nodes, and the new
 /// activators start once those are Ready; the next wave begins when all of them have their
 /// first lists. With `replace_pods` false the pods stay and only the processes restart (a
 /// restart in place: what the subsetter sees is nothing).
@@ -175,6 +176,8 @@ pub async fn rollout(
 ) -> Result<Rollout, Error> {
     use futures::StreamExt;
     const LIMIT: Duration = Duration::from_secs(300);
+    // The activator's default shutdown delay: SIGTERM to exit, unready throughout.
+    const DRAIN: Duration = Duration::from_secs(5);
     let per_wave = ((stand_ins.len() as f64 * share).ceil() as usize).max(1);
     let t = Instant::now();
     let mut slowest = Duration::ZERO;
@@ -195,7 +198,9 @@ pub async fn rollout(
                 .map(|node| async move {
                     let old = crate::cluster::activator_pod_name(node);
                     let new = format!("{old}-2");
-                    cluster.replace_activator_pod(node, &old, &new, LIMIT).await
+                    cluster
+                        .replace_activator_pod(node, &old, &new, DRAIN, LIMIT)
+                        .await
                 })
                 .buffer_unordered(32)
                 .collect()
