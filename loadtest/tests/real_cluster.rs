@@ -798,12 +798,8 @@ async fn a_rolling_update_of_the_activators_under_load_loses_nothing_and_keeps_t
     let Some(env) = env("a_rolling_update_of_the_activators_under_load").await else {
         return;
     };
-    let original: BTreeSet<String> = env
-        .revision("rolled", 2, |s| s["activators"] = 2.into())
-        .await
-        .into_iter()
-        .map(|m| m.node)
-        .collect();
+    env.revision("rolled", 2, |s| s["activators"] = 2.into())
+        .await;
     // Every member set the subset shows through the rollout: the subsetter holds each node's
     // activator for its replacement (`--replacement-hold-seconds`), so none moves.
     let seen: Arc<Mutex<Vec<BTreeSet<String>>>> = Arc::default();
@@ -838,6 +834,17 @@ async fn a_rolling_update_of_the_activators_under_load_loses_nothing_and_keeps_t
         .map(|p| p.uid().unwrap())
         .collect();
     assert!(!before.is_empty());
+    // The members as the rollout starts (an earlier fault test's node may have been repaired
+    // since the revision was created): only what happens from here is the rollout's.
+    let aes: Api<ActivationEndpoints> = Api::namespaced(env.client.clone(), &env.ns);
+    let original: BTreeSet<String> = aes
+        .get("rolled")
+        .await
+        .unwrap()
+        .status
+        .map(|s| s.activators.into_iter().map(|m| m.node).collect())
+        .unwrap_or_default();
+    seen.lock().unwrap().clear();
     let ds: Api<DaemonSet> = Api::namespaced(env.client.clone(), SYSTEM_NS);
     let stamp = format!("{}", rand::random::<u32>());
     ds.patch(
