@@ -263,34 +263,11 @@ enum Outage {
 }
 
 async fn node_not_ready_after(outage: Outage) -> Result<()> {
-    use k8s_openapi::api::core::v1::Node;
-    use kube::api::{Patch, PatchParams, PostParams};
-    use serde_json::json;
-
     let c = Cluster::start().await?;
-    let nodes: Api<Node> = Api::all(c.client.clone());
-    let status =
-        |ready: &str| json!({"status": {"conditions": [{"type": "Ready", "status": ready}]}});
+    c.add_ready_nodes(&["node-1", "node-2", "node-3"]).await?;
     for i in 1..=3 {
-        let name = format!("node-{i}");
-        let n: Node = serde_json::from_value(json!({"metadata": {"name": name}}))?;
-        nodes.create(&PostParams::default(), &n).await?;
-        nodes
-            .patch_status(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(status("True")),
-            )
+        c.add_activator(&format!("node-{i}"), &format!("127.0.7.{i}"))
             .await?;
-        // The API server taints a new Node not-ready; the lifecycle controller lifts it.
-        nodes
-            .patch(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"taints": []}})),
-            )
-            .await?;
-        c.add_activator(&name, &format!("127.0.7.{i}")).await?;
     }
     let hold = Duration::from_secs(8);
     let running = c.run_subsetter_with(
@@ -329,13 +306,7 @@ async fn node_not_ready_after(outage: Outage) -> Result<()> {
     }
 
     let t = Instant::now();
-    nodes
-        .patch_status(
-            &victim,
-            &PatchParams::default(),
-            &Patch::Merge(status("False")),
-        )
-        .await?;
+    c.set_node_ready(&victim, false).await?;
     c.wait_metrics(&running, |m| {
         counter(m, "subsetter_disruption_holds_total") >= 1
     })
