@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use crds::contract::DATA_PORT;
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::jiff::Timestamp;
 
 use crate::eligibility::NodeFacts;
 
@@ -217,6 +218,12 @@ pub struct ActivatorSet {
     /// by the controller-manager may be seen before its Node's NotReady.
     bound: HashMap<(String, String), (String, bool)>,
     relisted_bound: Option<HashMap<(String, String), (String, bool)>>,
+    /// Every activator pod bound to a node and terminating (its `deletionTimestamp` set, the
+    /// object still there), by (namespace, name): its node and when its grace period ends.
+    /// Only the replacement hold reads it (`replacements.rs`): the DaemonSet creates a node's
+    /// new activator once the old pod is gone.
+    terminating: HashMap<(String, String), (String, Timestamp)>,
+    relisted_terminating: Option<HashMap<(String, String), (String, Timestamp)>>,
 }
 
 impl ActivatorSet {
@@ -238,6 +245,16 @@ impl ActivatorSet {
     /// replaced, or restarted (`replacements.rs`), not lost with its node.
     pub fn node_known_ready(&self, node: &str) -> bool {
         self.nodes.get(node).is_some_and(|s| s.ready)
+    }
+
+    /// When the grace period of `node`'s terminating activator pods ends (the latest, if
+    /// several): None when none is terminating there.
+    pub fn terminating_until(&self, node: &str) -> Option<Timestamp> {
+        self.terminating
+            .values()
+            .filter(|(n, _)| n == node)
+            .map(|(_, t)| *t)
+            .max()
     }
 
     /// Whether most nodes are NotReady at once: a disruption of the control plane or the
@@ -272,6 +289,10 @@ impl ActivatorSet {
             Some(b) => self.bound.insert(pod_key(pod), b),
             None => self.bound.remove(&pod_key(pod)),
         };
+        match terminating(pod) {
+            Some(t) => self.terminating.insert(pod_key(pod), t),
+            None => self.terminating.remove(&pod_key(pod)),
+        };
         let mut touched = self.unlink_pod(pod);
         if let Some(a) = from_pod(pod) {
             let rank = Rank::of(pod);
@@ -288,6 +309,7 @@ impl ActivatorSet {
     /// An activator pod was deleted.
     pub fn delete_pod(&mut self, pod: &Pod) -> Diff {
         self.bound.remove(&pod_key(pod));
+        self.terminating.remove(&pod_key(pod));
         let touched = self.unlink_pod(pod);
         self.recompute(touched)
     }
@@ -333,12 +355,16 @@ impl ActivatorSet {
     pub fn relist_pods_start(&mut self) {
         self.relisted_pods = Some(HashMap::new());
         self.relisted_bound = Some(HashMap::new());
+        self.relisted_terminating = Some(HashMap::new());
     }
 
     /// A pod of the relist in progress.
     pub fn relist_pod(&mut self, pod: &Pod) {
         if let (Some(seen), Some(b)) = (&mut self.relisted_bound, bound_to(pod)) {
             seen.insert(pod_key(pod), b);
+        }
+        if let (Some(seen), Some(t)) = (&mut self.relisted_terminating, terminating(pod)) {
+            seen.insert(pod_key(pod), t);
         }
         if let (Some(seen), Some(a)) = (&mut self.relisted_pods, from_pod(pod)) {
             seen.insert(pod_key(pod), (Rank::of(pod), a));
@@ -351,6 +377,7 @@ impl ActivatorSet {
             return Diff::default();
         };
         self.bound = self.relisted_bound.take().unwrap_or_default();
+        self.terminating = self.relisted_terminating.take().unwrap_or_default();
         self.on_node.clear();
         for (rank, a) in pods.values() {
             self.on_node
@@ -487,6 +514,19 @@ fn bound_to(pod: &Pod) -> Option<(String, bool)> {
     Some((node, crds::pod_ready::ready(pod)))
 }
 
+/// The node a terminating activator pod is bound to, and when its grace period ends (the API
+/// server sets `deletionTimestamp` to the deletion's time plus its grace period).
+fn terminating(pod: &Pod) -> Option<(String, Timestamp)> {
+    let ends = pod.metadata.deletion_timestamp.as_ref()?.0;
+    let node = pod
+        .spec
+        .as_ref()?
+        .node_name
+        .clone()
+        .filter(|n| !n.is_empty())?;
+    Some((node, ends))
+}
+
 fn pod_key(pod: &Pod) -> (String, String) {
     (
         pod.metadata.namespace.clone().unwrap_or_default(),
@@ -601,6 +641,36 @@ mod tests {
         assert!(from_pod(&p).is_none());
         assert!(from_pod(&pod("a", "", "10.0.0.1", true)).is_none());
         assert!(from_pod(&pod("a", "n1", "", true)).is_none());
+    }
+
+    #[test]
+    fn a_terminating_pod_is_known_by_its_node_until_it_is_gone_or_relisted_away() {
+        let mut set = ActivatorSet::default();
+        let ends = Timestamp::UNIX_EPOCH + k8s_openapi::jiff::SignedDuration::from_secs(120);
+        let later = ends + k8s_openapi::jiff::SignedDuration::from_secs(30);
+        let mut old = pod("old", "n1", "10.0.0.1", true);
+        set.apply_pod(&old);
+        assert_eq!(set.terminating_until("n1"), None, "not terminating yet");
+        old.metadata.deletion_timestamp = Some(Time(ends));
+        let d = set.apply_pod(&old);
+        assert!(d.lost.contains("n1"), "a terminating pod is no activator");
+        assert_eq!(set.terminating_until("n1"), Some(ends));
+        assert_eq!(set.terminating_until("n2"), None);
+        // Two terminating on one node: the later end.
+        let mut other = pod("other", "n1", "10.0.0.2", false);
+        other.metadata.deletion_timestamp = Some(Time(later));
+        set.apply_pod(&other);
+        assert_eq!(set.terminating_until("n1"), Some(later));
+        set.delete_pod(&other);
+        assert_eq!(set.terminating_until("n1"), Some(ends));
+        // A relist that no longer shows it: gone.
+        set.replace_pods([&pod("new", "n1", "10.0.0.3", true)]);
+        assert_eq!(set.terminating_until("n1"), None);
+        // A relist that shows one terminating: known.
+        set.replace_pods([&old]);
+        assert_eq!(set.terminating_until("n1"), Some(ends));
+        set.delete_pod(&old);
+        assert_eq!(set.terminating_until("n1"), None);
     }
 
     #[test]

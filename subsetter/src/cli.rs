@@ -39,9 +39,10 @@ pub struct Args {
     #[arg(long, default_value_t = crate::usable_activators::OUTAGE_HOLD.as_secs())]
     pub outage_hold_seconds: u64,
     /// An activator lost while its Node is Ready (a DaemonSet rolling update, a restart) stays
-    /// a member this many seconds for its replacement on the node, rather than every subset it
-    /// is in moving; a Node NotReady or deleted ends the hold at once; 3 or less: moved after
-    /// the 3 s settle.
+    /// a member this many seconds after its old pod is gone (held while that pod terminates,
+    /// up to its grace period) for its replacement on the node, rather than every subset it is
+    /// in moving; a Node NotReady or deleted ends the hold at once; 3 or less: moved after the
+    /// 3 s settle.
     #[arg(long, default_value_t = crate::replacements::REPLACEMENT_HOLD.as_secs())]
     pub replacement_hold_seconds: u64,
     /// Run without leader election (tests, a single replica).

@@ -45,9 +45,10 @@ pub struct Config {
     /// the seconds until it does.
     pub outage_hold: Duration,
     /// An activator lost while its Node is Ready (a DaemonSet rolling update, a restart, a
-    /// deleted pod) stays a member this long for its replacement on the node, rather than
-    /// every subset it is in moving (`replacements.rs`); no more than the 3 s settle: moved
-    /// after the settle.
+    /// deleted pod) stays a member this long after its old pod is gone (held while that pod
+    /// terminates, up to its grace period) for its replacement on the node, rather than every
+    /// subset it is in moving (`replacements.rs`); no more than the 3 s settle: moved after
+    /// the settle.
     pub replacement_hold: Duration,
 }
 

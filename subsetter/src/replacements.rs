@@ -12,6 +12,13 @@
 //! into each subset when it is Ready (its address and pod name). Requests meanwhile fail over
 //! to the next member at their first failed connect (`activator::pipeline::suspects`).
 //!
+//! The hold runs from when the old pod is gone. While it terminates (its `deletionTimestamp`
+//! set, the object still there) the node is held until its grace period ends and for the hold
+//! after: the activator drains its in-flight requests for up to `--drain-timeout` (90 s), and
+//! the DaemonSet creates the replacement only once the old pod is gone, so a hold counted from
+//! the loss would run out under a slow drain and move every subset after all (seen on the
+//! repo's cluster: a drain of 90 s against a hold of 60 s).
+//!
 //! A Node that turns NotReady, or is deleted, ends the hold at once: that is a node failure or
 //! removal, repaired as such. An activator not replaced within the hold is repaired then.
 
@@ -20,18 +27,26 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// How long an activator lost on a Ready node is held by default: the old pod's shutdown
-/// delay (5 s) and drain, then the new pod's creation, image pull and readiness. On the
-/// repo's cluster the whole gap is ~6 s; a new image pulled over a slow registry takes
-/// longer. A node that left the DaemonSet for good pays this long with a member that fails
-/// over on its first connect.
+/// How long an activator lost on a Ready node is held by default, from when its old pod is
+/// gone (a terminating pod is held through its grace period first): the new pod's creation,
+/// image pull and readiness. On the repo's cluster the whole gap is ~6 s; a new image pulled
+/// over a slow registry takes longer. A node that left the DaemonSet for good pays this long
+/// (after its pod's grace period) with a member that fails over on its first connect.
 pub const REPLACEMENT_HOLD: Duration = Duration::from_secs(60);
 
 /// Nodes whose activator is held for its replacement, with until when.
 #[derive(Debug)]
 pub struct Replacements {
     hold: Duration,
-    until: BTreeMap<String, Instant>,
+    held: BTreeMap<String, Held>,
+}
+
+/// One node's hold.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    until: Instant,
+    /// Its old pod was seen terminating and not yet gone.
+    terminating: bool,
 }
 
 impl Replacements {
@@ -40,7 +55,7 @@ impl Replacements {
     pub fn new(hold: Duration, settle: Duration) -> Self {
         Self {
             hold: if hold > settle { hold } else { Duration::ZERO },
-            until: BTreeMap::new(),
+            held: BTreeMap::new(),
         }
     }
 
@@ -52,48 +67,73 @@ impl Replacements {
     /// `node`'s activator was lost at `now` on a Ready node: held until `now + hold`. A node
     /// already held keeps its first deadline (a pod that flaps does not hold for ever).
     pub fn lost(&mut self, node: &str, now: Instant) {
-        if self.enabled() && !self.until.contains_key(node) {
-            self.until.insert(node.to_owned(), now + self.hold);
+        if self.enabled() && !self.held.contains_key(node) {
+            let held = Held {
+                until: now + self.hold,
+                terminating: false,
+            };
+            self.held.insert(node.to_owned(), held);
+        }
+    }
+
+    /// `node`'s old pod is terminating, its grace period ending at `grace_end`: held until
+    /// then and for the hold after, unless already held longer. Nothing for a node not held.
+    pub fn terminating(&mut self, node: &str, grace_end: Instant) {
+        let hold = self.hold;
+        if let Some(h) = self.held.get_mut(node) {
+            h.until = h.until.max(grace_end + hold);
+            h.terminating = true;
+        }
+    }
+
+    /// `node`'s old pod, seen terminating, is gone at `now`: the hold runs from now (the
+    /// DaemonSet creates the replacement from now). Nothing for a node not held, or whose
+    /// pod was not seen terminating (its hold already runs from the loss).
+    pub fn gone(&mut self, node: &str, now: Instant) {
+        let hold = self.hold;
+        if let Some(h) = self.held.get_mut(node).filter(|h| h.terminating) {
+            h.until = now + hold;
+            h.terminating = false;
         }
     }
 
     /// `node` no longer held (its activator is back, or its node failed); whether it was.
     pub fn end(&mut self, node: &str) -> bool {
-        self.until.remove(node).is_some()
+        self.held.remove(node).is_some()
     }
 
     pub fn contains(&self, node: &str) -> bool {
-        self.until.contains_key(node)
+        self.held.contains_key(node)
     }
 
     /// The held nodes.
     pub fn nodes(&self) -> impl Iterator<Item = &String> {
-        self.until.keys()
+        self.held.keys()
     }
 
     pub fn len(&self) -> usize {
-        self.until.len()
+        self.held.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.until.is_empty()
+        self.held.is_empty()
     }
 
     /// The earliest deadline.
     pub fn next(&self) -> Option<Instant> {
-        self.until.values().min().copied()
+        self.held.values().map(|h| h.until).min()
     }
 
     /// The nodes whose hold ended by `now`, no longer held.
     pub fn due(&mut self, now: Instant) -> Vec<String> {
         let due: Vec<String> = self
-            .until
+            .held
             .iter()
-            .filter(|(_, t)| **t <= now)
+            .filter(|(_, h)| h.until <= now)
             .map(|(n, _)| n.clone())
             .collect();
         for n in &due {
-            self.until.remove(n);
+            self.held.remove(n);
         }
         due
     }
@@ -141,6 +181,46 @@ mod tests {
         // Lost again after its return: a new hold from then.
         r.lost("a", t + Duration::from_secs(100));
         assert_eq!(r.next(), Some(t + Duration::from_secs(160)));
+    }
+
+    #[test]
+    fn a_terminating_pod_is_held_through_its_grace_period_then_for_the_hold_after_it_is_gone() {
+        let t = Instant::now();
+        let s = Duration::from_secs;
+        let mut r = Replacements::new(s(60), SETTLE);
+        r.lost("a", t);
+        // Deleted with a grace period of 120 s: held until it ends and 60 s more.
+        r.terminating("a", t + s(120));
+        assert_eq!(r.next(), Some(t + s(180)));
+        assert!(r.due(t + s(90)).is_empty(), "a 90 s drain outlasts no hold");
+        // Gone after a 95 s drain: the hold runs from then.
+        r.gone("a", t + s(95));
+        assert_eq!(r.next(), Some(t + s(155)));
+        // Seen again as gone (another event): no new start.
+        r.gone("a", t + s(150));
+        assert_eq!(r.next(), Some(t + s(155)));
+        assert_eq!(r.due(t + s(155)), vec!["a".to_string()]);
+    }
+
+    #[test]
+    fn a_pod_gone_early_shortens_nothing_but_its_grace_and_a_crash_keeps_its_hold() {
+        let t = Instant::now();
+        let s = Duration::from_secs;
+        let mut r = Replacements::new(s(60), SETTLE);
+        r.lost("a", t);
+        r.terminating("a", t + s(30));
+        assert_eq!(r.next(), Some(t + s(90)));
+        // Gone after 5 s: 60 s from then, not from the grace period's end.
+        r.gone("a", t + s(5));
+        assert_eq!(r.next(), Some(t + s(65)));
+        // A container that crashed (its pod never terminating) keeps the hold from its loss.
+        r.lost("b", t);
+        r.gone("b", t + s(30));
+        assert_eq!(r.due(t + s(60)), vec!["b".to_string()]);
+        // A node not held is not held by news of its pods.
+        r.terminating("c", t + s(30));
+        r.gone("c", t + s(40));
+        assert!(!r.contains("c"));
     }
 
     #[test]

@@ -181,10 +181,19 @@ pub(crate) async fn watch_activators(
         };
         // A relist (Init, InitApply..., InitDone) replaces the pods or the Nodes when it is
         // complete, as a reflector store would.
+        // The nodes whose terminating pods this event may have changed: the pod's, or every
+        // node after a relist.
+        let mut pods_of: Option<Vec<String>> = None;
         let diff = match event {
             Watched::Pod(e) => match *e {
-                Event::Apply(p) => set.apply_pod(&p),
-                Event::Delete(p) => set.delete_pod(&p),
+                Event::Apply(p) => {
+                    pods_of = Some(pod_node(&p).into_iter().collect());
+                    set.apply_pod(&p)
+                }
+                Event::Delete(p) => {
+                    pods_of = Some(pod_node(&p).into_iter().collect());
+                    set.delete_pod(&p)
+                }
                 Event::Init => {
                     set.relist_pods_start();
                     continue;
@@ -195,6 +204,7 @@ pub(crate) async fn watch_activators(
                 }
                 Event::InitDone => {
                     listed.0 = true;
+                    pods_of = Some(replacements.nodes().cloned().collect());
                     set.relist_pods_done()
                 }
             },
@@ -233,6 +243,16 @@ pub(crate) async fn watch_activators(
             info!(activators = next.len(), "activator set synced");
             continue;
         }
+        // A held node's old pod terminating, or gone: the hold runs until its grace period
+        // ends, or from now (`replacements.rs`).
+        for node in pods_of.iter().flatten() {
+            if replacements.contains(node) {
+                match set.terminating_until(node) {
+                    Some(ends) => replacements.terminating(node, instant_of(ends)),
+                    None => replacements.gone(node, tokio::time::Instant::now()),
+                }
+            }
+        }
         // A Node event that changes no activator may still end a hold (below).
         if diff.is_empty() && replacements.is_empty() {
             continue;
@@ -269,6 +289,9 @@ pub(crate) async fn watch_activators(
             for node in replaced {
                 diff.lost.remove(&node);
                 replacements.lost(&node, now);
+                if let Some(ends) = set.terminating_until(&node) {
+                    replacements.terminating(&node, instant_of(ends));
+                }
                 metrics.replacement_holds.inc();
                 info!(
                     node,
@@ -396,6 +419,22 @@ pub const OUTAGE_HOLD: std::time::Duration = std::time::Duration::from_secs(60);
 pub const RECOVERY_SETTLE: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// Whether two states of one node's activator differ in more than the node's images.
+/// The node an activator pod is bound to.
+fn pod_node(pod: &Pod) -> Option<String> {
+    pod.spec
+        .as_ref()?
+        .node_name
+        .clone()
+        .filter(|n| !n.is_empty())
+}
+
+/// `at` (the API server's clock) on this process's monotonic clock: now for a time past.
+fn instant_of(at: k8s_openapi::jiff::Timestamp) -> tokio::time::Instant {
+    let ahead = at.duration_since(k8s_openapi::jiff::Timestamp::now());
+    let now = tokio::time::Instant::now();
+    std::time::Duration::try_from(ahead).map_or(now, |d| now + d)
+}
+
 fn same_placement(old: &Activator, new: &Activator) -> bool {
     old.address == new.address
         && old.pod == new.pod

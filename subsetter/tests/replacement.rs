@@ -2,7 +2,8 @@
 //! before the new one starts; a restart; a deleted pod) stays a member while its replacement
 //! comes, and the replacement is written into its subsets in place: no subset moves. One not
 //! replaced within the hold is repaired then; one whose Node turns NotReady meanwhile is
-//! repaired at once (`subsetter/src/replacements.rs`).
+//! repaired at once; one whose old pod drains longer than the hold is held until it is gone
+//! (`subsetter/src/replacements.rs`).
 
 mod support;
 
@@ -106,6 +107,84 @@ async fn an_activator_replaced_on_its_ready_node_keeps_its_subsets_and_is_writte
         "no member set but the original was ever written: {seen:?}"
     );
     assert_eq!(counter(&text, "subsetter_held_for_replacement"), 0);
+    assert_eq!(
+        counter(&text, "subsetter_replacement_holds_expired_total"),
+        0
+    );
+    assert_eq!(counter(&text, "subsetter_members_left_total"), 0, "{text}");
+    running.stop().await
+}
+
+/// The DaemonSet creates the replacement only once the old pod is gone, and the old activator
+/// drains for up to its `--drain-timeout` (90 s) first: a hold counted from the loss ran out
+/// under such a drain on the repo's cluster and moved the member. Held while the old pod
+/// terminates, the hold counts from when it is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_activator_draining_longer_than_the_hold_keeps_its_subsets_until_replaced() -> Result<()>
+{
+    let hold = Duration::from_secs(3) + Duration::from_millis(500);
+    let (c, running, before) = start(hold).await?;
+    let original: BTreeSet<String> = members(&before).into_iter().collect();
+    let victim = members(&before)[0].clone();
+    let (seen, task) = record_members(&c);
+    // Deleted with a grace period: the pod stays, terminating, while it drains.
+    c.pods()
+        .delete(
+            &activator_pod(&victim),
+            &kube::api::DeleteParams::default().grace_period(60),
+        )
+        .await?;
+    c.wait_metrics(&running, |m| {
+        counter(m, "subsetter_held_for_replacement") == 1
+    })
+    .await?;
+    assert!(
+        c.pods().get_opt(&activator_pod(&victim)).await?.is_some(),
+        "the old pod is still terminating"
+    );
+    // Twice the hold passes while it drains (the time is what is tested, not a wait for an
+    // event): still held, nothing expired.
+    tokio::time::sleep(hold * 2).await;
+    let text = running.subsetter.metrics().encode();
+    assert_eq!(
+        counter(&text, "subsetter_held_for_replacement"),
+        1,
+        "{text}"
+    );
+    assert_eq!(
+        counter(&text, "subsetter_replacement_holds_expired_total"),
+        0
+    );
+    // The drain ends (the kubelet removes the pod), then the new pod comes.
+    c.pods()
+        .delete(
+            &activator_pod(&victim),
+            &kube::api::DeleteParams::default().grace_period(0),
+        )
+        .await?;
+    let new_pod = format!("activator-{victim}-v2");
+    c.add_activator_pod(&victim, &new_pod, "127.0.8.98").await?;
+    let (v, p) = (victim.clone(), new_pod.clone());
+    let after = c
+        .wait_endpoints("r", move |ae| {
+            ae.status.as_ref().is_some_and(|s| {
+                s.activators
+                    .iter()
+                    .any(|m| m.node == v && m.pod == p && m.address == "127.0.8.98:8080")
+            })
+        })
+        .await?;
+    let text = running.subsetter.metrics().encode();
+    task.abort();
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(
+        members(&after).into_iter().collect::<BTreeSet<_>>(),
+        original
+    );
+    assert!(
+        seen.iter().all(|m| *m == original),
+        "no member set but the original was ever written: {seen:?}"
+    );
     assert_eq!(
         counter(&text, "subsetter_replacement_holds_expired_total"),
         0
