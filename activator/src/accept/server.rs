@@ -107,6 +107,7 @@ async fn next_connection(
             Ok((stream, peer, Some(placed))) => return Some((stream, peer, Some(placed))),
             Ok((stream, peer, None)) => {
                 let _ = stream.set_nodelay(true);
+                crate::wire::connect::keep_alive(&stream);
                 match &threaded {
                     None => return Some((stream, peer, None)),
                     Some(t) => match t.mover.place(stream, peer) {
@@ -322,6 +323,24 @@ mod tests {
     use super::*;
     use crate::wire::answer::{Refusal, full};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A client connection accepted has TCP keep-alive on: a client or peer activator gone
+    /// without a word (its FIN dropped in a partition) does not hold the drain for ever.
+    #[tokio::test]
+    async fn an_accepted_connection_probes_a_silent_client() {
+        use crate::wire::connect::{KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_PROBES};
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let _client = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (stream, _, placed) = next_connection(&l, &CancellationToken::new(), &mut None)
+            .await
+            .unwrap();
+        assert!(placed.is_none());
+        let s = socket2::SockRef::from(&stream);
+        assert!(s.keepalive().unwrap());
+        assert_eq!(s.tcp_keepalive_time().unwrap(), KEEPALIVE_IDLE);
+        assert_eq!(s.tcp_keepalive_interval().unwrap(), KEEPALIVE_INTERVAL);
+        assert_eq!(s.tcp_keepalive_retries().unwrap(), KEEPALIVE_PROBES);
+    }
 
     /// What a client writing `request` on one connection reads back until it is closed.
     async fn exchange(request: &[u8]) -> String {

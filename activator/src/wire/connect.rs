@@ -32,11 +32,36 @@ pub enum ConnectError {
 }
 
 /// A connection to `target` within `limit`, with Nagle off (requests and heads are small
-/// writes that must go at once).
+/// writes that must go at once) and [`keep_alive`] on.
 pub async fn connect(target: SocketAddr, limit: Duration) -> Result<TcpStream, ConnectError> {
     let stream = race(limit, RESEND_AFTER, || TcpStream::connect(target)).await?;
     let _ = stream.set_nodelay(true);
+    keep_alive(&stream);
     Ok(stream)
+}
+
+/// How long a connection may be silent before the kernel probes its peer, how often it probes
+/// then, and how many unanswered probes end the connection: a peer gone without a word is
+/// found within 15 s + 3 × 5 s of silence.
+pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(15);
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+pub const KEEPALIVE_PROBES: u32 = 3;
+
+/// TCP keep-alive on `stream`. A peer that vanished without a FIN or a reset (a pod whose
+/// network namespace was removed while its packets were dropped, a peer activator that gave
+/// up during a partition) leaves the connection open for ever otherwise: a request waiting
+/// for an app's answer that will never come held an activator's drain for its full 90 s on
+/// the repo's cluster, and with it the DaemonSet's rolling update. A live peer's kernel
+/// answers the probes, however long its app takes, so a slow app is not cut short (that is
+/// the revision's `timeoutSeconds`).
+pub fn keep_alive(stream: &TcpStream) {
+    let params = socket2::TcpKeepalive::new()
+        .with_time(KEEPALIVE_IDLE)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_PROBES);
+    if let Err(e) = socket2::SockRef::from(stream).set_tcp_keepalive(&params) {
+        tracing::debug!(error = %e, "TCP keep-alive");
+    }
 }
 
 /// Attempts from `dial`: one now, another `resend` later if none has connected, the next
@@ -109,6 +134,22 @@ mod tests {
         let got = race(Duration::from_secs(2), Duration::from_millis(100), dial).await;
         assert!(matches!(got, Err(ConnectError::Timeout(_))), "{got:?}");
         assert_eq!(n.load(Ordering::SeqCst), 5);
+    }
+
+    /// Every connection made has TCP keep-alive on, with the probes' timing set (the kernel's
+    /// default waits two hours before its first probe).
+    #[tokio::test]
+    async fn a_connection_made_probes_a_silent_peer() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let c = connect(l.local_addr().unwrap(), Duration::from_secs(2))
+            .await
+            .unwrap();
+        let s = socket2::SockRef::from(&c);
+        assert!(s.keepalive().unwrap());
+        assert_eq!(s.tcp_keepalive_time().unwrap(), KEEPALIVE_IDLE);
+        assert_eq!(s.tcp_keepalive_interval().unwrap(), KEEPALIVE_INTERVAL);
+        assert_eq!(s.tcp_keepalive_retries().unwrap(), KEEPALIVE_PROBES);
+        assert!(c.nodelay().unwrap());
     }
 
     /// A refusal is an answer: it ends the race at once, with no further attempt.
