@@ -902,10 +902,34 @@ async fn a_rolling_update_of_the_activators_under_load_loses_nothing_and_keeps_t
             .map(|m| (&m.node, &m.pod))
             .collect::<Vec<_>>()
     );
-    assert!(
-        seen.iter().all(|m| *m == original),
-        "a member moved during the rollout (from {original:?}): {seen:?}"
-    );
+    if !seen.iter().all(|m| *m == original) {
+        // Why, from the subsetter's own account of the activator set.
+        let log = subsetter_set_log(&env.client).await;
+        panic!("a member moved during the rollout (from {original:?}): {seen:?}\n{log}");
+    }
+}
+
+/// The subsetter replicas' log lines of the last 10 minutes about the activator set (losses,
+/// holds, returns), by replica: what a test that finds a member moved prints.
+async fn subsetter_set_log(client: &Client) -> String {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NS);
+    let lp = ListParams::default().labels("app.kubernetes.io/component=subsetter");
+    let mut out = String::new();
+    for p in pods.list(&lp).await.map(|l| l.items).unwrap_or_default() {
+        let params = kube::api::LogParams {
+            since_seconds: Some(600),
+            ..Default::default()
+        };
+        let text = pods.logs(&p.name_any(), &params).await.unwrap_or_default();
+        out.push_str(&format!("--- {}\n", p.name_any()));
+        for line in text.lines().filter(|l| {
+            l.contains("usable_activators") || l.contains("leader") || l.contains("control_plane")
+        }) {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
