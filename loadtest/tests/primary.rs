@@ -180,3 +180,59 @@ async fn a_burst_past_the_primarys_share_spills_to_the_other_members() {
     );
     c.shutdown().await;
 }
+
+/// A primary whose pods refuse connections while its activator still answers (a node dying:
+/// its apps gone first; a crashed app container) sends a forwarded request back with a 503,
+/// so the entry tries the next member: the request never reached an app. With a 502 it ended
+/// there, failed, though another member could serve it (the node-failure scenario's
+/// "failed, not in flight on the killed node"). No connect retry here, so the first refused
+/// connection is the last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_whose_pods_refuse_hands_a_forwarded_request_to_the_next_member() {
+    let ns = format!("primary-test-{:08x}", rand::random::<u32>());
+    let c = SimCluster::start(ClusterOptions {
+        nodes: 5,
+        start_delay: Delay::fixed_ms(150),
+        default_activators: 3,
+        revision_namespace: Some(ns.clone()),
+        configure_activator: Some(std::sync::Arc::new(|cfg| cfg.connect_retries = 0)),
+        ..ClusterOptions::default()
+    })
+    .await
+    .expect("cluster starts");
+    c.ensure_own_namespace(&ns).await.unwrap();
+    let rev = echo_revision("refused", &ns, vec![host_of("refused", &ns)]);
+    let members = create(&c, &ns, &rev).await;
+    let key = activator::pipeline::routing::RevisionKey::new(&ns, "refused");
+    let primary = activator::pipeline::primary::ranked(&key, members.clone())[0]
+        .node
+        .clone();
+    let outsider = c
+        .entries()
+        .into_iter()
+        .find(|(n, _)| !members.iter().any(|m| &m.node == n))
+        .expect("5 nodes, 3 members");
+    let driver = Driver::new();
+    let host = host_of("refused", &ns);
+    let (n, a) = (&outsider.0, outsider.1);
+    let warm = driver.get((n, a), "refused", &host, "/warm").await;
+    assert!(warm.ok(), "{warm:?}");
+    let pods = pods_of(&c, &ns, "refused").await;
+    assert_eq!(
+        pods.iter().map(node_of).collect::<Vec<_>>(),
+        vec![primary.clone()],
+        "warm on its primary"
+    );
+    // The primary's apps refuse from now on; its activator still answers.
+    c.fleet.kill(&primary).await.unwrap();
+    let s = driver.get((n, a), "refused", &host, "/after").await;
+    assert!(s.ok(), "served by another member: {s:?}");
+    let on: Vec<String> = pods_of(&c, &ns, "refused")
+        .await
+        .iter()
+        .map(node_of)
+        .filter(|node| *node != primary)
+        .collect();
+    assert!(!on.is_empty(), "a pod started on another member");
+    c.shutdown().await;
+}

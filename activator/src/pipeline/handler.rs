@@ -252,6 +252,16 @@ impl Handler {
             let to = match connected {
                 Ok(to) => to,
                 Err(_) if retries.after_refused(lease) => continue,
+                // No pod here took the connection, so the request reached no app: the peer
+                // that forwarded it has another member to try (a 503 it replays, where a 502
+                // would end the request there; seen in the node-failure scenario, where a
+                // killed node's pods refused while its activator still answered).
+                Err(refusal) if spill => {
+                    return Err(Refusal::unavailable(format!(
+                        "revision {key}: no pod on node {} took the connection ({})",
+                        self.node, refusal.reason
+                    )));
+                }
                 Err(refusal) => return Err(of_revision(key, refusal)),
             };
             proxy.in_scope(|| telemetry::inject_traceparent(req.headers_mut()));
