@@ -19,6 +19,13 @@ use loadtest::driver::Driver;
 use loadtest::{ClusterOptions, SimCluster};
 
 async fn cluster() -> (SimCluster, String) {
+    cluster_with(None).await
+}
+
+/// [`cluster`], each activator's configuration changed by `configure`.
+async fn cluster_with(
+    configure: Option<loadtest::cluster::ConfigureActivator>,
+) -> (SimCluster, String) {
     let ns = format!("primary-test-{:08x}", rand::random::<u32>());
     let c = SimCluster::start(ClusterOptions {
         nodes: 5,
@@ -27,6 +34,7 @@ async fn cluster() -> (SimCluster, String) {
         // members at all.
         default_activators: 3,
         revision_namespace: Some(ns.clone()),
+        configure_activator: configure,
         ..ClusterOptions::default()
     })
     .await
@@ -189,18 +197,7 @@ async fn a_burst_past_the_primarys_share_spills_to_the_other_members() {
 /// connection is the last.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_primary_whose_pods_refuse_hands_a_forwarded_request_to_the_next_member() {
-    let ns = format!("primary-test-{:08x}", rand::random::<u32>());
-    let c = SimCluster::start(ClusterOptions {
-        nodes: 5,
-        start_delay: Delay::fixed_ms(150),
-        default_activators: 3,
-        revision_namespace: Some(ns.clone()),
-        configure_activator: Some(std::sync::Arc::new(|cfg| cfg.connect_retries = 0)),
-        ..ClusterOptions::default()
-    })
-    .await
-    .expect("cluster starts");
-    c.ensure_own_namespace(&ns).await.unwrap();
+    let (c, ns) = cluster_with(Some(std::sync::Arc::new(|cfg| cfg.connect_retries = 0))).await;
     let rev = echo_revision("refused", &ns, vec![host_of("refused", &ns)]);
     let members = create(&c, &ns, &rev).await;
     let key = activator::pipeline::routing::RevisionKey::new(&ns, "refused");

@@ -503,12 +503,7 @@ fn bound_to(pod: &Pod) -> Option<(String, bool)> {
     if pod.metadata.deletion_timestamp.is_some() {
         return None;
     }
-    let node = pod
-        .spec
-        .as_ref()?
-        .node_name
-        .clone()
-        .filter(|n| !n.is_empty())?;
+    let node = bound_node(pod)?;
     // Ready as `from_pod` reads it: the controller-manager's unready mark alone does not
     // make a node down once its Node is Ready again (`crds::pod_ready`).
     Some((node, crds::pod_ready::ready(pod)))
@@ -518,13 +513,16 @@ fn bound_to(pod: &Pod) -> Option<(String, bool)> {
 /// server sets `deletionTimestamp` to the deletion's time plus its grace period).
 fn terminating(pod: &Pod) -> Option<(String, Timestamp)> {
     let ends = pod.metadata.deletion_timestamp.as_ref()?.0;
-    let node = pod
-        .spec
+    Some((bound_node(pod)?, ends))
+}
+
+/// The node a pod is bound to (`spec.nodeName`), if any.
+pub(crate) fn bound_node(pod: &Pod) -> Option<String> {
+    pod.spec
         .as_ref()?
         .node_name
         .clone()
-        .filter(|n| !n.is_empty())?;
-    Some((node, ends))
+        .filter(|n| !n.is_empty())
 }
 
 fn pod_key(pod: &Pod) -> (String, String) {

@@ -187,11 +187,11 @@ pub(crate) async fn watch_activators(
         let diff = match event {
             Watched::Pod(e) => match *e {
                 Event::Apply(p) => {
-                    pods_of = Some(pod_node(&p).into_iter().collect());
+                    pods_of = Some(activators::bound_node(&p).into_iter().collect());
                     set.apply_pod(&p)
                 }
                 Event::Delete(p) => {
-                    pods_of = Some(pod_node(&p).into_iter().collect());
+                    pods_of = Some(activators::bound_node(&p).into_iter().collect());
                     set.delete_pod(&p)
                 }
                 Event::Init => {
@@ -418,16 +418,6 @@ pub const OUTAGE_HOLD: std::time::Duration = std::time::Duration::from_secs(60);
 /// repaired: the kubelets' status sync (10 s) clears the controller-manager's unready marks.
 pub const RECOVERY_SETTLE: std::time::Duration = std::time::Duration::from_secs(15);
 
-/// Whether two states of one node's activator differ in more than the node's images.
-/// The node an activator pod is bound to.
-fn pod_node(pod: &Pod) -> Option<String> {
-    pod.spec
-        .as_ref()?
-        .node_name
-        .clone()
-        .filter(|n| !n.is_empty())
-}
-
 /// `at` (the API server's clock) on this process's monotonic clock: now for a time past.
 fn instant_of(at: k8s_openapi::jiff::Timestamp) -> tokio::time::Instant {
     let ahead = at.duration_since(k8s_openapi::jiff::Timestamp::now());
@@ -435,6 +425,7 @@ fn instant_of(at: k8s_openapi::jiff::Timestamp) -> tokio::time::Instant {
     std::time::Duration::try_from(ahead).map_or(now, |d| now + d)
 }
 
+/// Whether two states of one node's activator differ in more than the node's images.
 fn same_placement(old: &Activator, new: &Activator) -> bool {
     old.address == new.address
         && old.pod == new.pod

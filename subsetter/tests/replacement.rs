@@ -67,6 +67,22 @@ fn record_members(c: &Cluster) -> (Seen, tokio::task::JoinHandle<()>) {
     (seen, task)
 }
 
+/// A new activator pod on `node` at `ip`, Ready; returns "r"'s subset once it names that pod
+/// and address for the node (written in place).
+async fn replace(c: &Cluster, node: &str, ip: &str) -> Result<ActivationEndpoints> {
+    let new_pod = format!("activator-{node}-v2");
+    c.add_activator_pod(node, &new_pod, ip).await?;
+    let (node, address) = (node.to_owned(), format!("{ip}:8080"));
+    c.wait_endpoints("r", move |ae| {
+        ae.status.as_ref().is_some_and(|s| {
+            s.activators
+                .iter()
+                .any(|m| m.node == node && m.pod == new_pod && m.address == address)
+        })
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_activator_replaced_on_its_ready_node_keeps_its_subsets_and_is_written_in_place()
 -> Result<()> {
@@ -82,18 +98,7 @@ async fn an_activator_replaced_on_its_ready_node_keeps_its_subsets_and_is_writte
     })
     .await?;
     // …then the new one, with a new name and address, Ready.
-    let new_pod = format!("activator-{victim}-v2");
-    c.add_activator_pod(&victim, &new_pod, "127.0.8.99").await?;
-    let (v, p) = (victim.clone(), new_pod.clone());
-    let after = c
-        .wait_endpoints("r", move |ae| {
-            ae.status.as_ref().is_some_and(|s| {
-                s.activators
-                    .iter()
-                    .any(|m| m.node == v && m.pod == p && m.address == "127.0.8.99:8080")
-            })
-        })
-        .await?;
+    let after = replace(&c, &victim, "127.0.8.99").await?;
     let text = running.subsetter.metrics().encode();
     task.abort();
     let seen = seen.lock().unwrap().clone();
@@ -156,24 +161,8 @@ async fn an_activator_draining_longer_than_the_hold_keeps_its_subsets_until_repl
         0
     );
     // The drain ends (the kubelet removes the pod), then the new pod comes.
-    c.pods()
-        .delete(
-            &activator_pod(&victim),
-            &kube::api::DeleteParams::default().grace_period(0),
-        )
-        .await?;
-    let new_pod = format!("activator-{victim}-v2");
-    c.add_activator_pod(&victim, &new_pod, "127.0.8.98").await?;
-    let (v, p) = (victim.clone(), new_pod.clone());
-    let after = c
-        .wait_endpoints("r", move |ae| {
-            ae.status.as_ref().is_some_and(|s| {
-                s.activators
-                    .iter()
-                    .any(|m| m.node == v && m.pod == p && m.address == "127.0.8.98:8080")
-            })
-        })
-        .await?;
+    c.delete_activator(&victim).await?;
+    let after = replace(&c, &victim, "127.0.8.98").await?;
     let text = running.subsetter.metrics().encode();
     task.abort();
     let seen = seen.lock().unwrap().clone();
