@@ -204,6 +204,7 @@ impl Subsetter {
             rev_reader,
             triggers,
             tasks,
+            all_namespaces: self.config.namespace.is_none(),
         }
     }
 
@@ -307,6 +308,8 @@ pub struct Caches {
     rev_reader: Store<Revision>,
     triggers: Triggers,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// Whether the ActivationEndpoints watch covers every namespace (the members answer).
+    all_namespaces: bool,
 }
 
 impl Caches {
@@ -346,6 +349,27 @@ impl Caches {
         Some(DirectoryAnswer {
             revision: (*revision).clone(),
             endpoints,
+        })
+    }
+
+    /// The subsets carrying `node`'s member label and a version to watch them from
+    /// (`crds::directory::MembersAnswer`), as this replica's ActivationEndpoints watch shows
+    /// them. Err with the reason when this replica cannot answer for the whole cluster: it
+    /// watches one namespace, or has no version yet.
+    pub fn members(
+        &self,
+        node: &str,
+    ) -> std::result::Result<crds::directory::MembersAnswer, &'static str> {
+        if !self.all_namespaces {
+            return Err("this replica watches one namespace, not every subset");
+        }
+        let label = crds::contract::member_label(node);
+        let m = read(&self.shared.ae_store)
+            .members(&label)
+            .ok_or("no numeric resourceVersion seen yet")?;
+        Ok(crds::directory::MembersAnswer {
+            resource_version: m.resource_version,
+            items: m.items,
         })
     }
 

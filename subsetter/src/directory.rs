@@ -1,13 +1,14 @@
 //! The directory port (`crds::directory`): every replica, leader or standby, answers Host and
 //! revision lookups from its caches, so an activator that cannot reach the API server still
-//! routes a warm revision it has never seen. GET (or HEAD) only; a path is parsed strictly and
+//! routes a warm revision it has never seen; and a starting activator's memberships, so its
+//! start does not make the API server scan every subset. GET (or HEAD) only; a path is parsed strictly and
 //! anything else is answered with a status and a short reason, never looked up.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use crds::directory::{BadQuery, DirectoryQuery};
+use crds::directory::{BadQuery, DirectoryQuery, MembersAnswer};
 use http_body_util::Full;
 use hyper::{Method, Response, StatusCode};
 
@@ -18,6 +19,9 @@ use crate::controller::Caches;
 pub trait Lookup: Send + Sync + 'static {
     fn synced(&self) -> bool;
     fn answer(&self, q: &DirectoryQuery) -> Option<crds::directory::DirectoryAnswer>;
+    /// A node's memberships (`crds::directory::MembersAnswer`), or why this replica cannot
+    /// answer them.
+    fn members(&self, node: &str) -> Result<MembersAnswer, &'static str>;
 }
 
 impl Lookup for Caches {
@@ -26,6 +30,9 @@ impl Lookup for Caches {
     }
     fn answer(&self, q: &DirectoryQuery) -> Option<crds::directory::DirectoryAnswer> {
         self.directory(q)
+    }
+    fn members(&self, node: &str) -> Result<MembersAnswer, &'static str> {
+        Caches::members(self, node)
     }
 }
 
@@ -48,16 +55,23 @@ pub fn answer(method: &Method, path: &str, lookup: &dyn Lookup) -> Response<Full
             .insert(hyper::header::ALLOW, "GET, HEAD".parse().expect("static"));
         return r;
     }
+    if let Some(node) = crds::directory::parse_members(path) {
+        return match node {
+            Err(e) => text(StatusCode::BAD_REQUEST, format!("{e}\n")),
+            Ok(_) if !lookup.synced() => unsynced(),
+            Ok(node) => match lookup.members(&node) {
+                Ok(m) => json(&m),
+                Err(why) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
+            },
+        };
+    }
     let q = match DirectoryQuery::parse(path) {
         Ok(q) => q,
         Err(e @ BadQuery::UnknownPath) => return text(StatusCode::NOT_FOUND, format!("{e}\n")),
         Err(e) => return text(StatusCode::BAD_REQUEST, format!("{e}\n")),
     };
     if !lookup.synced() {
-        return text(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "caches not synced: the API server has not answered the first lists\n".into(),
-        );
+        return unsynced();
     }
     let Some(found) = lookup.answer(&q) else {
         let what = match &q {
@@ -68,7 +82,18 @@ pub fn answer(method: &Method, path: &str, lookup: &dyn Lookup) -> Response<Full
         };
         return text(StatusCode::NOT_FOUND, what);
     };
-    match serde_json::to_vec(&found) {
+    json(&found)
+}
+
+fn unsynced() -> Response<Full<Bytes>> {
+    text(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "caches not synced: the API server has not answered the first lists\n".into(),
+    )
+}
+
+fn json(found: &impl serde::Serialize) -> Response<Full<Bytes>> {
+    match serde_json::to_vec(found) {
         Ok(body) => {
             let mut r = Response::new(Full::new(Bytes::from(body)));
             r.headers_mut().insert(
@@ -131,6 +156,39 @@ mod tests {
                 endpoints: Some(ActivationEndpoints::new("app", Default::default())),
             })
         }
+        fn members(&self, node: &str) -> Result<MembersAnswer, &'static str> {
+            match node {
+                "n1" => Ok(MembersAnswer {
+                    resource_version: "42".into(),
+                    items: vec![ActivationEndpoints::new("app", Default::default())],
+                }),
+                _ => Err("no numeric resourceVersion seen yet"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn answers_a_nodes_members_or_why_not() {
+        let l = Fixed { synced: true };
+        let r = answer(&Method::GET, "/v1/members/n1", &l);
+        assert_eq!(r.status(), StatusCode::OK);
+        let got: MembersAnswer = serde_json::from_slice(&body(r).await).expect("json");
+        assert_eq!((got.resource_version.as_str(), got.items.len()), ("42", 1));
+        let r = answer(&Method::GET, "/v1/members/n2", &l);
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body(r).await.starts_with(b"no numeric resourceVersion"));
+        for bad in ["/v1/members/", "/v1/members/N1", "/v1/members/a/b"] {
+            assert_eq!(
+                answer(&Method::GET, bad, &l).status(),
+                StatusCode::BAD_REQUEST,
+                "{bad}"
+            );
+        }
+        let cold = Fixed { synced: false };
+        assert_eq!(
+            answer(&Method::GET, "/v1/members/n1", &cold).status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
     }
 
     async fn body(r: Response<Full<Bytes>>) -> Bytes {

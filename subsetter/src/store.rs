@@ -347,6 +347,41 @@ pub struct AeStore {
     strings: Interner,
     /// The objects a relist in progress has shown so far.
     relist: Option<FastMap<Key, Box<Compact>>>,
+    /// The newest resourceVersion among the objects and deletions the watch has shown
+    /// ([`AeStore::members`]); the relist's own until it is done.
+    newest: Newest,
+    relist_newest: Newest,
+}
+
+/// The newest of the resourceVersions seen, read as etcd's revisions (the numbers a real API
+/// server and kubesim give). One that is not a number makes it unknown until a relist shows
+/// only numbers: versions are opaque to clients, and an order this store cannot tell is no
+/// version to watch from.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+enum Newest {
+    #[default]
+    None,
+    At(u64),
+    Opaque,
+}
+
+impl Newest {
+    fn see(&mut self, rv: Option<&str>) {
+        let Some(rv) = rv else { return };
+        *self = match (*self, rv.parse::<u64>()) {
+            (Self::Opaque, _) | (_, Err(_)) => Self::Opaque,
+            (Self::None, Ok(n)) => Self::At(n),
+            (Self::At(m), Ok(n)) => Self::At(m.max(n)),
+        };
+    }
+}
+
+/// The subsets carrying a member label, as [`AeStore::members`] answers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MembersSnapshot {
+    /// No object in `items` is newer, and the watch has shown every change up to it.
+    pub resource_version: String,
+    pub items: Vec<ActivationEndpoints>,
 }
 
 fn key_of(ae: &ActivationEndpoints) -> Key {
@@ -359,12 +394,14 @@ impl AeStore {
         let key = key_of(ae);
         let compact = Compact::of(ae, &mut self.strings);
         self.settle(&key, compact.resource_version());
+        self.newest.see(compact.resource_version());
         self.objects.insert(key, Box::new(compact));
     }
 
     /// The watch saw `ae` deleted.
     pub fn delete(&mut self, ae: &ActivationEndpoints) {
         let key = key_of(ae);
+        self.newest.see(ae.metadata.resource_version.as_deref());
         self.objects.remove(&key);
         self.written.remove(&key);
     }
@@ -372,12 +409,14 @@ impl AeStore {
     /// A relist begins: its objects replace the store's at [`Self::relist_done`].
     pub fn relist_start(&mut self) {
         self.relist = Some(FastMap::default());
+        self.relist_newest = Newest::None;
     }
 
     /// An object of the relist.
     pub fn relist_apply(&mut self, ae: &ActivationEndpoints) {
         let compact = Compact::of(ae, &mut self.strings);
         if let Some(r) = &mut self.relist {
+            self.relist_newest.see(compact.resource_version());
             r.insert(key_of(ae), Box::new(compact));
         }
     }
@@ -388,6 +427,9 @@ impl AeStore {
             return;
         };
         self.objects = objects;
+        // The list's own version is at least its newest object's: a watch from there replays
+        // what came between, which changes nothing a replay ends on.
+        self.newest = self.relist_newest;
         let objects = &self.objects;
         self.written
             .retain(|k, w| w.is_stale(objects.get(k).and_then(|c| c.resource_version())));
@@ -436,6 +478,28 @@ impl AeStore {
     /// What the watch showed of `key` (not the reconciler's own writes).
     pub fn stored(&self, key: &Key) -> Option<ActivationEndpoints> {
         self.objects.get(key).map(|c| c.object(key))
+    }
+
+    /// Every object carrying `label`, as the watch showed them (never the reconciler's own
+    /// writes ahead of it: a version newer than the watch's would hide the changes in
+    /// between), and the newest version the watch has shown: what a list selecting `label`
+    /// gives, and a version to watch it from. None while no version is known, or the
+    /// versions are not numbers. Scans every object, as the API server's own list does, here
+    /// in memory and under one read of the store, so the objects and the version agree.
+    pub fn members(&self, label: &str) -> Option<MembersSnapshot> {
+        let Newest::At(newest) = self.newest else {
+            return None;
+        };
+        let items = self
+            .objects
+            .iter()
+            .filter(|(_, c)| c.has_label(label))
+            .map(|(k, c)| c.object(k))
+            .collect();
+        Some(MembersSnapshot {
+            resource_version: newest.to_string(),
+            items,
+        })
     }
 
     /// Whether the newest version of `key` carries the label `label`.
@@ -658,5 +722,57 @@ mod tests {
         let kept = strings.get("kept");
         assert!(strings.len() < 2100, "{}", strings.len());
         assert!(Arc::ptr_eq(&kept, &strings.get("kept")));
+    }
+
+    #[test]
+    fn members_are_what_the_watch_showed_with_the_newest_version() {
+        let label = crds::contract::member_label("n1");
+        let mut s = AeStore::default();
+        assert_eq!(s.members(&label), None, "no version seen yet");
+        s.apply(&ae("a", "7", &["n1", "n2"]));
+        s.apply(&ae("b", "9", &["n2", "n3"]));
+        s.apply(&ae("c", "8", &["n1"]));
+        let m = s.members(&label).expect("versions seen");
+        assert_eq!(
+            m.resource_version, "9",
+            "the newest of all, not only of n1's"
+        );
+        let mut names: Vec<_> = m.items.iter().map(|o| o.name_any()).collect();
+        names.sort();
+        assert_eq!(names, ["a", "c"]);
+        assert_eq!(
+            m.items.iter().find(|o| o.name_any() == "a"),
+            Some(&s.stored(&Key::new("ns", "a")).unwrap())
+        );
+
+        // The reconciler's own write, ahead of the watch, is not answered: its version would
+        // skip the changes the watch has not shown yet.
+        s.wrote(
+            &Key::new("ns", "b"),
+            vec![Some("9".into())],
+            &ae("b", "12", &["n1", "n3"]),
+        );
+        let m = s.members(&label).unwrap();
+        assert_eq!(m.resource_version, "9");
+        assert_eq!(m.items.len(), 2);
+
+        // A deletion's version counts; a relist replaces the version with its own.
+        s.delete(&ae("c", "15", &["n1"]));
+        let m = s.members(&label).unwrap();
+        assert_eq!((m.resource_version.as_str(), m.items.len()), ("15", 1));
+        s.relist_start();
+        s.relist_apply(&ae("a", "7", &["n1"]));
+        assert_eq!(
+            s.members(&label).unwrap().resource_version,
+            "15",
+            "until the relist is done"
+        );
+        s.relist_done();
+        assert_eq!(s.members(&label).unwrap().resource_version, "7");
+
+        // A version that is not a number: no version to watch from, for good.
+        s.apply(&ae("d", "x1", &["n1"]));
+        s.apply(&ae("e", "20", &["n1"]));
+        assert_eq!(s.members(&label), None);
     }
 }
