@@ -164,6 +164,12 @@ pub struct Args {
     /// The replicas' directory port.
     #[arg(long, env = "DIRECTORY_PORT", default_value_t = crds::directory::DIRECTORY_PORT)]
     pub directory_port: u16,
+    /// Ask the directory for this node's memberships at start, and watch them from the
+    /// version it answers, instead of listing them (a list that scans every subset on the API
+    /// server). Falls back to the list when the directory does not answer.
+    #[arg(long, env = "MEMBERS_FROM_DIRECTORY", default_value = "true", num_args = 0..=1,
+          default_missing_value = "true", value_parser = BoolishValueParser::new())]
+    pub members_from_directory: bool,
 }
 
 impl Args {
@@ -202,6 +208,7 @@ impl Args {
             per_second: self.read_ahead_per_second,
             in_flight: self.read_ahead_in_flight,
         };
+        cfg.members_from_directory = self.members_from_directory;
         cfg.directory = if self.directory_selector.is_empty() {
             DirectorySource::Off
         } else {

@@ -86,6 +86,9 @@ pub struct ActivatorConfig {
     /// Where a Host or revision the API server does not answer is looked up
     /// ([`crate::cache::directory`]): the subsetter's replicas.
     pub directory: crate::cache::directory::DirectorySource,
+    /// Whether this node's memberships are first asked of the directory at start, not
+    /// listed (`cache::seeded`): a label-selected list scans every subset on the API server.
+    pub members_from_directory: bool,
 }
 
 impl ActivatorConfig {
@@ -143,6 +146,7 @@ impl ActivatorConfig {
             prepull_concurrency: 1,
             prepull_secrets: false,
             directory: crate::cache::directory::DirectorySource::Off,
+            members_from_directory: true,
         }
     }
 }

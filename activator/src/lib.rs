@@ -278,16 +278,17 @@ impl Caches {
             .host_routing
             .then(|| HostCache::new(client.clone(), cfg.host_ttl, cfg.host_miss_ttl));
         let (member_of_tx, member_of) = tokio::sync::mpsc::unbounded_channel();
+        let directory =
+            cache::directory::Directory::start(&cfg.directory, client.clone(), stop.child_token());
         let endpoints = EndpointsCache::start(
             client.clone(),
             &cfg.node_name,
             cfg.endpoints_ttl,
             stop.child_token(),
             member_of_tx,
+            directory.clone().filter(|_| cfg.members_from_directory),
         );
         let pods = PodCache::start(client.clone(), &cfg.node_name, stop.child_token());
-        let directory =
-            cache::directory::Directory::start(&cfg.directory, client.clone(), stop.child_token());
         let caches = Self {
             revisions,
             hosts,

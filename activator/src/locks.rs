@@ -3,7 +3,7 @@
 //! so the next holder takes it rather than panicking in turn and taking the node's traffic
 //! down with it. One spelling of that rule instead of the idiom written out at every site.
 
-use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Mutex, MutexGuard};
 
 pub(crate) trait Locked<T> {
     /// The guard, poisoned or not.
@@ -13,19 +13,5 @@ pub(crate) trait Locked<T> {
 impl<T> Locked<T> for Mutex<T> {
     fn locked(&self) -> MutexGuard<'_, T> {
         self.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-pub(crate) trait RwLocked<T> {
-    fn read_locked(&self) -> RwLockReadGuard<'_, T>;
-    fn write_locked(&self) -> RwLockWriteGuard<'_, T>;
-}
-
-impl<T> RwLocked<T> for RwLock<T> {
-    fn read_locked(&self) -> RwLockReadGuard<'_, T> {
-        self.read().unwrap_or_else(|p| p.into_inner())
-    }
-    fn write_locked(&self) -> RwLockWriteGuard<'_, T> {
-        self.write().unwrap_or_else(|p| p.into_inner())
     }
 }

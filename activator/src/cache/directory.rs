@@ -14,13 +14,12 @@
 //! host answer used only when its revision claims the host.
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
-use crate::locks::RwLocked;
 use bytes::Bytes;
 use crds::contract::normalize_host;
-use crds::directory::{DirectoryAnswer, DirectoryQuery, MAX_ANSWER_BYTES};
+use crds::directory::{DirectoryAnswer, DirectoryQuery, MAX_ANSWER_BYTES, MembersAnswer};
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::Pod;
@@ -30,6 +29,10 @@ use tokio_util::sync::CancellationToken;
 
 /// Upper bound on one replica's answer (connect, request, body).
 pub const ASK_LIMIT: Duration = Duration::from_millis(800);
+
+/// Upper bound on one replica's answer of a node's memberships: a few hundred subsets, and a
+/// start is not a request waiting.
+pub const MEMBERS_LIMIT: Duration = Duration::from_secs(3);
 
 /// Where the directory's replicas are.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,7 +61,7 @@ pub enum DirectoryError {
 /// The directory's replicas and how to ask them.
 #[derive(Clone)]
 pub struct Directory {
-    replicas: Arc<RwLock<Vec<SocketAddr>>>,
+    replicas: Arc<tokio::sync::watch::Sender<Vec<SocketAddr>>>,
 }
 
 impl Directory {
@@ -68,10 +71,12 @@ impl Directory {
         client: Client,
         stop: CancellationToken,
     ) -> Option<Self> {
-        let replicas = Arc::new(RwLock::new(Vec::new()));
+        let replicas = Arc::new(tokio::sync::watch::Sender::new(Vec::new()));
         match source {
             DirectorySource::Off => return None,
-            DirectorySource::Static(addrs) => *replicas.write_locked() = addrs.clone(),
+            DirectorySource::Static(addrs) => {
+                replicas.send_replace(addrs.clone());
+            }
             DirectorySource::Pods {
                 namespace,
                 selector,
@@ -83,7 +88,7 @@ impl Directory {
 
     /// The replicas known now.
     pub fn replicas(&self) -> Vec<SocketAddr> {
-        self.replicas.read_locked().clone()
+        self.replicas.borrow().clone()
     }
 
     /// Asks the replicas in turn (from a random one) until one answers: `Ok(None)` when it
@@ -92,6 +97,35 @@ impl Directory {
         &self,
         q: &DirectoryQuery,
     ) -> Result<Option<DirectoryAnswer>, DirectoryError> {
+        let answer = self.first(ASK_LIMIT, |addr| ask(addr, q)).await?;
+        checked(q, answer).map_err(DirectoryError::Unanswered)
+    }
+
+    /// `node`'s memberships and a version to watch them from, from the first replica that
+    /// answers them, waiting up to `wait` for a replica to be known (at an activator's start
+    /// the replicas' watch has only begun). Each item must carry the node's member label.
+    pub async fn members(
+        &self,
+        node: &str,
+        wait: Duration,
+    ) -> Result<MembersAnswer, DirectoryError> {
+        let mut known = self.replicas.subscribe();
+        let _ = tokio::time::timeout(wait, known.wait_for(|r| !r.is_empty())).await;
+        let answer = self
+            .first(MEMBERS_LIMIT, |addr| ask_members(addr, node))
+            .await?;
+        members_checked(node, answer).map_err(DirectoryError::Unanswered)
+    }
+
+    /// The first answer of the replicas asked in turn (from a random one), each given `limit`.
+    async fn first<T, F>(
+        &self,
+        limit: Duration,
+        ask: impl Fn(SocketAddr) -> F,
+    ) -> Result<T, DirectoryError>
+    where
+        F: Future<Output = Result<T, String>>,
+    {
         let replicas = self.replicas();
         if replicas.is_empty() {
             return Err(DirectoryError::NoReplica);
@@ -100,14 +134,44 @@ impl Directory {
         let mut errors = Vec::new();
         for i in 0..replicas.len() {
             let addr = replicas[(start + i) % replicas.len()];
-            match tokio::time::timeout(ASK_LIMIT, ask(addr, q)).await {
-                Ok(Ok(answer)) => return checked(q, answer).map_err(DirectoryError::Unanswered),
+            match tokio::time::timeout(limit, ask(addr)).await {
+                Ok(Ok(answer)) => return Ok(answer),
                 Ok(Err(e)) => errors.push(format!("{addr}: {e}")),
-                Err(_) => errors.push(format!("{addr}: no answer within {ASK_LIMIT:?}")),
+                Err(_) => errors.push(format!("{addr}: no answer within {limit:?}")),
             }
         }
         Err(DirectoryError::Unanswered(errors.join("; ")))
     }
+}
+
+/// A members answer, held to the query: every item a named subset carrying `node`'s member
+/// label (what the label-selected watch would select), the version a number (etcd's
+/// revision, as the watch is started from it).
+fn members_checked(node: &str, answer: MembersAnswer) -> Result<MembersAnswer, String> {
+    let rv = &answer.resource_version;
+    if rv.is_empty() || rv.len() > 20 || !rv.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!(
+            "the directory answered a version that is not one: {:?}",
+            rv.chars().take(32).collect::<String>()
+        ));
+    }
+    let label = crds::contract::member_label(node);
+    for ae in &answer.items {
+        let named = ae
+            .metadata
+            .namespace
+            .as_deref()
+            .is_some_and(|n| !n.is_empty())
+            && ae.metadata.name.as_deref().is_some_and(|n| !n.is_empty());
+        if !named || !ae.labels().contains_key(&label) {
+            return Err(format!(
+                "the directory answered {}/{}, which does not list {node}",
+                ae.metadata.namespace.as_deref().unwrap_or_default(),
+                ae.metadata.name.as_deref().unwrap_or_default()
+            ));
+        }
+    }
+    Ok(answer)
 }
 
 /// A replica's answer, held to the query: the revision it names is the one asked for, or
@@ -142,8 +206,36 @@ fn checked(
     }
 }
 
-/// One GET over a fresh HTTP/1.1 connection (lookups are rare: an outage's misses).
+/// One lookup: the revision, None for a 404.
 async fn ask(addr: SocketAddr, q: &DirectoryQuery) -> Result<Option<DirectoryAnswer>, String> {
+    match get(addr, &q.path()).await? {
+        (http::StatusCode::OK, body) => serde_json::from_slice(&body)
+            .map(Some)
+            .map_err(|e| format!("an answer that is not a revision: {e}")),
+        (http::StatusCode::NOT_FOUND, _) => Ok(None),
+        (s, body) => Err(not_ok(s, &body)),
+    }
+}
+
+/// One node's memberships.
+async fn ask_members(addr: SocketAddr, node: &str) -> Result<MembersAnswer, String> {
+    match get(addr, &crds::directory::members_path(node)).await? {
+        (http::StatusCode::OK, body) => serde_json::from_slice(&body)
+            .map_err(|e| format!("an answer that is not a node's memberships: {e}")),
+        (s, body) => Err(not_ok(s, &body)),
+    }
+}
+
+fn not_ok(s: http::StatusCode, body: &[u8]) -> String {
+    format!(
+        "{s}: {}",
+        String::from_utf8_lossy(&body[..body.len().min(200)]).trim()
+    )
+}
+
+/// One GET over a fresh HTTP/1.1 connection (lookups are rare: an outage's misses, and a
+/// start), its body read to at most [`MAX_ANSWER_BYTES`].
+async fn get(addr: SocketAddr, path: &str) -> Result<(http::StatusCode, Bytes), String> {
     let stream = tokio::net::TcpStream::connect(addr)
         .await
         .map_err(|e| format!("connecting: {e}"))?;
@@ -151,7 +243,7 @@ async fn ask(addr: SocketAddr, q: &DirectoryQuery) -> Result<Option<DirectoryAns
         .await
         .map_err(|e| format!("handshake: {e}"))?;
     let conn = tokio::spawn(conn);
-    let req = http::Request::get(q.path())
+    let req = http::Request::get(path)
         .header(http::header::HOST, addr.to_string())
         .body(Empty::<Bytes>::new())
         .map_err(|e| format!("request: {e}"))?;
@@ -166,16 +258,7 @@ async fn ask(addr: SocketAddr, q: &DirectoryQuery) -> Result<Option<DirectoryAns
         .map_err(|e| format!("reading the answer: {e}"))?
         .to_bytes();
     conn.abort();
-    match status {
-        http::StatusCode::OK => serde_json::from_slice(&body)
-            .map(Some)
-            .map_err(|e| format!("an answer that is not a revision: {e}")),
-        http::StatusCode::NOT_FOUND => Ok(None),
-        s => Err(format!(
-            "{s}: {}",
-            String::from_utf8_lossy(&body[..body.len().min(200)]).trim()
-        )),
-    }
+    Ok((status, body))
 }
 
 /// Keeps `replicas` = the Ready pods matching `selector`, at `port`. An error keeps the last
@@ -185,7 +268,7 @@ fn watch_replicas(
     namespace: &str,
     selector: &str,
     port: u16,
-    replicas: Arc<RwLock<Vec<SocketAddr>>>,
+    replicas: Arc<tokio::sync::watch::Sender<Vec<SocketAddr>>>,
     stop: CancellationToken,
 ) {
     let api: Api<Pod> = Api::namespaced(client, namespace);
@@ -218,7 +301,7 @@ fn watch_replicas(
                 known.remove(&pod.name_any());
             }
         }
-        *replicas.write_locked() = known.values().copied().collect();
+        replicas.send_replace(known.values().copied().collect());
     });
 }
 
@@ -286,7 +369,7 @@ mod tests {
 
     fn directory(addrs: Vec<SocketAddr>) -> Directory {
         Directory {
-            replicas: Arc::new(RwLock::new(addrs)),
+            replicas: Arc::new(tokio::sync::watch::Sender::new(addrs)),
         }
     }
 

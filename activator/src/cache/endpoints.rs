@@ -82,12 +82,16 @@ impl EndpointsCache {
     /// this node is sent to `member_of` as it is seen (its Revision is read ahead of the first
     /// request, and a share of minScale starts pods without one), and each that stops listing
     /// it as [`MemberEvent::Left`].
+    ///
+    /// With `directory`, the watch's first state is the directory's answer of this node's
+    /// memberships, not a list (`seeded.rs`).
     pub fn start(
         client: Client,
         node: &str,
         ttl: Duration,
         stop: CancellationToken,
         member_of: mpsc::UnboundedSender<MemberEvent>,
+        directory: Option<super::directory::Directory>,
     ) -> Self {
         let (mine, writer) = reflector::store();
         let api: Api<ActivationEndpoints> = Api::all(client.clone());
@@ -100,9 +104,10 @@ impl EndpointsCache {
                 .any_semantic()
         };
         // As the pod watch (pods.rs): bounded back-off, a 410 re-lists at once.
-        let events = crds::backoff::resilient(watcher(api, cfg))
-            .modify(super::trim::subset)
-            .reflect(writer);
+        let events =
+            crds::backoff::resilient(super::seeded::watch(api, cfg, node.to_string(), directory))
+                .modify(super::trim::subset)
+                .reflect(writer);
         let me = node.to_string();
         let memo: Arc<DashMap<RevisionKey, (u64, Membership)>> = Arc::default();
         let epoch: Arc<AtomicU64> = Arc::default();

@@ -4,6 +4,8 @@
 //! - [`hosts`]: Host → revision, looked up by host label on ActivationEndpoints and cached.
 //! - [`endpoints`]: the ActivationEndpoints that list this node (a label-selected watch), plus
 //!   short-lived lookups of other revisions' subsets, for forwarding.
+//! - [`seeded`]: that watch's first state from the directory, not from a list that scans every
+//!   subset on the API server.
 //! - [`pods`]: app pods on this node (a `spec.nodeName` field-selected watch).
 //! - [`read`]: reads by name from the API server's cache first, not from etcd.
 //! - [`trim`]: what the caches drop from each object they keep (its field-manager trees).
@@ -17,6 +19,7 @@ pub(crate) mod hosts;
 pub(crate) mod pods;
 pub(crate) mod read;
 pub(crate) mod revisions;
+pub(crate) mod seeded;
 mod trim;
 pub mod watch_only;
 

@@ -3,7 +3,8 @@
 //! whole activators in one process runs one of these for every other node, so a real API
 //! server carries what a DaemonSet of activators makes it carry: a label-selected
 //! ActivationEndpoints watch and a field-selected pod watch per node (each listed from the
-//! watch cache when it starts), the directory's watch when it has one, and a Revision read
+//! watch cache when it starts, the first from the directory when it answers), the directory's
+//! watch when it has one, and a Revision read
 //! for every subset the node joins (`node::warm`, which this follows with no pool).
 
 use kube::Client;
@@ -32,15 +33,16 @@ impl WatchOnly {
         let stop = CancellationToken::new();
         let revisions = RevisionCache::new(client.clone());
         let (member_of_tx, mut member_of) = tokio::sync::mpsc::unbounded_channel();
+        let directory = Directory::start(&cfg.directory, client.clone(), stop.child_token());
         let endpoints = EndpointsCache::start(
             client.clone(),
             &cfg.node_name,
             cfg.endpoints_ttl,
             stop.child_token(),
             member_of_tx,
+            directory.clone().filter(|_| cfg.members_from_directory),
         );
-        let pods = PodCache::start(client.clone(), &cfg.node_name, stop.child_token());
-        let directory = Directory::start(&cfg.directory, client, stop.child_token());
+        let pods = PodCache::start(client, &cfg.node_name, stop.child_token());
         // What `node::warm::keep_members_warm` reads for each membership, at its pace,
         // without the pools a minScale share would start.
         let mut ahead = ReadAhead::new(revisions.clone(), cfg.read_ahead, None, None);

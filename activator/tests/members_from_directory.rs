@@ -1,0 +1,290 @@
+//! An activator's memberships at start from the directory (`cache::seeded`): no
+//! label-selected list of ActivationEndpoints (a scan of every subset on a real API server),
+//! the watch from the directory's version, and the list as before whenever the directory's
+//! answer cannot be trusted or its version is gone. Against kubesim, with a directory that
+//! answers what the test tells it to.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use activator::cache::directory::DirectorySource;
+use activator::cache::watch_only::WatchOnly;
+use activator::config::ActivatorConfig;
+use anyhow::Context as _;
+use bytes::Bytes;
+use crds::directory::MembersAnswer;
+use crds::{ActivationEndpoints, ActivationEndpointsStatus, ActivatorMember};
+use http_body_util::Full;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use kubesim::api::{ApiServer, ApiServerConfig};
+
+/// Far longer than any step takes: reaching it means it never happened.
+const HANG: Duration = Duration::from_secs(30);
+const NS: &str = "apps";
+const NODE: &str = "n1";
+
+/// kubesim with the project's CRDs and the apps namespace, keeping `history` watch events
+/// per resource.
+async fn cluster(history: usize) -> anyhow::Result<ApiServer> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::runtime::wait::{await_condition, conditions};
+    let api = ApiServer::start(ApiServerConfig {
+        watch_history: history,
+        ..ApiServerConfig::default()
+    })
+    .await?;
+    let client = api.client();
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/crds/activationendpoints.yaml"
+    );
+    let crd: CustomResourceDefinition = serde_saphyr::from_str(&std::fs::read_to_string(path)?)?;
+    let name = crd.metadata.name.clone().context("CRD without a name")?;
+    crds.create(&PostParams::default(), &crd).await?;
+    tokio::time::timeout(
+        HANG,
+        await_condition(crds.clone(), &name, conditions::is_crd_established()),
+    )
+    .await??;
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(NS.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::<Namespace>::all(client)
+        .create(&PostParams::default(), &ns)
+        .await?;
+    Ok(api)
+}
+
+/// A subset of `nodes`, labelled and with its status, as the subsetter writes it.
+async fn subset(api: &Api<ActivationEndpoints>, name: &str, nodes: &[&str]) -> anyhow::Result<()> {
+    let mut ae = ActivationEndpoints::new(name, Default::default());
+    ae.metadata.labels = Some(
+        nodes
+            .iter()
+            .map(|n| (crds::contract::member_label(n), String::new()))
+            .collect(),
+    );
+    let created = api.create(&PostParams::default(), &ae).await?;
+    let status = ActivationEndpointsStatus {
+        activators: nodes
+            .iter()
+            .map(|n| ActivatorMember {
+                node: (*n).into(),
+                address: "127.0.0.1:8080".into(),
+                pod: format!("activator-{n}"),
+                max_pods: 1,
+                min_pods: 0,
+            })
+            .collect(),
+        ..Default::default()
+    };
+    api.patch_status(
+        &created.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({ "status": status })),
+    )
+    .await?;
+    Ok(())
+}
+
+/// A directory replica that answers `/v1/members/<node>` with whatever `answer` holds now.
+async fn directory(answer: Arc<Mutex<Option<MembersAnswer>>>) -> anyhow::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((conn, _)) = listener.accept().await {
+            let answer = Arc::clone(&answer);
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(
+                    move |req: hyper::Request<hyper::body::Incoming>| {
+                        let answer = answer.lock().unwrap().clone();
+                        async move {
+                            let ok = req.uri().path() == crds::directory::members_path(NODE);
+                            let resp = match answer.filter(|_| ok) {
+                                Some(a) => hyper::Response::new(Full::new(Bytes::from(
+                                    serde_json::to_vec(&a).expect("json"),
+                                ))),
+                                None => {
+                                    let mut r = hyper::Response::new(Full::new(
+                                        Bytes::from_static(b"no\n"),
+                                    ));
+                                    *r.status_mut() = hyper::StatusCode::SERVICE_UNAVAILABLE;
+                                    r
+                                }
+                            };
+                            Ok::<_, std::convert::Infallible>(resp)
+                        }
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(conn), svc)
+                    .await;
+            });
+        }
+    });
+    Ok(addr)
+}
+
+/// What a label-selected list gives now, as a truthful replica would answer it.
+async fn truthful(api: &Api<ActivationEndpoints>) -> anyhow::Result<MembersAnswer> {
+    let list = api
+        .list(&ListParams::default().labels(&crds::contract::member_selector(NODE)))
+        .await?;
+    Ok(MembersAnswer {
+        resource_version: list.metadata.resource_version.context("a list's version")?,
+        items: list.items,
+    })
+}
+
+fn config(directory: SocketAddr) -> ActivatorConfig {
+    let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    let mut cfg = ActivatorConfig::new(NODE, any, any);
+    cfg.directory = DirectorySource::Static(vec![directory]);
+    cfg
+}
+
+/// The subsets the watch holds, once it holds `want` (it converges on a change).
+async fn holds(w: &WatchOnly, want: usize) -> anyhow::Result<()> {
+    tokio::time::timeout(HANG, async {
+        while w.counts().0 != want {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .with_context(|| format!("held {} subsets, not {want}", w.counts().0))
+}
+
+fn lists(api: &ApiServer) -> u64 {
+    api.stats().count("list", "activationendpoints")
+}
+
+#[tokio::test]
+async fn a_start_from_the_directory_lists_nothing_and_sees_every_later_change() -> anyhow::Result<()>
+{
+    let server = cluster(10_000).await?;
+    let client = server.client();
+    let aes: Api<ActivationEndpoints> = Api::namespaced(client.clone(), NS);
+    subset(&aes, "a", &[NODE, "n2"]).await?;
+    subset(&aes, "b", &["n2", "n3"]).await?;
+    subset(&aes, "c", &[NODE]).await?;
+    let answer = Arc::new(Mutex::new(Some(truthful(&aes).await?)));
+    // Changes after the answer's version, before the start: the watch replays them.
+    subset(&aes, "d", &[NODE, "n3"]).await?;
+    aes.delete("a", &DeleteParams::default()).await?;
+    let listed_before = lists(&server);
+
+    let w = WatchOnly::start(&config(directory(answer).await?), client.clone());
+    tokio::time::timeout(HANG, w.synced()).await?;
+    holds(&w, 2).await?; // c, d
+    subset(&aes, "e", &[NODE]).await?;
+    holds(&w, 3).await?;
+    // Leaving: the member label goes (the API server sends the watch a deletion).
+    aes.patch(
+        "c",
+        &PatchParams::default(),
+        &Patch::Json::<()>(serde_json::from_value(serde_json::json!([
+            {"op": "remove", "path": format!("/metadata/labels/{}", crds::contract::member_label(NODE).replace('/', "~1"))}
+        ]))?),
+    )
+    .await?;
+    holds(&w, 2).await?;
+    assert_eq!(
+        lists(&server),
+        listed_before,
+        "the start listed the subsets: {:?}",
+        server.stats().requests
+    );
+    assert!(server.stats().count("watch", "activationendpoints") >= 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_version_the_api_server_no_longer_has_is_listed_instead() -> anyhow::Result<()> {
+    // Two events kept: the answer's version is gone by the time the watch starts from it.
+    let server = cluster(2).await?;
+    let client = server.client();
+    let aes: Api<ActivationEndpoints> = Api::namespaced(client.clone(), NS);
+    subset(&aes, "a", &[NODE]).await?;
+    let answer = Arc::new(Mutex::new(Some(truthful(&aes).await?)));
+    for name in ["b", "c"] {
+        subset(&aes, name, &[NODE]).await?;
+    }
+    let listed_before = lists(&server);
+
+    let w = WatchOnly::start(&config(directory(answer).await?), client.clone());
+    tokio::time::timeout(HANG, w.synced()).await?;
+    holds(&w, 3).await?;
+    assert!(
+        lists(&server) > listed_before,
+        "the 410 did not end in a list"
+    );
+    subset(&aes, "d", &[NODE]).await?;
+    holds(&w, 4).await?;
+    Ok(())
+}
+
+/// An answer that does not hold to the query, or none, is never used: the subsets are listed,
+/// and the watch holds what the API server has.
+#[tokio::test]
+async fn an_answer_that_cannot_be_trusted_is_listed_instead() -> anyhow::Result<()> {
+    let server = cluster(10_000).await?;
+    let client = server.client();
+    let aes: Api<ActivationEndpoints> = Api::namespaced(client.clone(), NS);
+    subset(&aes, "a", &[NODE]).await?;
+    subset(&aes, "b", &["n2"]).await?;
+    let truth = truthful(&aes).await?;
+    let others = aes.get("b").await?;
+    let answers = [
+        // A subset that does not list the node.
+        Some(MembersAnswer {
+            items: vec![truth.items[0].clone(), others],
+            ..truth.clone()
+        }),
+        // A version that is not one.
+        Some(MembersAnswer {
+            resource_version: "1; drop".into(),
+            ..truth.clone()
+        }),
+        // No answer (503).
+        None,
+    ];
+    for answer in answers {
+        let what = format!("{answer:?}");
+        let listed_before = lists(&server);
+        let w = WatchOnly::start(
+            &config(directory(Arc::new(Mutex::new(answer))).await?),
+            client.clone(),
+        );
+        tokio::time::timeout(HANG, w.synced()).await?;
+        holds(&w, 1).await?;
+        assert!(lists(&server) > listed_before, "not listed after {what}");
+    }
+    // And a directory nobody listens at.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+        l.local_addr()?
+    };
+    let listed_before = lists(&server);
+    let w = WatchOnly::start(&config(closed), client.clone());
+    tokio::time::timeout(HANG, w.synced()).await?;
+    holds(&w, 1).await?;
+    assert!(lists(&server) > listed_before);
+    let names: BTreeSet<String> = aes
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .map(|a| a.name_any())
+        .collect();
+    assert_eq!(names, BTreeSet::from(["a".to_string(), "b".to_string()]));
+    Ok(())
+}
