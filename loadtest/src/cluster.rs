@@ -127,6 +127,8 @@ pub struct ClusterOptions {
     /// Only Revisions of this namespace get subsets (None = all). Set it when several
     /// clusters share one API server.
     pub revision_namespace: Option<String>,
+    /// The activators' `--members-from-directory` (stand-ins included).
+    pub members_from_directory: bool,
     /// Adjusts each activator's configuration (tests shorten its clocks and limits).
     pub configure_activator: Option<ConfigureActivator>,
     /// How long the embedded cluster's node lifecycle controller waits for a node's lease
@@ -168,6 +170,7 @@ impl Default for ClusterOptions {
             shared_kubelet_watch: false,
             max_pods: 110,
             revision_namespace: None,
+            members_from_directory: true,
             configure_activator: None,
             node_grace: DEFAULT_NODE_GRACE,
             real_activators: None,
@@ -212,6 +215,7 @@ pub struct SimCluster {
     subsetter_metrics: Arc<subsetter::metrics::Metrics>,
     /// Where the in-process subsetter answers directory lookups (`crds::directory`).
     directory: Option<SocketAddr>,
+    members_from_directory: bool,
     /// The hop secret every activator of this cluster shares (as the DaemonSet mounts one).
     hop: activator::pipeline::hop::HopAuth,
 }
@@ -374,6 +378,7 @@ impl SimCluster {
             subsetter: tokio::spawn(async {}),
             subsetter_metrics: Arc::default(),
             directory: None,
+            members_from_directory: opts.members_from_directory,
             hop: activator::pipeline::hop::HopAuth::new(&format!(
                 "{:032x}",
                 rand::random::<u128>()
@@ -631,6 +636,7 @@ impl SimCluster {
         if let Some(d) = self.directory {
             cfg.directory = activator::cache::directory::DirectorySource::Static(vec![d]);
         }
+        cfg.members_from_directory = self.members_from_directory;
         Ok(cfg)
     }
 
@@ -810,6 +816,22 @@ impl SimCluster {
             }
         }
         out
+    }
+
+    /// The activators' LISTs of ActivationEndpoints so far (a real API server scans every
+    /// subset for each); None against another API server.
+    pub fn activator_subset_lists(&self) -> Option<u64> {
+        let api = self.api.as_ref()?;
+        Some(
+            api.stats()
+                .requests_by_user
+                .iter()
+                .filter(|(k, _)| {
+                    k.user == "activator" && k.verb == "list" && k.resource == "activationendpoints"
+                })
+                .map(|(_, n)| *n)
+                .sum(),
+        )
     }
 
     pub async fn shutdown(mut self) {

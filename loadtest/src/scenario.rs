@@ -168,6 +168,11 @@ pub struct Knobs {
     /// replacement, seconds (its `--replacement-hold-seconds`; default 60; 3 or less: none).
     #[arg(long)]
     pub replacement_hold_secs: Option<f64>,
+    /// Whether a starting activator (stand-ins included) takes its memberships from the
+    /// subsetter's directory and watches them from its version, not from a list (its
+    /// `--members-from-directory`; default true).
+    #[arg(long)]
+    pub members_from_directory: Option<bool>,
     /// The `activator` binary to run one node's activator as its own process, for its memory
     /// idle and with its subsets (scale, on the embedded cluster; default: the one beside
     /// this program, if any).
@@ -223,6 +228,7 @@ impl Knobs {
             rollout_max_unavailable,
             rollout_replace_pods,
             replacement_hold_secs,
+            members_from_directory,
             activator_binary,
             routing,
             ingress

@@ -199,6 +199,11 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
             o.max_pods = 250;
             o.node_grace = grace;
             o.subsetter_replacement_hold = replacement_hold;
+            // The subsetter as the chart runs it, over every namespace (a shared API server
+            // still limits it to this run's, by label): its directory then answers a starting
+            // activator's memberships whole, as the rollout's do.
+            o.revision_namespace = None;
+            o.members_from_directory = k.members_from_directory.unwrap_or(true);
         },
         async |cluster, ns| {
             let nodes: Vec<String> = cluster.fleet.nodes().map(|n| n.name().to_string()).collect();
@@ -517,6 +522,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                 sm.replacement_holds_expired.get(),
                 sm.members_left.get(),
                 rebalanced(sm),
+                cluster.activator_subset_lists(),
             );
             let rollout = if !stand_ins.is_empty() && rollout_share > 0.0 {
                 match control_plane::rollout(cluster, &mut stand_ins, rollout_share, replace_pods, ctx).await {
@@ -530,6 +536,10 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                     holds_expired: sm.replacement_holds_expired.get() - before.3,
                     members_left: sm.members_left.get() - before.4,
                     rebalanced: rebalanced(sm) - before.5,
+                    subset_lists: cluster
+                        .activator_subset_lists()
+                        .zip(before.6)
+                        .map(|(now, then)| now - then),
                     settled,
                 });
                 ctx.note(&format!(
@@ -554,6 +564,22 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                 }
             } else {
                 None
+            };
+            // Whether each stand-in holds the subsets the API server has for its node (its
+            // start from the directory included), once their watches have had time to show
+            // the last writes: the subsetter is settled, so nothing changes meanwhile.
+            let stand_ins_off = {
+                let off = || {
+                    stand_ins
+                        .iter()
+                        .filter(|(n, w)| w.counts().0 != members.subsets_of(n))
+                        .count()
+                };
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while off() > 0 && Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                off()
             };
             let stand_in_counts: Vec<(usize, usize, usize)> =
                 stand_ins.iter().map(|(_, w)| w.counts()).collect();
@@ -651,7 +677,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
             let revs: Vec<u64> = stand_in_counts.iter().map(|c| c.1 as u64).collect();
             if let Some(t) = stand_ins_synced {
                 control.push_str(&format!(
-                    "stand-in activators (an activator's watches and reads ahead, no serving) on every node without a real one: first lists of all {} in {:.1} s; at the end each held subsets {:.1} (max {}), revisions {:.1} (max {})\n",
+                    "stand-in activators (an activator's watches and reads ahead, no serving) on every node without a real one: first lists of all {} in {:.1} s; at the end each held subsets {:.1} (max {}), revisions {:.1} (max {}); {stand_ins_off} held other subsets than the API server's for their node\n",
                     nodes.len(),
                     t.as_secs_f64(),
                     mean(&subs),
@@ -731,6 +757,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                     "stand_ins": stand_ins_synced.map(|t| json!({
                         "nodes": nodes.len(), "first_lists_s": t.as_secs_f64(),
                         "subsets_mean": mean(&subs), "revisions_mean": mean(&revs),
+                        "subsets_off": stand_ins_off,
                     })),
                     "rollout": rollout.as_ref().map(|r| json!({
                         "activators": stand_in_counts.len(), "per_wave": r.per_wave, "waves": r.waves,
@@ -743,6 +770,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                         "replacement_holds_expired": r.cost.as_ref().map(|c| c.holds_expired),
                         "members_left": r.cost.as_ref().map(|c| c.members_left),
                         "members_rebalanced": r.cost.as_ref().map(|c| c.rebalanced),
+                        "subset_lists": r.cost.as_ref().and_then(|c| c.subset_lists),
                         "settled": r.cost.as_ref().map(|c| c.settled),
                     })),
                     "control_plane": cp.as_ref().map(|c| c.json()),
@@ -873,6 +901,9 @@ pub struct RolloutCost {
     /// moved (at most `--rebalance-max-moves` a minute, whatever the rollout does).
     pub members_left: u64,
     pub rebalanced: u64,
+    /// LISTs of ActivationEndpoints the activators made (embedded API server only): each new
+    /// one's memberships come from the directory, else from such a list.
+    pub subset_lists: Option<u64>,
     /// Whether the subsetter had nothing held or queued within a minute of the last wave.
     pub settled: bool,
 }
@@ -881,13 +912,16 @@ impl RolloutCost {
     fn text(&self) -> String {
         format!(
             "{} member changes, {} ActivationEndpoints writes, {} activators held for their \
-             replacement ({} past the hold), {} members removed ({} by the rebalancer){}",
+             replacement ({} past the hold), {} members removed ({} by the rebalancer){}{}",
             self.member_changes,
             self.endpoints_events,
             self.holds,
             self.holds_expired,
             self.members_left,
             self.rebalanced,
+            self.subset_lists.map_or(String::new(), |n| format!(
+                ", {n} ActivationEndpoints lists by the activators"
+            )),
             if self.settled {
                 ""
             } else {
