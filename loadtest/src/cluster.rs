@@ -215,7 +215,8 @@ pub struct SimCluster {
     subsetter_metrics: Arc<subsetter::metrics::Metrics>,
     /// Where the in-process subsetter answers directory lookups (`crds::directory`).
     directory: Option<SocketAddr>,
-    members_from_directory: bool,
+    /// The activators' `--members-from-directory`, for those started from now on.
+    members_from_directory: std::sync::atomic::AtomicBool,
     /// The hop secret every activator of this cluster shares (as the DaemonSet mounts one).
     hop: activator::pipeline::hop::HopAuth,
 }
@@ -378,7 +379,7 @@ impl SimCluster {
             subsetter: tokio::spawn(async {}),
             subsetter_metrics: Arc::default(),
             directory: None,
-            members_from_directory: opts.members_from_directory,
+            members_from_directory: opts.members_from_directory.into(),
             hop: activator::pipeline::hop::HopAuth::new(&format!(
                 "{:032x}",
                 rand::random::<u128>()
@@ -636,7 +637,9 @@ impl SimCluster {
         if let Some(d) = self.directory {
             cfg.directory = activator::cache::directory::DirectorySource::Static(vec![d]);
         }
-        cfg.members_from_directory = self.members_from_directory;
+        cfg.members_from_directory = self
+            .members_from_directory
+            .load(std::sync::atomic::Ordering::Relaxed);
         Ok(cfg)
     }
 
@@ -816,6 +819,13 @@ impl SimCluster {
             }
         }
         out
+    }
+
+    /// Whether activators started from now on take their memberships from the directory
+    /// (`--members-from-directory`).
+    pub fn set_members_from_directory(&self, on: bool) {
+        self.members_from_directory
+            .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The activators' LISTs of ActivationEndpoints so far (a real API server scans every

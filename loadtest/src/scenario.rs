@@ -173,6 +173,11 @@ pub struct Knobs {
     /// `--members-from-directory`; default true).
     #[arg(long)]
     pub members_from_directory: Option<bool>,
+    /// Roll the stand-ins twice, first listing their memberships, then from the directory,
+    /// each its own phase of the control plane's figures (scale, with stand-ins): the two
+    /// starts compared in one run.
+    #[arg(long)]
+    pub rollout_compare: Option<bool>,
     /// The `activator` binary to run one node's activator as its own process, for its memory
     /// idle and with its subsets (scale, on the embedded cluster; default: the one beside
     /// this program, if any).
@@ -229,6 +234,7 @@ impl Knobs {
             rollout_replace_pods,
             replacement_hold_secs,
             members_from_directory,
+            rollout_compare,
             activator_binary,
             routing,
             ingress

@@ -183,6 +183,8 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
         .unwrap_or(matches!(ctx.target, crate::scenario::Target::Cluster(_)));
     let rollout_share = k.rollout_max_unavailable.unwrap_or(0.1).clamp(0.0, 1.0);
     let replace_pods = k.rollout_replace_pods.unwrap_or(true);
+    let from_directory = k.members_from_directory.unwrap_or(true);
+    let compare = k.rollout_compare.unwrap_or(false);
     let replacement_hold = k
         .replacement_hold_secs
         .map_or(subsetter::replacements::REPLACEMENT_HOLD, |s| {
@@ -203,7 +205,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
             // still limits it to this run's, by label): its directory then answers a starting
             // activator's memberships whole, as the rollout's do.
             o.revision_namespace = None;
-            o.members_from_directory = k.members_from_directory.unwrap_or(true);
+            o.members_from_directory = from_directory;
         },
         async |cluster, ns| {
             let nodes: Vec<String> = cluster.fleet.nodes().map(|n| n.name().to_string()).collect();
@@ -512,59 +514,84 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
             // What it cost the subsets: members moved, ActivationEndpoints written, and the
             // subsetter's holds for the replacements.
             let sm = cluster.subsetter_metrics();
-            // The repairs above are counted when their writes return, which may be after
-            // the harness's watch showed them.
-            subsetter_idle(sm, Duration::from_secs(60)).await;
-            let before = (
-                members.changes(),
-                members.events(),
-                sm.replacement_holds.get(),
-                sm.replacement_holds_expired.get(),
-                sm.members_left.get(),
-                rebalanced(sm),
-                cluster.activator_subset_lists(),
-            );
-            let rollout = if !stand_ins.is_empty() && rollout_share > 0.0 {
-                match control_plane::rollout(cluster, &mut stand_ins, rollout_share, replace_pods, ctx).await {
-                Ok(mut r) => {
-                // The last wave's replacements are written after its activators listed.
-                let settled = subsetter_idle(sm, Duration::from_secs(60)).await;
-                r.cost = Some(RolloutCost {
-                    member_changes: members.changes() - before.0,
-                    endpoints_events: (members.events() - before.1) as u64,
-                    holds: sm.replacement_holds.get() - before.2,
-                    holds_expired: sm.replacement_holds_expired.get() - before.3,
-                    members_left: sm.members_left.get() - before.4,
-                    rebalanced: rebalanced(sm) - before.5,
-                    subset_lists: cluster
-                        .activator_subset_lists()
-                        .zip(before.6)
-                        .map(|(now, then)| now - then),
-                    settled,
-                });
-                ctx.note(&format!(
-                    "rollout of {} stand-in activators ({}), {} at a time: {:.1} s in {} waves, the slowest {:.1} s; {}",
-                    stand_ins.len(),
-                    if r.pods_replaced { "pods deleted and created again, as a DaemonSet does" } else { "processes restarted, pods kept" },
-                    r.per_wave,
-                    r.took.as_secs_f64(),
-                    r.waves,
-                    r.slowest_wave.as_secs_f64(),
-                    r.cost.as_ref().map_or(String::new(), RolloutCost::text),
-                ));
-                if let Some(cp) = &mut cp {
-                    cp.phase("stand-in activators rolled", ctx).await;
-                }
-                Some(r)
-                }
-                Err(e) => {
-                    ctx.note(&format!("rollout of the stand-in activators: {e}"));
-                    None
-                }
-                }
+            // With --rollout-compare, twice: listing the memberships, then from the
+            // directory, so the two starts are compared in one run on the same objects.
+            let passes: Vec<bool> = if compare {
+                vec![false, true]
             } else {
-                None
+                vec![from_directory]
             };
+            let mut rollouts: Vec<(bool, control_plane::Rollout)> = Vec::new();
+            if !stand_ins.is_empty() && rollout_share > 0.0 {
+                for (pass, from_dir) in passes.into_iter().enumerate() {
+                    cluster.set_members_from_directory(from_dir);
+                    // The repairs above are counted when their writes return, which may be
+                    // after the harness's watch showed them.
+                    subsetter_idle(sm, Duration::from_secs(60)).await;
+                    let before = (
+                        members.changes(),
+                        members.events(),
+                        sm.replacement_holds.get(),
+                        sm.replacement_holds_expired.get(),
+                        sm.members_left.get(),
+                        rebalanced(sm),
+                        cluster.activator_subset_lists(),
+                    );
+                    let mut r = match control_plane::rollout(
+                        cluster,
+                        &mut stand_ins,
+                        rollout_share,
+                        replace_pods,
+                        pass + 1,
+                        ctx,
+                    )
+                    .await
+                    {
+                        Ok(r) => r,
+                        Err(e) => {
+                            ctx.note(&format!("rollout of the stand-in activators: {e}"));
+                            break;
+                        }
+                    };
+                    // The last wave's replacements are written after its activators listed.
+                    let settled = subsetter_idle(sm, Duration::from_secs(60)).await;
+                    r.cost = Some(RolloutCost {
+                        member_changes: members.changes() - before.0,
+                        endpoints_events: (members.events() - before.1) as u64,
+                        holds: sm.replacement_holds.get() - before.2,
+                        holds_expired: sm.replacement_holds_expired.get() - before.3,
+                        members_left: sm.members_left.get() - before.4,
+                        rebalanced: rebalanced(sm) - before.5,
+                        subset_lists: cluster
+                            .activator_subset_lists()
+                            .zip(before.6)
+                            .map(|(now, then)| now - then),
+                        settled,
+                    });
+                    ctx.note(&format!(
+                        "rollout of {} stand-in activators ({}; memberships {}), {} at a time: {:.1} s in {} waves, the slowest {:.1} s; {}",
+                        stand_ins.len(),
+                        if r.pods_replaced { "pods deleted and created again, as a DaemonSet does" } else { "processes restarted, pods kept" },
+                        starts(from_dir),
+                        r.per_wave,
+                        r.took.as_secs_f64(),
+                        r.waves,
+                        r.slowest_wave.as_secs_f64(),
+                        r.cost.as_ref().map_or(String::new(), RolloutCost::text),
+                    ));
+                    if let Some(cp) = &mut cp {
+                        let phase = if compare {
+                            format!("stand-in activators rolled, memberships {}", starts(from_dir))
+                        } else {
+                            "stand-in activators rolled".to_string()
+                        };
+                        cp.phase(&phase, ctx).await;
+                    }
+                    rollouts.push((from_dir, r));
+                }
+            }
+            let rollout = rollouts.pop();
+            let rollout_listed = rollouts.pop().filter(|_| compare);
             // Whether each stand-in holds the subsets the API server has for its node (its
             // start from the directory included), once their watches have had time to show
             // the last writes: the subsetter is settled, so nothing changes meanwhile.
@@ -686,12 +713,13 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                     revs.iter().max().unwrap_or(&0),
                 ));
             }
-            if let Some(r) = &rollout {
+            for (from_dir, r) in rollout_listed.iter().chain(&rollout) {
                 control.push_str(&format!(
-                    "rollout: {} stand-in activators replaced {} at a time ({}) in {:.1} s ({} waves, the slowest {:.1} s); {}\n",
+                    "rollout: {} stand-in activators replaced {} at a time ({}; memberships {}) in {:.1} s ({} waves, the slowest {:.1} s); {}\n",
                     stand_in_counts.len(),
                     r.per_wave,
                     if r.pods_replaced { "pods replaced" } else { "pods kept" },
+                    starts(*from_dir),
                     r.took.as_secs_f64(),
                     r.waves,
                     r.slowest_wave.as_secs_f64(),
@@ -759,20 +787,8 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                         "subsets_mean": mean(&subs), "revisions_mean": mean(&revs),
                         "subsets_off": stand_ins_off,
                     })),
-                    "rollout": rollout.as_ref().map(|r| json!({
-                        "activators": stand_in_counts.len(), "per_wave": r.per_wave, "waves": r.waves,
-                        "took_s": r.took.as_secs_f64(), "slowest_wave_s": r.slowest_wave.as_secs_f64(),
-                        "pods_replaced": r.pods_replaced,
-                        "replacement_hold_s": replacement_hold.as_secs_f64(),
-                        "member_changes": r.cost.as_ref().map(|c| c.member_changes),
-                        "endpoints_events": r.cost.as_ref().map(|c| c.endpoints_events),
-                        "replacement_holds": r.cost.as_ref().map(|c| c.holds),
-                        "replacement_holds_expired": r.cost.as_ref().map(|c| c.holds_expired),
-                        "members_left": r.cost.as_ref().map(|c| c.members_left),
-                        "members_rebalanced": r.cost.as_ref().map(|c| c.rebalanced),
-                        "subset_lists": r.cost.as_ref().and_then(|c| c.subset_lists),
-                        "settled": r.cost.as_ref().map(|c| c.settled),
-                    })),
+                    "rollout": rollout.as_ref().map(|r| rollout_json(r, stand_in_counts.len(), replacement_hold)),
+                    "rollout_listed": rollout_listed.as_ref().map(|r| rollout_json(r, stand_in_counts.len(), replacement_hold)),
                     "control_plane": cp.as_ref().map(|c| c.json()),
                     "api_server_product_mib": api_server_mib,
                 }),
@@ -885,6 +901,38 @@ fn process_figures(
         json!({"node": node, "subsets": subsets, "idle": js(idle), "with_subsets": js(with),
                "end": js(end), "above_idle": js_above(with), "above_idle_end": js_above(end)}),
     )
+}
+
+/// How a rollout's activators found their memberships.
+fn starts(from_directory: bool) -> &'static str {
+    if from_directory {
+        "from the directory"
+    } else {
+        "listed"
+    }
+}
+
+/// A rollout in the report: `(memberships from the directory, what it took)`.
+fn rollout_json(
+    (from_dir, r): &(bool, control_plane::Rollout),
+    activators: usize,
+    hold: Duration,
+) -> serde_json::Value {
+    json!({
+        "activators": activators, "per_wave": r.per_wave, "waves": r.waves,
+        "took_s": r.took.as_secs_f64(), "slowest_wave_s": r.slowest_wave.as_secs_f64(),
+        "pods_replaced": r.pods_replaced,
+        "members_from_directory": from_dir,
+        "replacement_hold_s": hold.as_secs_f64(),
+        "member_changes": r.cost.as_ref().map(|c| c.member_changes),
+        "endpoints_events": r.cost.as_ref().map(|c| c.endpoints_events),
+        "replacement_holds": r.cost.as_ref().map(|c| c.holds),
+        "replacement_holds_expired": r.cost.as_ref().map(|c| c.holds_expired),
+        "members_left": r.cost.as_ref().map(|c| c.members_left),
+        "members_rebalanced": r.cost.as_ref().map(|c| c.rebalanced),
+        "subset_lists": r.cost.as_ref().and_then(|c| c.subset_lists),
+        "settled": r.cost.as_ref().map(|c| c.settled),
+    })
 }
 
 /// What a rollout cost the subsets, from the harness's ActivationEndpoints watch and the

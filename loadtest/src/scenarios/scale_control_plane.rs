@@ -146,6 +146,15 @@ pub async fn stand_in(
     Ok(started)
 }
 
+/// `node`'s activator pod after `pass` rollouts: the harness's name, then `…-2`, `…-3`.
+fn pod_name_at(node: &str, pass: usize) -> String {
+    let base = crate::cluster::activator_pod_name(node);
+    match pass {
+        0 => base,
+        n => format!("{base}-{}", n + 1),
+    }
+}
+
 /// What replacing every stand-in took.
 pub struct Rollout {
     pub waves: usize,
@@ -162,7 +171,8 @@ pub struct Rollout {
 
 /// Replaces every stand-in, `share` of them at a time, as a DaemonSet rolling update with
 /// that maxUnavailable does: a wave's old activators stop, their pods unready for the
-/// shutdown delay (5 s) and then deleted; once they are gone, new pods (a new name: `…-2`)
+/// shutdown delay (5 s) and then deleted; once they are gone, new pods (a new name: `…-2` in
+/// the first `pass`, `…-3` in the second)
 /// are created on the same nodes, and the new
 /// activators start once those are Ready; the next wave begins when all of them have their
 /// first lists. With `replace_pods` false the pods stay and only the processes restart (a
@@ -172,6 +182,7 @@ pub async fn rollout(
     stand_ins: &mut Vec<(String, WatchOnly)>,
     share: f64,
     replace_pods: bool,
+    pass: usize,
     ctx: &Ctx,
 ) -> Result<Rollout, Error> {
     use futures::StreamExt;
@@ -196,8 +207,8 @@ pub async fn rollout(
         if replace_pods {
             let replaced: Vec<Result<(), Error>> = futures::stream::iter(&nodes)
                 .map(|node| async move {
-                    let old = crate::cluster::activator_pod_name(node);
-                    let new = format!("{old}-2");
+                    let old = pod_name_at(node, pass - 1);
+                    let new = pod_name_at(node, pass);
                     cluster
                         .replace_activator_pod(node, &old, &new, DRAIN, LIMIT)
                         .await
