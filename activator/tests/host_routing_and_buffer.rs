@@ -6,15 +6,17 @@
 //! - a full buffer (`--queue-limit`, `--queue-limit-total`): 503 + Retry-After, counted in
 //!   `activator_buffer_full_total` and nothing else refused counts there.
 
+#[path = "support/kubesim_cluster.rs"]
+mod kubesim_cluster;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use activator::{Activator, ActivatorConfig};
 use anyhow::Context as _;
 use crds::{ActivationEndpoints, ActivationEndpointsStatus, ActivatorMember, Revision};
-use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
-use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams, PostParams};
 use kubesim::api::{ApiServer, ApiServerConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -31,34 +33,7 @@ fn config(node: &str) -> ActivatorConfig {
 
 /// kubesim with the project's CRDs and the apps namespace.
 async fn cluster() -> anyhow::Result<ApiServer> {
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    use kube::runtime::wait::{await_condition, conditions};
-    let api = ApiServer::start(ApiServerConfig::default()).await?;
-    let client = api.client();
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for file in ["revisions.yaml", "activationendpoints.yaml"] {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/crds/").to_string() + file;
-        let crd: CustomResourceDefinition =
-            serde_saphyr::from_str(&std::fs::read_to_string(&path)?)?;
-        let name = crd.metadata.name.clone().context("CRD without a name")?;
-        crds.create(&PostParams::default(), &crd).await?;
-        tokio::time::timeout(
-            HANG,
-            await_condition(crds.clone(), &name, conditions::is_crd_established()),
-        )
-        .await??;
-    }
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            name: Some(NS.into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    Api::<Namespace>::all(client)
-        .create(&PostParams::default(), &ns)
-        .await?;
-    Ok(api)
+    kubesim_cluster::cluster(ApiServerConfig::default(), NS).await
 }
 
 /// Starts an activator and waits until its caches have synced (their first lists are done,

@@ -4,6 +4,9 @@
 //! answer cannot be trusted or its version is gone. Against kubesim, with a directory that
 //! answers what the test tells it to.
 
+#[path = "support/kubesim_cluster.rs"]
+mod kubesim_cluster;
+
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -17,8 +20,7 @@ use bytes::Bytes;
 use crds::directory::MembersAnswer;
 use crds::{ActivationEndpoints, ActivationEndpointsStatus, ActivatorMember};
 use http_body_util::Full;
-use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use kubesim::api::{ApiServer, ApiServerConfig};
 
@@ -30,38 +32,11 @@ const NODE: &str = "n1";
 /// kubesim with the project's CRDs and the apps namespace, keeping `history` watch events
 /// per resource.
 async fn cluster(history: usize) -> anyhow::Result<ApiServer> {
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    use kube::runtime::wait::{await_condition, conditions};
-    let api = ApiServer::start(ApiServerConfig {
+    let cfg = ApiServerConfig {
         watch_history: history,
         ..ApiServerConfig::default()
-    })
-    .await?;
-    let client = api.client();
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../deploy/crds/activationendpoints.yaml"
-    );
-    let crd: CustomResourceDefinition = serde_saphyr::from_str(&std::fs::read_to_string(path)?)?;
-    let name = crd.metadata.name.clone().context("CRD without a name")?;
-    crds.create(&PostParams::default(), &crd).await?;
-    tokio::time::timeout(
-        HANG,
-        await_condition(crds.clone(), &name, conditions::is_crd_established()),
-    )
-    .await??;
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            name: Some(NS.into()),
-            ..Default::default()
-        },
-        ..Default::default()
     };
-    Api::<Namespace>::all(client)
-        .create(&PostParams::default(), &ns)
-        .await?;
-    Ok(api)
+    kubesim_cluster::cluster(cfg, NS).await
 }
 
 /// A subset of `nodes`, labelled and with its status, as the subsetter writes it.

@@ -10,6 +10,9 @@
 //!   pull its credentials (a missing one is skipped); without it, a revision naming pull secrets is not
 //!   pre-pulled, and an anonymous pull refused is told as such.
 
+#[path = "support/kubesim_cluster.rs"]
+mod kubesim_cluster;
+
 use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -23,7 +26,7 @@ use activator::{Activator, ActivatorConfig};
 use anyhow::Context as _;
 use base64::Engine as _;
 use crds::{ActivationEndpoints, ActivationEndpointsStatus, ActivatorMember, Revision};
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::events::v1::Event;
 use kube::Api;
 use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
@@ -123,34 +126,7 @@ impl Node {
 
 /// kubesim with the project's CRDs and the apps namespace.
 async fn cluster() -> anyhow::Result<ApiServer> {
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    use kube::runtime::wait::{await_condition, conditions};
-    let api = ApiServer::start(ApiServerConfig::default()).await?;
-    let client = api.client();
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for file in ["revisions.yaml", "activationendpoints.yaml"] {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/crds/").to_string() + file;
-        let crd: CustomResourceDefinition =
-            serde_saphyr::from_str(&std::fs::read_to_string(&path)?)?;
-        let name = crd.metadata.name.clone().context("CRD without a name")?;
-        crds.create(&PostParams::default(), &crd).await?;
-        tokio::time::timeout(
-            HANG,
-            await_condition(crds.clone(), &name, conditions::is_crd_established()),
-        )
-        .await??;
-    }
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            name: Some(NS.into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    Api::<Namespace>::all(client)
-        .create(&PostParams::default(), &ns)
-        .await?;
-    Ok(api)
+    kubesim_cluster::cluster(ApiServerConfig::default(), NS).await
 }
 
 /// An activator on `NODE` whose node agent serves `FakeRuntime`.
