@@ -2,6 +2,11 @@
 //! answered (a slow or unreachable server) and a quiet watch sends nothing for minutes. kubesim's
 //! latency model holds answers back; each test fails by hanging (caught by `HANG`).
 
+// Only its CRDs here (each test starts its own API server).
+#[allow(dead_code)]
+#[path = "support/kubesim_cluster.rs"]
+mod kubesim_cluster;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -25,22 +30,7 @@ fn config() -> ActivatorConfig {
 
 /// The project's CRDs, so requests for revisions reach the API server.
 async fn apply_crds(client: &kube::Client) -> anyhow::Result<()> {
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    use kube::runtime::wait::{await_condition, conditions};
-    let crds: kube::Api<CustomResourceDefinition> = kube::Api::all(client.clone());
-    for file in ["revisions.yaml", "activationendpoints.yaml"] {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/crds/").to_string() + file;
-        let crd: CustomResourceDefinition =
-            serde_saphyr::from_str(&std::fs::read_to_string(&path)?)?;
-        let name = crd.metadata.name.clone().context("CRD without a name")?;
-        crds.create(&Default::default(), &crd).await?;
-        tokio::time::timeout(
-            HANG,
-            await_condition(crds.clone(), &name, conditions::is_crd_established()),
-        )
-        .await??;
-    }
-    Ok(())
+    kubesim_cluster::apply_crds(client).await
 }
 
 #[tokio::test]

@@ -154,11 +154,7 @@ async fn a_burst_past_the_primarys_share_spills_to_the_other_members() {
     assert!(members.iter().all(|m| m.max_pods == 1), "{members:?}");
     let key = activator::pipeline::routing::RevisionKey::new(&ns, "spill");
     let ranked = activator::pipeline::primary::ranked(&key, members.clone());
-    let outsider = c
-        .entries()
-        .into_iter()
-        .find(|(n, _)| !members.iter().any(|m| &m.node == n))
-        .expect("5 nodes, 3 members");
+    let outsider = outsider(&c, &members);
     let driver = Driver::new();
     let host = host_of("spill", &ns);
     let samples = join_all((0..3).map(|i| {
@@ -204,11 +200,7 @@ async fn a_primary_whose_pods_refuse_hands_a_forwarded_request_to_the_next_membe
     let primary = activator::pipeline::primary::ranked(&key, members.clone())[0]
         .node
         .clone();
-    let outsider = c
-        .entries()
-        .into_iter()
-        .find(|(n, _)| !members.iter().any(|m| &m.node == n))
-        .expect("5 nodes, 3 members");
+    let outsider = outsider(&c, &members);
     let driver = Driver::new();
     let host = host_of("refused", &ns);
     let (n, a) = (&outsider.0, outsider.1);
@@ -232,4 +224,12 @@ async fn a_primary_whose_pods_refuse_hands_a_forwarded_request_to_the_next_membe
         .collect();
     assert!(!on.is_empty(), "a pod started on another member");
     c.shutdown().await;
+}
+
+/// An entry on a node that is none of `members` (the clusters here have 5 nodes, 3 members).
+fn outsider(c: &SimCluster, members: &[ActivatorMember]) -> (String, std::net::SocketAddr) {
+    c.entries()
+        .into_iter()
+        .find(|(n, _)| !members.iter().any(|m| &m.node == n))
+        .expect("5 nodes, 3 members")
 }

@@ -19,6 +19,22 @@ const ESTABLISHED: Duration = Duration::from_secs(60);
 pub async fn cluster(cfg: ApiServerConfig, ns: &str) -> anyhow::Result<ApiServer> {
     let api = ApiServer::start(cfg).await?;
     let client = api.client();
+    apply_crds(&client).await?;
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(ns.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::<Namespace>::all(client)
+        .create(&PostParams::default(), &ns)
+        .await?;
+    Ok(api)
+}
+
+/// `deploy/crds/` (Revisions, ActivationEndpoints), each once it is Established.
+pub async fn apply_crds(client: &kube::Client) -> anyhow::Result<()> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for file in ["revisions.yaml", "activationendpoints.yaml"] {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/crds/").to_string() + file;
@@ -32,15 +48,5 @@ pub async fn cluster(cfg: ApiServerConfig, ns: &str) -> anyhow::Result<ApiServer
         )
         .await??;
     }
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            name: Some(ns.into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    Api::<Namespace>::all(client)
-        .create(&PostParams::default(), &ns)
-        .await?;
-    Ok(api)
+    Ok(())
 }
