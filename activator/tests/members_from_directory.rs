@@ -127,6 +127,20 @@ fn config(directory: SocketAddr) -> ActivatorConfig {
     cfg
 }
 
+/// A client of `server`, and its ActivationEndpoints in the apps namespace.
+fn clients(server: &ApiServer) -> (kube::Client, Api<ActivationEndpoints>) {
+    let client = server.client();
+    let aes = Api::namespaced(client.clone(), NS);
+    (client, aes)
+}
+
+/// An activator's watches for `NODE` asking the directory at `directory`, once synced.
+async fn started(client: &kube::Client, directory: SocketAddr) -> anyhow::Result<WatchOnly> {
+    let w = WatchOnly::start(&config(directory), client.clone());
+    tokio::time::timeout(HANG, w.synced()).await?;
+    Ok(w)
+}
+
 /// The subsets the watch holds, once it holds `want` (it converges on a change).
 async fn holds(w: &WatchOnly, want: usize) -> anyhow::Result<()> {
     tokio::time::timeout(HANG, async {
@@ -146,8 +160,7 @@ fn lists(api: &ApiServer) -> u64 {
 async fn a_start_from_the_directory_lists_nothing_and_sees_every_later_change() -> anyhow::Result<()>
 {
     let server = cluster(10_000).await?;
-    let client = server.client();
-    let aes: Api<ActivationEndpoints> = Api::namespaced(client.clone(), NS);
+    let (client, aes) = clients(&server);
     subset(&aes, "a", &[NODE, "n2"]).await?;
     subset(&aes, "b", &["n2", "n3"]).await?;
     subset(&aes, "c", &[NODE]).await?;
@@ -157,8 +170,7 @@ async fn a_start_from_the_directory_lists_nothing_and_sees_every_later_change() 
     aes.delete("a", &DeleteParams::default()).await?;
     let listed_before = lists(&server);
 
-    let w = WatchOnly::start(&config(directory(answer).await?), client.clone());
-    tokio::time::timeout(HANG, w.synced()).await?;
+    let w = started(&client, directory(answer).await?).await?;
     holds(&w, 2).await?; // c, d
     subset(&aes, "e", &[NODE]).await?;
     holds(&w, 3).await?;
@@ -186,8 +198,7 @@ async fn a_start_from_the_directory_lists_nothing_and_sees_every_later_change() 
 async fn a_version_the_api_server_no_longer_has_is_listed_instead() -> anyhow::Result<()> {
     // Two events kept: the answer's version is gone by the time the watch starts from it.
     let server = cluster(2).await?;
-    let client = server.client();
-    let aes: Api<ActivationEndpoints> = Api::namespaced(client.clone(), NS);
+    let (client, aes) = clients(&server);
     subset(&aes, "a", &[NODE]).await?;
     let answer = Arc::new(Mutex::new(Some(truthful(&aes).await?)));
     for name in ["b", "c"] {
@@ -195,8 +206,7 @@ async fn a_version_the_api_server_no_longer_has_is_listed_instead() -> anyhow::R
     }
     let listed_before = lists(&server);
 
-    let w = WatchOnly::start(&config(directory(answer).await?), client.clone());
-    tokio::time::timeout(HANG, w.synced()).await?;
+    let w = started(&client, directory(answer).await?).await?;
     holds(&w, 3).await?;
     assert!(
         lists(&server) > listed_before,
@@ -212,8 +222,7 @@ async fn a_version_the_api_server_no_longer_has_is_listed_instead() -> anyhow::R
 #[tokio::test]
 async fn an_answer_that_cannot_be_trusted_is_listed_instead() -> anyhow::Result<()> {
     let server = cluster(10_000).await?;
-    let client = server.client();
-    let aes: Api<ActivationEndpoints> = Api::namespaced(client.clone(), NS);
+    let (client, aes) = clients(&server);
     subset(&aes, "a", &[NODE]).await?;
     subset(&aes, "b", &["n2"]).await?;
     let truth = truthful(&aes).await?;
@@ -235,11 +244,7 @@ async fn an_answer_that_cannot_be_trusted_is_listed_instead() -> anyhow::Result<
     for answer in answers {
         let what = format!("{answer:?}");
         let listed_before = lists(&server);
-        let w = WatchOnly::start(
-            &config(directory(Arc::new(Mutex::new(answer))).await?),
-            client.clone(),
-        );
-        tokio::time::timeout(HANG, w.synced()).await?;
+        let w = started(&client, directory(Arc::new(Mutex::new(answer))).await?).await?;
         holds(&w, 1).await?;
         assert!(lists(&server) > listed_before, "not listed after {what}");
     }
@@ -249,8 +254,7 @@ async fn an_answer_that_cannot_be_trusted_is_listed_instead() -> anyhow::Result<
         l.local_addr()?
     };
     let listed_before = lists(&server);
-    let w = WatchOnly::start(&config(closed), client.clone());
-    tokio::time::timeout(HANG, w.synced()).await?;
+    let w = started(&client, closed).await?;
     holds(&w, 1).await?;
     assert!(lists(&server) > listed_before);
     let names: BTreeSet<String> = aes
