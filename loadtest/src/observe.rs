@@ -170,6 +170,8 @@ struct Members {
     by_revision: BTreeMap<String, BTreeSet<String>>,
     /// Nodes in at least one subset, with the number of subsets.
     subsets_of: HashMap<String, usize>,
+    /// When each revision was first seen with a member: its assignment, as this watch saw it.
+    first_assigned: HashMap<String, std::time::Instant>,
 }
 
 impl Members {
@@ -191,6 +193,10 @@ impl Members {
             *self.subsets_of.entry(joined.clone()).or_default() += 1;
         }
         let moved = before.map_or(0, |b| b.symmetric_difference(&now).count() as u64);
+        if !now.is_empty() && !self.first_assigned.contains_key(&revision) {
+            self.first_assigned
+                .insert(revision.clone(), std::time::Instant::now());
+        }
         self.by_revision.insert(revision, now);
         moved
     }
@@ -299,6 +305,11 @@ impl MemberWatch {
     /// How many subsets `node` is in now.
     pub fn subsets_of(&self, node: &str) -> usize {
         locked(&self.members).subsets_of(node)
+    }
+
+    /// When `revision` was first seen with a member (none yet: `None`).
+    pub fn first_assigned(&self, revision: &str) -> Option<std::time::Instant> {
+        locked(&self.members).first_assigned.get(revision).copied()
     }
 
     /// ActivationEndpoints events seen.
@@ -450,5 +461,21 @@ mod tests {
         assert_eq!(m.subsets_of("n2"), 2);
         // Nodes in no subset are not kept.
         assert_eq!(m.subsets_of.len(), 3);
+    }
+
+    /// A revision's assignment is when it first had a member: not a later change, and not
+    /// its creation without members.
+    #[test]
+    fn first_assignment_is_the_first_member_set() {
+        let mut m = Members::default();
+        m.set("a".into(), BTreeSet::new());
+        assert!(!m.first_assigned.contains_key("a"));
+        m.set("a".into(), set(&["n1"]));
+        let first = m.first_assigned["a"];
+        m.set("a".into(), set(&["n2", "n3"]));
+        m.set("a".into(), BTreeSet::new());
+        m.set("a".into(), set(&["n4"]));
+        assert_eq!(m.first_assigned["a"], first);
+        assert_eq!(m.first_assigned.len(), 1);
     }
 }

@@ -178,6 +178,15 @@ pub struct Knobs {
     /// starts compared in one run.
     #[arg(long)]
     pub rollout_compare: Option<bool>,
+    /// Revisions created at `--steady-create-rate` once the bulk is created and assigned,
+    /// each its create's latency and its time to members measured, a control-plane phase of
+    /// its own (scale; default 0: none): ongoing deployments at full size, where the bulk
+    /// creation takes the API server to its limit.
+    #[arg(long)]
+    pub steady_creates: Option<usize>,
+    /// Revisions created per second in the steady creation (scale; default 20).
+    #[arg(long)]
+    pub steady_create_rate: Option<f64>,
     /// The `activator` binary to run one node's activator as its own process, for its memory
     /// idle and with its subsets (scale, on the embedded cluster; default: the one beside
     /// this program, if any).
@@ -235,6 +244,8 @@ impl Knobs {
             replacement_hold_secs,
             members_from_directory,
             rollout_compare,
+            steady_creates,
+            steady_create_rate,
             activator_binary,
             routing,
             ingress

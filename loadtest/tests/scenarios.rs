@@ -284,11 +284,27 @@ async fn scale_samples_real_activators_against_every_node() {
             // The activator that leaves (its node Ready) is held this long for a replacement
             // that never comes, then repaired.
             replacement_hold_secs: Some(4.0),
+            // 20 more at 40/s once the 200 are assigned: each created and seen with members.
+            steady_creates: Some(20),
+            steady_create_rate: Some(40.0),
             ..Knobs::default()
         },
     )
     .await;
     assert_eq!(num(&f, "assigned_revisions"), 200.0, "{}", report.text);
+    let steady = &f["steady_creation"];
+    assert_eq!(num(steady, "count"), 20.0, "{}", report.text);
+    assert_eq!(num(steady, "failed"), 0.0, "{}", report.text);
+    assert_eq!(num(steady, "unassigned"), 0.0, "{}", report.text);
+    assert_eq!(
+        num(&steady["assigned_ms"], "count"),
+        20.0,
+        "{}",
+        report.text
+    );
+    assert!(steady["assigned_ms"]["max"].is_number(), "{}", report.text);
+    // Paced: the 20 creates cannot have taken less than their schedule (19 intervals).
+    assert!(num(steady, "took_s") >= 19.0 / 40.0, "{}", report.text);
     assert_eq!(num(&f, "sampled_activators"), 3.0);
     // An activator caches its own node's subsets, not the cluster's 200.
     let cached = &f["cached_per_activator"];

@@ -13,4 +13,5 @@ pub mod node_failure;
 pub mod scale;
 pub mod scale_control_plane;
 pub mod steady;
+pub mod steady_creation;
 pub mod write_rate;

@@ -15,6 +15,7 @@ use serde_json::json;
 
 use super::common::{SampleSummary, Sender};
 use super::scale_control_plane::{self as control_plane, ControlPlane};
+use super::steady_creation;
 use crate::Error;
 use crate::driver::Sample;
 use crate::observe::MemberWatch;
@@ -271,6 +272,29 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                 backlog.as_secs_f64(),
                 requests_line(&requests_assign),
             ));
+            let steady_creation = match k.steady_creates.unwrap_or(0) {
+                0 => None,
+                count => {
+                    let rate = k.steady_create_rate.unwrap_or(20.0).max(0.01);
+                    ctx.step(format!("creating {count} more revisions at {rate}/s"));
+                    let names = steady_creation::names(count);
+                    let s = steady_creation::run(
+                        cluster,
+                        ns,
+                        &names,
+                        rate,
+                        &members,
+                        Duration::from_secs(60),
+                        &ctx.cancel,
+                    )
+                    .await;
+                    if let Some(cp) = &mut cp {
+                        cp.phase("steady creation", ctx).await;
+                    }
+                    ctx.note(&s.text());
+                    Some(s)
+                }
+            };
             // Sampled: nodes that are members of some subset (then those that are not), so the
             // steady state has active revisions with a sampled member to send through. Seen
             // under CI's load: the first nodes in no subset at all, no steady traffic.
@@ -325,7 +349,11 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                 })
                 .take(((names.len() as f64) * k.active_share.unwrap_or(0.01)).ceil() as usize)
                 .collect();
-            let assigned: usize = m.values().filter(|s| !s.is_empty()).count();
+            // Of the bulk's revisions (the steady creation's are counted on their own).
+            let assigned: usize = names
+                .iter()
+                .filter(|n| m.get(*n).is_some_and(|s| !s.is_empty()))
+                .count();
             let entries = cluster.entries();
             let sender = Sender::new(ns, false);
             let mut samples: Vec<Sample> = Vec::new();
@@ -726,6 +754,10 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                     r.cost.as_ref().map_or(String::new(), RolloutCost::text),
                 ));
             }
+            if let Some(s) = &steady_creation {
+                control.push_str(&s.text());
+                control.push('\n');
+            }
             let mut api_server_mib = serde_json::Value::Null;
             if let Some(cp) = &cp {
                 control.push_str(&cp.text());
@@ -788,6 +820,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                         "subsets_off": stand_ins_off,
                     })),
                     "rollout": rollout.as_ref().map(|r| rollout_json(r, stand_in_counts.len(), replacement_hold)),
+                    "steady_creation": steady_creation,
                     "rollout_listed": rollout_listed.as_ref().map(|r| rollout_json(r, stand_in_counts.len(), replacement_hold)),
                     "control_plane": cp.as_ref().map(|c| c.json()),
                     "api_server_product_mib": api_server_mib,
