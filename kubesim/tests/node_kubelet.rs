@@ -632,3 +632,61 @@ async fn the_app_answers_before_the_relist_reports_it() {
         Some(app.ip().to_string().as_str())
     );
 }
+
+/// The node lifecycle controller's unready mark (Ready=False, containers still ready) on a
+/// running pod of a live node is written back by its kubelet, as a real kubelet's status
+/// manager does; a pod whose containers are not ready (a failing probe) is left as it is.
+#[tokio::test]
+async fn a_live_kubelet_corrects_the_node_controllers_unready_mark() {
+    let server = server().await;
+    let client = server.client();
+    let fleet = Fleet::start(client.clone(), vec![NodeConfig::numbered(13)])
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    for name in ["probed", "marked"] {
+        pods.create(&PostParams::default(), &pod(name, "node-0013", None, &[]))
+            .await
+            .unwrap();
+        wait_for(&pods, name, is_pod_ready()).await.unwrap();
+    }
+    // What a failing readiness probe reports: the container and the pod not ready.
+    let mut probed = pods.get("probed").await.unwrap();
+    let st = probed.status.as_mut().unwrap();
+    for c in st.conditions.iter_mut().flatten() {
+        if c.type_ == "Ready" || c.type_ == "ContainersReady" {
+            c.status = "False".into();
+        }
+    }
+    for c in st.container_statuses.iter_mut().flatten() {
+        c.ready = false;
+    }
+    pods.replace_status("probed", &PostParams::default(), &probed)
+        .await
+        .unwrap();
+    // What the node lifecycle controller's MarkPodsNotReady writes: Ready alone.
+    let mut marked = pods.get("marked").await.unwrap();
+    for c in marked
+        .status
+        .as_mut()
+        .unwrap()
+        .conditions
+        .iter_mut()
+        .flatten()
+    {
+        if c.type_ == "Ready" {
+            c.status = "False".into();
+        }
+    }
+    let marked_at = pods
+        .replace_status("marked", &PostParams::default(), &marked)
+        .await
+        .unwrap();
+    assert_eq!(pod_condition(&marked_at, "Ready").as_deref(), Some("False"));
+    let corrected = wait_for(&pods, "marked", is_pod_ready()).await;
+    assert!(corrected.is_some(), "the mark stayed");
+    // The kubelet saw the probe's report before the mark (one watch, in order) and left it.
+    let probed = pods.get("probed").await.unwrap();
+    assert_eq!(pod_condition(&probed, "Ready").as_deref(), Some("False"));
+    fleet.shutdown();
+}

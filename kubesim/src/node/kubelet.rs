@@ -177,6 +177,16 @@ impl NodeInner {
                         let ip = rt.ip.unwrap_or(self.config.ip());
                         let external = rt.external;
                         rt.task = Some(self.spawn_start(pod, uid, ip, external, true));
+                    } else if rt.stage == PodStage::Running
+                        && objects::marked_unready_by_the_node_controller(&pod)
+                    {
+                        // The node lifecycle controller marked a running pod unready (its
+                        // lease was late: an API server too busy to take the renewals). A
+                        // real kubelet's status manager, seeing the API's status differ from
+                        // its own, writes its own back; without this the mark stayed for
+                        // good here, and a harness waiting for the pod to be Ready gave up
+                        // (docs/kubesim-nodes.md, "The node controller's unready mark").
+                        self.spawn_ready_again(pod);
                     }
                 }
             }
@@ -243,6 +253,34 @@ impl NodeInner {
             }
         }
         st.pods.insert(uid, runtime);
+    }
+
+    /// Writes the Ready condition back to True on a running pod the node lifecycle
+    /// controller marked (the other conditions as the API has them).
+    fn spawn_ready_again(self: &Arc<Self>, pod: Pod) {
+        let Some(mut conditions) = pod.status.as_ref().and_then(|s| s.conditions.clone()) else {
+            return;
+        };
+        for c in conditions.iter_mut().filter(|c| c.type_ == "Ready") {
+            c.status = "True".into();
+            c.reason = None;
+            c.message = None;
+            c.last_transition_time = Some(now());
+        }
+        let api = pod_api(self, &pod);
+        let name = pod_name(&pod);
+        let node = self.config.name.clone();
+        tokio::spawn(async move {
+            let patch = status_patch(&serde_json::json!({ "conditions": conditions }));
+            match patch_pod_status(&api, &name, &patch).await {
+                Ok(_) => {
+                    tracing::debug!(%node, pod = %name, "the node controller's unready mark corrected")
+                }
+                Err(e) => {
+                    tracing::warn!(%node, pod = %name, error = %e, "could not correct the node controller's unready mark")
+                }
+            }
+        });
     }
 
     fn spawn_reject(self: &Arc<Self>, pod: Pod, used: usize) -> tokio::task::AbortHandle {
