@@ -568,6 +568,17 @@ impl AeStore {
         })
     }
 
+    /// The objects [`AeStore::members`] answers, found by a scan of every object as the answer
+    /// was until 2026-11-29: the index's reference, for its property test and `subsetter
+    /// bench`.
+    pub fn members_scanned(&self, label: &str) -> Vec<ActivationEndpoints> {
+        self.objects
+            .iter()
+            .filter(|(_, c)| c.has_label(label))
+            .map(|(k, c)| c.object(k))
+            .collect()
+    }
+
     /// Whether the newest version of `key` carries the label `label`.
     pub fn has_label(&self, key: &Key, label: &str) -> bool {
         self.newest(key).is_some_and(|c| c.has_label(label))
@@ -897,12 +908,8 @@ mod tests {
                     let Some(m) = s.members(&label) else { continue };
                     let mut got: Vec<String> = m.items.iter().map(|o| o.name_any()).collect();
                     got.sort();
-                    let mut scanned: Vec<String> = s
-                        .objects
-                        .iter()
-                        .filter(|(_, c)| c.has_label(&label))
-                        .map(|(k, _)| k.name.clone())
-                        .collect();
+                    let mut scanned: Vec<String> =
+                        s.members_scanned(&label).iter().map(|o| o.name_any()).collect();
                     scanned.sort();
                     proptest::prop_assert_eq!(got, scanned, "{} after {:?}", node, op);
                 }

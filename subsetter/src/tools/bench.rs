@@ -79,6 +79,17 @@ pub struct BenchReport {
     pub node_image_fingerprints: usize,
     pub node_image_bytes: usize,
     pub holder_entries: usize,
+    /// A node's memberships as the directory answers them (`GET /v1/members/<node>`), over
+    /// every activator after assignment: the mean and the slowest answer, from the store's
+    /// member-label index.
+    pub directory_answer_us: f64,
+    pub directory_answer_max_us: f64,
+    /// The memberships the answers held between them (every membership once: revisions ×
+    /// members).
+    pub directory_memberships: usize,
+    /// The same, found by a scan of every subset for the label, as the answer was found
+    /// until 2026-11-29 (each answer the same; the mean over at most 100 nodes).
+    pub directory_scan_us: f64,
     /// The process's peak resident memory (VmHWM), when /proc tells it.
     pub peak_rss_mib: Option<f64>,
 }
@@ -155,6 +166,9 @@ struct World {
     wanted: images::WantedCache,
     default_n: usize,
     now: Timestamp,
+    /// The resourceVersion of the next object the "watch" shows (the directory answers only
+    /// numeric versions).
+    version: u64,
 }
 
 impl World {
@@ -200,6 +214,8 @@ impl World {
             let mut ae = ActivationEndpoints::new(&name, Default::default());
             ae.metadata.namespace = Some(key.namespace);
             ae.metadata.labels = Some(p.labels);
+            self.version += 1;
+            ae.metadata.resource_version = Some(self.version.to_string());
             ae.status = Some(p.status);
             self.store.apply(&ae);
         }
@@ -310,6 +326,7 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, String> {
         wanted: images::WantedCache::default(),
         default_n: opts.members,
         now: Timestamp::now(),
+        version: 0,
     };
     w.set_available();
     let all: Vec<usize> = (0..opts.revisions).collect();
@@ -319,6 +336,8 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, String> {
     let assign_ms = ms(t);
     let holding: usize = all.iter().map(|&i| w.holding(i, &w.members(i))).sum();
     let (max_over_mean, max_members, min_members) = balance(&w.ix, &w.available);
+    let (directory_answer_us, directory_answer_max_us, directory_memberships, directory_scan_us) =
+        directory(&w);
 
     // Lose the activator in the middle of the list: the controller rebuilds the load index
     // and plans the revisions that had it, nothing else.
@@ -380,8 +399,39 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, String> {
         node_image_fingerprints: sets.iter().map(|s| s.fingerprints().len()).sum(),
         node_image_bytes: sets.iter().map(ImageSet::heap_bytes).sum(),
         holder_entries: w.ix.loads().image_entries().1,
+        directory_answer_us,
+        directory_answer_max_us,
+        directory_memberships,
+        directory_scan_us,
         peak_rss_mib: peak_rss_mib(),
     })
+}
+
+/// Every activator's memberships as the directory answers them (mean, max, in microseconds;
+/// the memberships answered), and for at most 100 of them as a scan of every subset finds them
+/// (mean).
+fn directory(w: &World) -> (f64, f64, usize, f64) {
+    let labels: Vec<String> = w
+        .available
+        .keys()
+        .map(|n| crds::contract::member_label(n))
+        .collect();
+    let (mut sum, mut max, mut answered) = (0.0f64, 0.0f64, 0);
+    for label in &labels {
+        let t = Instant::now();
+        let found = w.store.members(label).map_or(0, |m| m.items.len());
+        let us = t.elapsed().as_secs_f64() * 1e6;
+        answered += std::hint::black_box(found);
+        sum += us;
+        max = max.max(us);
+    }
+    let scanned = labels.len().min(100);
+    let t = Instant::now();
+    for label in &labels[..scanned] {
+        std::hint::black_box(w.store.members_scanned(label));
+    }
+    let scan_us = t.elapsed().as_secs_f64() * 1e6 / scanned.max(1) as f64;
+    (sum / labels.len().max(1) as f64, max, answered, scan_us)
 }
 
 #[cfg(test)]
@@ -414,6 +464,13 @@ mod tests {
         assert_eq!(r.revisions_touched_on_remove, 120);
         assert_eq!(r.churn_on_remove, r.min_churn_on_remove);
         assert_eq!(r.churn_on_add, 0);
+        // Every membership is in its node's answer from the directory, once.
+        assert_eq!(r.directory_memberships, 6_000, "{r:?}");
+        assert!(
+            r.directory_answer_us > 0.0 && r.directory_scan_us > 0.0,
+            "{r:?}"
+        );
+        assert!(r.directory_answer_max_us >= r.directory_answer_us, "{r:?}");
     }
 
     #[test]
