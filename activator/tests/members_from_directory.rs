@@ -9,6 +9,7 @@ mod kubesim_cluster;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -73,15 +74,26 @@ async fn subset(api: &Api<ActivationEndpoints>, name: &str, nodes: &[&str]) -> a
 
 /// A directory replica that answers `/v1/members/<node>` with whatever `answer` holds now.
 async fn directory(answer: Arc<Mutex<Option<MembersAnswer>>>) -> anyhow::Result<SocketAddr> {
+    Ok(counted_directory(answer).await?.0)
+}
+
+/// [`directory`], and how many answers it has given (503s included).
+async fn counted_directory(
+    answer: Arc<Mutex<Option<MembersAnswer>>>,
+) -> anyhow::Result<(SocketAddr, Arc<AtomicUsize>)> {
+    let asked = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&asked);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     tokio::spawn(async move {
         while let Ok((conn, _)) = listener.accept().await {
             let answer = Arc::clone(&answer);
+            let counter = Arc::clone(&counter);
             tokio::spawn(async move {
                 let svc = hyper::service::service_fn(
                     move |req: hyper::Request<hyper::body::Incoming>| {
                         let answer = answer.lock().unwrap().clone();
+                        counter.fetch_add(1, Ordering::SeqCst);
                         async move {
                             let ok = req.uri().path() == crds::directory::members_path(NODE);
                             let resp = match answer.filter(|_| ok) {
@@ -106,7 +118,7 @@ async fn directory(answer: Arc<Mutex<Option<MembersAnswer>>>) -> anyhow::Result<
             });
         }
     });
-    Ok(addr)
+    Ok((addr, asked))
 }
 
 /// What a label-selected list gives now, as a truthful replica would answer it.
@@ -265,5 +277,93 @@ async fn an_answer_that_cannot_be_trusted_is_listed_instead() -> anyhow::Result<
         .map(|a| a.name_any())
         .collect();
     assert_eq!(names, BTreeSet::from(["a".to_string(), "b".to_string()]));
+    Ok(())
+}
+
+/// A version that expires later on (the API server ended the watch and no longer has it, as
+/// a busy real one does) takes a new first state from the directory, not a list, whether the
+/// first one was the directory's or listed.
+#[tokio::test]
+async fn a_version_expired_later_on_is_answered_by_the_directory_not_a_list() -> anyhow::Result<()>
+{
+    let server = cluster(10_000).await?;
+    let (client, aes) = clients(&server);
+    subset(&aes, "a", &[NODE]).await?;
+    subset(&aes, "b", &["n2"]).await?;
+    for first_listed in [false, true] {
+        let answer = Arc::new(Mutex::new(if first_listed {
+            None
+        } else {
+            Some(truthful(&aes).await?)
+        }));
+        let (addr, asked) = counted_directory(Arc::clone(&answer)).await?;
+        let listed_before = lists(&server);
+        let w = started(&client, addr).await?;
+        holds(&w, 1).await?;
+        assert_eq!(asked.load(Ordering::SeqCst), 1);
+        let listed_at_start = lists(&server);
+        assert_eq!(listed_at_start > listed_before, first_listed);
+        // A change the watch shows: its version is now the API server's own.
+        subset(&aes, "c", &[NODE]).await?;
+        holds(&w, 2).await?;
+
+        // A change the watch does not show, so its version falls behind; then every watch
+        // ends and no earlier version can be watched from any more. The directory knows the
+        // present.
+        subset(&aes, &format!("other-{first_listed}"), &["n2"]).await?;
+        let present = truthful(&aes).await?;
+        let listed = lists(&server);
+        server.compact();
+        *answer.lock().unwrap() = Some(present);
+        server.close_watches();
+        tokio::time::timeout(HANG, async {
+            while asked.load(Ordering::SeqCst) < 2 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .context("the directory was not asked after the 410")?;
+        // Later changes arrive on the watch from the directory's version.
+        subset(&aes, "d", &[NODE]).await?;
+        holds(&w, 3).await?;
+        aes.delete("d", &DeleteParams::default()).await?;
+        aes.delete("c", &DeleteParams::default()).await?;
+        holds(&w, 1).await?;
+        assert_eq!(
+            lists(&server),
+            listed,
+            "the 410 ended in a list (first state listed: {first_listed})"
+        );
+        assert_eq!(asked.load(Ordering::SeqCst), 2);
+    }
+    Ok(())
+}
+
+/// An API server that stops and comes back with its history: the watch resumes from its
+/// version, asking neither the directory nor for a list.
+#[tokio::test]
+async fn an_outage_resumes_the_watch_from_its_version() -> anyhow::Result<()> {
+    let server = cluster(10_000).await?;
+    let (client, aes) = clients(&server);
+    subset(&aes, "a", &[NODE]).await?;
+    let answer = Arc::new(Mutex::new(Some(truthful(&aes).await?)));
+    let (addr, asked) = counted_directory(answer).await?;
+    let w = started(&client, addr).await?;
+    subset(&aes, "b", &[NODE]).await?;
+    holds(&w, 2).await?;
+    let listed = lists(&server);
+    let watches = server.stats().count("watch", "activationendpoints");
+
+    server.stop().await;
+    server.resume().await?;
+    subset(&aes, "c", &[NODE]).await?;
+    holds(&w, 3).await?;
+    assert!(server.stats().count("watch", "activationendpoints") > watches);
+    assert_eq!(lists(&server), listed, "the resumed watch listed");
+    assert_eq!(
+        asked.load(Ordering::SeqCst),
+        1,
+        "the resumed watch asked the directory"
+    );
     Ok(())
 }

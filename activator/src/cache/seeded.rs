@@ -15,19 +15,29 @@
 //! already has, which change nothing once replayed, since each event carries the whole
 //! object), so once the replay is read the store is what a list would have given.
 //!
-//! Whatever goes wrong falls back to what the activator did before, the watcher's own list:
-//! no directory, no answer, an answer that does not hold to the query, a version the API
-//! server no longer has (410), or a watch that fails. The fallback lists afresh and replaces
-//! the store, so nothing seeded survives a doubt.
+//! Whatever makes the answer doubtful falls back to a list: no directory answer, an answer
+//! that does not hold to the query, or a version the API server no longer has (410) or will
+//! not watch from before the watch has said anything. The list replaces the store, so
+//! nothing seeded survives a doubt.
+//!
+//! The same holds later on. A watch the API server ends is reopened from the newest version
+//! it showed (bookmarks included), as kube-runtime's watcher does. But when that version has
+//! left the API server's cache (410 Expired), the watcher's answer is a list, and on a busy
+//! real API server that is common: in the real-API-server run at 1,000 nodes, its watch
+//! cache closed the activators' watches as "unresponsive" about 150,000 times in 15 minutes
+//! of bulk creation, and 544 reopened ones were told their version had expired. Here the
+//! next state after a 410 comes from the directory again (a list only if it gives none), so
+//! a membership watch lists only when the directory cannot answer
+//! (docs/membership-watch-cost.md).
 
 use std::time::Duration;
 
 use crds::ActivationEndpoints;
-use crds::directory::MembersAnswer;
 use futures::StreamExt;
 use futures::stream::{self, BoxStream};
 use kube::Api;
-use kube::api::{WatchEvent, WatchParams};
+use kube::api::{ListParams, WatchEvent, WatchParams};
+use kube::core::Status;
 use kube::runtime::watcher::{self, Event};
 use tracing::{debug, info};
 
@@ -47,8 +57,9 @@ const WATCH_TIMEOUT_SECS: u32 = 290;
 /// reopened from its version (kube-runtime's watcher: the timeout and a margin).
 const WATCH_IDLE: Duration = Duration::from_secs(WATCH_TIMEOUT_SECS as u64 + 5);
 
-/// The watch `cfg` asks for, its first state from `directory` when it answers `node`'s
-/// memberships, else listed.
+/// The watch `cfg` asks for (its label selector; a list from the API server's cache, in one
+/// page), each first state from `directory` when it answers `node`'s memberships, else
+/// listed. Without a directory, kube-runtime's watcher.
 pub fn watch(
     api: Api<ActivationEndpoints>,
     cfg: watcher::Config,
@@ -58,123 +69,221 @@ pub fn watch(
     let Some(directory) = directory else {
         return watcher::watcher(api, cfg).boxed();
     };
-    stream::once(async move {
-        match directory.members(&node, REPLICAS_WAIT).await {
-            Ok(m) => {
-                info!(
-                    subsets = m.items.len(),
-                    resource_version = %m.resource_version,
-                    "memberships from the directory; watching from its version"
-                );
-                seeded(api, cfg, m)
-            }
-            Err(e) => {
-                info!(error = %e, "memberships not from the directory: listing them");
-                watcher::watcher(api, cfg).boxed()
-            }
-        }
+    let mut list = ListParams::default().match_any();
+    let mut params = WatchParams::default().timeout(WATCH_TIMEOUT_SECS);
+    if let Some(l) = &cfg.label_selector {
+        list = list.labels(l);
+        params = params.labels(l);
+    }
+    let machine = Machine {
+        api,
+        list,
+        params,
+        node,
+        directory,
+        phase: Phase::Ask,
+    };
+    stream::unfold(machine, |mut m| async move {
+        let item = m.step().await;
+        Some((item, m))
     })
-    .flatten()
     .boxed()
 }
 
-/// The answer as a list's events, then the watch from its version, then (once that watch
-/// cannot go on) the watcher's own list and watch.
-fn seeded(api: Api<ActivationEndpoints>, cfg: watcher::Config, m: MembersAnswer) -> Events {
-    let listed = std::iter::once(Event::Init)
-        .chain(m.items.into_iter().map(Event::InitApply))
-        .chain(std::iter::once(Event::InitDone))
-        .map(Ok);
-    let follow = follow(api.clone(), cfg.label_selector.clone(), m.resource_version);
-    let fallback = stream::once(async move {
-        info!("the watch from the directory's version ended: listing the memberships");
-        watcher::watcher(api, cfg)
-    })
-    .flatten();
-    stream::iter(listed).chain(follow).chain(fallback).boxed()
+/// The membership watch: where it is, and what it needs to go on.
+struct Machine {
+    api: Api<ActivationEndpoints>,
+    list: ListParams,
+    params: WatchParams,
+    node: String,
+    directory: Directory,
+    phase: Phase,
 }
 
-/// Where [`follow`] is.
+enum Phase {
+    /// Ask the directory for a first state.
+    Ask,
+    /// List one.
+    List,
+    /// Hand out a first state's events, then watch from its version.
+    Seed {
+        events: std::vec::IntoIter<Event<ActivationEndpoints>>,
+        then: Following,
+    },
+    Watch(Following),
+}
+
+/// A watch from a first state's version on.
 struct Following {
-    api: Api<ActivationEndpoints>,
-    params: WatchParams,
-    /// The newest version seen: the next watch starts there.
+    /// The newest version seen: a reopened watch starts there.
     version: String,
     events: Option<BoxStream<'static, kube::Result<WatchEvent<ActivationEndpoints>>>>,
     /// Whether the open watch has said anything (an event or a bookmark).
     said: bool,
+    /// The version is the directory's and no watch from it has said anything yet: a watch
+    /// that ends or fails now casts doubt on the answer, and the next state is listed.
+    unconfirmed: bool,
 }
 
-/// Watches from `version` on, reopening each watch the server ends from the newest version
-/// seen (bookmarks included), until one cannot go on: an error, a 410, a watch refused, or
-/// one that ends having said nothing. Then it ends, and its caller lists.
-fn follow(
-    api: Api<ActivationEndpoints>,
-    labels: Option<String>,
-    version: String,
-) -> impl futures::Stream<Item = Result<Event<ActivationEndpoints>, watcher::Error>> + Send {
-    let mut params = WatchParams::default().timeout(WATCH_TIMEOUT_SECS);
-    if let Some(l) = labels {
-        params = params.labels(&l);
-    }
-    let start = Following {
-        api,
-        params,
-        version,
-        events: None,
-        said: false,
-    };
-    stream::unfold(Some(start), |st| async move {
-        let mut st = st?;
+/// What the open watch gave.
+enum Next {
+    /// Boxed: an object is large beside the other variants.
+    Event(Box<Event<ActivationEndpoints>>),
+    /// An error to pass on (and be backed off); the watch reopens from its version.
+    Retry(watcher::Error),
+    /// The version has left the API server's cache: a new first state is needed.
+    Expired(Box<Status>),
+    /// The directory's version did not hold.
+    Doubted,
+}
+
+impl Machine {
+    /// The next item: an event of a first state or of the watch, or an error.
+    async fn step(&mut self) -> Result<Event<ActivationEndpoints>, watcher::Error> {
         loop {
-            if st.events.is_none() {
-                match st.api.watch(&st.params, &st.version).await {
-                    Ok(events) => {
-                        st.events = Some(events.boxed());
-                        st.said = false;
+            match &mut self.phase {
+                Phase::Ask => match self.directory.members(&self.node, REPLICAS_WAIT).await {
+                    Ok(m) => {
+                        info!(
+                            subsets = m.items.len(),
+                            resource_version = %m.resource_version,
+                            "memberships from the directory; watching from its version"
+                        );
+                        self.phase = seed(m.items, m.resource_version, true);
                     }
                     Err(e) => {
-                        debug!(error = %e, version = %st.version, "the watch from the directory's version was refused");
-                        return None;
+                        info!(error = %e, "memberships not from the directory: listing them");
+                        self.phase = Phase::List;
                     }
-                }
+                },
+                Phase::List => match self.api.list(&self.list).await {
+                    Ok(l) => {
+                        // A list's version is what the watch needs; a server that gives none
+                        // cannot be watched from it (kube-runtime's watcher fails the same).
+                        let Some(v) = l.metadata.resource_version.filter(|v| !v.is_empty()) else {
+                            return Err(watcher::Error::NoResourceVersion);
+                        };
+                        self.phase = seed(l.items, v, false);
+                    }
+                    Err(e) => return Err(watcher::Error::InitialListFailed(e)),
+                },
+                Phase::Seed { events, then } => match events.next() {
+                    Some(ev) => return Ok(ev),
+                    None => {
+                        let then = std::mem::replace(then, Following::new(String::new(), false));
+                        self.phase = Phase::Watch(then);
+                    }
+                },
+                Phase::Watch(f) => match f.next(&self.api, &self.params).await {
+                    Next::Event(ev) => return Ok(*ev),
+                    Next::Retry(e) => return Err(e),
+                    Next::Expired(e) => {
+                        info!("the membership watch's version expired: a new first state");
+                        self.phase = Phase::Ask;
+                        return Err(watcher::Error::WatchError(e));
+                    }
+                    Next::Doubted => {
+                        info!(
+                            "the watch from the directory's version ended: listing the memberships"
+                        );
+                        self.phase = Phase::List;
+                    }
+                },
             }
-            let events = st.events.as_mut()?;
+        }
+    }
+}
+
+/// A first state (`items` at `version`) as a list's events, then the watch from `version`.
+fn seed(items: Vec<ActivationEndpoints>, version: String, from_directory: bool) -> Phase {
+    let events: Vec<_> = std::iter::once(Event::Init)
+        .chain(items.into_iter().map(Event::InitApply))
+        .chain(std::iter::once(Event::InitDone))
+        .collect();
+    Phase::Seed {
+        events: events.into_iter(),
+        then: Following::new(version, from_directory),
+    }
+}
+
+impl Following {
+    fn new(version: String, from_directory: bool) -> Self {
+        Self {
+            version,
+            events: None,
+            said: false,
+            unconfirmed: from_directory,
+        }
+    }
+
+    /// Watches from the newest version seen, reopening each watch the server ends or that
+    /// falls silent (kube-runtime's watcher does the same), until the version expires or,
+    /// while it is the directory's and unconfirmed, anything goes wrong.
+    async fn next(&mut self, api: &Api<ActivationEndpoints>, params: &WatchParams) -> Next {
+        loop {
+            let events = match &mut self.events {
+                Some(e) => e,
+                None => match api.watch(params, &self.version).await {
+                    Ok(events) => {
+                        self.said = false;
+                        self.events.insert(events.boxed())
+                    }
+                    Err(_) if self.unconfirmed => return Next::Doubted,
+                    Err(kube::Error::Api(e)) if e.code == 410 => return Next::Expired(e),
+                    Err(e) => {
+                        debug!(error = %e, version = %self.version, "the membership watch was refused");
+                        return Next::Retry(watcher::Error::WatchStartFailed(e));
+                    }
+                },
+            };
             let next = match tokio::time::timeout(WATCH_IDLE, events.next()).await {
                 Err(_) => {
-                    st.events = None;
+                    self.events = None;
                     continue;
                 }
-                Ok(None) if st.said => {
-                    st.events = None;
+                Ok(None) if !self.said && self.unconfirmed => return Next::Doubted,
+                Ok(None) => {
+                    self.events = None;
                     continue;
                 }
-                Ok(None) => return None,
+                Ok(Some(Err(_))) if self.unconfirmed => return Next::Doubted,
                 Ok(Some(Err(e))) => {
-                    debug!(error = %e, "the watch from the directory's version failed");
-                    return None;
+                    self.events = None;
+                    return Next::Retry(watcher::Error::WatchFailed(e));
                 }
                 Ok(Some(Ok(ev))) => ev,
             };
-            st.said = true;
             let ev = match next {
                 WatchEvent::Added(o) | WatchEvent::Modified(o) => Event::Apply(o),
                 WatchEvent::Deleted(o) => Event::Delete(o),
                 WatchEvent::Bookmark(b) => {
-                    st.version = b.metadata.resource_version;
+                    self.confirmed();
+                    self.version = b.metadata.resource_version;
                     continue;
                 }
-                WatchEvent::Error(e) => {
+                WatchEvent::Error(e) if self.unconfirmed => {
                     info!(code = e.code, reason = %e.reason, "the watch from the directory's version ended");
-                    return None;
+                    return Next::Doubted;
+                }
+                WatchEvent::Error(e) if e.code == 410 => return Next::Expired(e),
+                WatchEvent::Error(e) => {
+                    self.events = None;
+                    return Next::Retry(watcher::Error::WatchError(e));
                 }
             };
+            self.confirmed();
             if let Event::Apply(o) | Event::Delete(o) = &ev
                 && let Some(v) = &o.metadata.resource_version
             {
-                st.version.clone_from(v);
+                self.version.clone_from(v);
             }
-            return Some((Ok(ev), Some(st)));
+            return Next::Event(Box::new(ev));
         }
-    })
+    }
+
+    /// The open watch said something: its version held.
+    fn confirmed(&mut self) {
+        self.said = true;
+        self.unconfirmed = false;
+    }
 }
