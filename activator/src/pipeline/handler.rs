@@ -270,6 +270,16 @@ impl Handler {
             let sent = Box::pin(self.upstream.send(to, req, &[], "pod"));
             return match in_span(proxy, sent).await {
                 Ok(resp) => Ok(self.answered(spec, arrived, lease, resp)),
+                // The pooled connection closed under the request and the pod refused a fresh
+                // one (its app gone between two requests): as a refused connection above, a
+                // 503 the forwarding peer replays to its next member. Seen in CI under load:
+                // the race of a killed app with the pool noticing its connection closed.
+                Err(refusal) if spill && refusal.retry_elsewhere => {
+                    Err(Refusal::unavailable(format!(
+                        "revision {key}: no pod on node {} took the connection ({})",
+                        self.node, refusal.reason
+                    )))
+                }
                 Err(refusal) => Err(of_revision(key, refusal)),
             };
         }

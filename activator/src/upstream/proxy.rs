@@ -252,7 +252,10 @@ impl Upstream {
     ) -> Result<Response<Body>, Refusal> {
         match result {
             Ok(resp) => self.response(resp, client_upgrade, what, target),
-            Err(SendError::Connect(e)) => Err(Refusal::bad_gateway(format!(
+            // Nothing new reached an app: the pooled connection closed under the request
+            // (before it was written, or, for an idempotent request only, with no byte of
+            // answer) and the fresh one was refused.
+            Err(SendError::Connect(e)) => Err(Refusal::unreachable(format!(
                 "{what} at {target} is unreachable: {}",
                 error_chain(&e)
             ))),
