@@ -51,6 +51,24 @@ pub struct ActivationEndpointsStatus {
     /// require it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_members: Option<ImageMembers>,
+    /// The hosts whose traffic a Route splits, and this revision's percent of each (tags'
+    /// hosts at 100). Where any ActivationEndpoints carrying a host's label lists the host
+    /// here, the host's traffic goes by these percents to the objects that list it, and the
+    /// others carrying the label take none; where none lists it, the newest claimant without
+    /// `HostConflict` takes all of it (docs/activation-endpoints-contract.md, "Routes").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub routes: Vec<HostShare>,
+}
+
+/// One host's share routed to a revision.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HostShare {
+    /// The host, normalized (lower case, no port, no trailing dot).
+    pub host: String,
+    /// The percent of the host's requests this revision takes.
+    #[schemars(range(min = 0, max = 100))]
+    pub percent: i32,
 }
 
 /// `holding` of `of` members hold the revision's images.

@@ -56,6 +56,16 @@ pub const HEADER_ACTIVATOR_HOP_PROOF: &str = "x-activator-hop-proof";
 /// answers 503 instead of queueing it, and the request spills to the next member. Between
 /// activators only: removed from clients' requests, never passed on to an app.
 pub const HEADER_ACTIVATOR_HOP_SPILL: &str = "x-activator-hop-spill";
+/// Beside a proven hop: the resourceVersion of the chosen revision's ActivationEndpoints
+/// that the forwarding activator's host answer was read from. A member whose own copy of
+/// that object is newer answers with [`HEADER_ACTIVATOR_HOST_STALE`]. Between activators
+/// only: removed from clients' requests, never passed on to an app.
+pub const HEADER_ACTIVATOR_SUBSET_VERSION: &str = "x-activator-subset-version";
+/// On a member's answer to a forwarded request: the host answer the forwarder used is older
+/// than the member's subset (a Route or a hand-over moved the host), so the forwarder reads
+/// the host again at once. Honoured only on answers from a peer it forwarded to; removed
+/// before any answer reaches a client, and from apps' answers.
+pub const HEADER_ACTIVATOR_HOST_STALE: &str = "x-activator-host-stale";
 
 /// Activator ports.
 pub const DATA_PORT: u16 = 8080;

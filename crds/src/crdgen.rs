@@ -6,13 +6,14 @@ use std::path::Path;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-use crate::{ActivationEndpoints, Error, Revision};
+use crate::{ActivationEndpoints, Error, Revision, Route};
 
 /// Every CRD of the API, with the file name it is written to.
 pub fn all() -> Vec<(&'static str, CustomResourceDefinition)> {
     vec![
         ("revisions.yaml", Revision::crd()),
         ("activationendpoints.yaml", ActivationEndpoints::crd()),
+        ("routes.yaml", Route::crd()),
     ]
 }
 

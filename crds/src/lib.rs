@@ -3,6 +3,8 @@
 //! - [`Revision`]: one immutable version of an app that scales to zero.
 //! - [`ActivationEndpoints`]: the subset of activators serving a revision, written by the
 //!   subsetter (or a replacement) and read by activators.
+//! - [`Route`]: where a host's traffic goes (split, tags, gradual rollout), turned by the
+//!   subsetter into `status.routes` of the ActivationEndpoints it names.
 //! - [`contract`]: the labels, headers, names and hashes shared between the parts
 //!   (docs/architecture.md, "The contracts"), so every component derives them the same way.
 //! - [`ObjectKey`]: a namespaced object's namespace and name, the one key type of both parts.
@@ -20,14 +22,16 @@ pub mod key;
 pub mod pod_ready;
 pub mod pod_template;
 pub mod revision;
+pub mod route;
 pub mod unread;
 
 pub use activation_endpoints::{
     ActivationEndpoints, ActivationEndpointsSpec, ActivationEndpointsStatus, ActivatorMember,
-    ImageMembers,
+    HostShare, ImageMembers,
 };
 pub use key::ObjectKey;
 pub use revision::{PodTemplate, Revision, RevisionSpec, RevisionStatus};
+pub use route::{Route, RouteSpec, RouteStatus, ServedTarget, TrafficTarget};
 
 /// The API group of both kinds.
 pub const GROUP: &str = "local-activator.dev";

@@ -26,6 +26,7 @@ pub use crate::pod_template::PodTemplate;
     printcolumn = r#"{"name":"Min","type":"integer","jsonPath":".spec.minScale"}"#,
     printcolumn = r#"{"name":"Max","type":"integer","jsonPath":".spec.maxScale"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Routed","type":"string","jsonPath":".status.conditions[?(@.type==\"RoutesReady\")].reason"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     validation = Rule::new("self.metadata.name.size() <= 63").message("metadata.name must be no more than 63 characters"),
 )]
@@ -82,6 +83,13 @@ pub struct RevisionSpec {
     #[serde(default = "default_timeout_seconds")]
     #[schemars(range(min = 1, max = 3600))]
     pub timeout_seconds: i64,
+
+    /// Longest wait, when this revision takes a host another revision serves, for its pods to
+    /// be Ready before the host moves anyway (default: `timeoutSeconds`; 0: move at once,
+    /// into a cold start). Until then the older revision keeps the host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 3600))]
+    pub hand_over_timeout_seconds: Option<i64>,
 }
 
 /// What the subsetter reports about a revision.
@@ -163,10 +171,23 @@ impl RevisionSpec {
         if self.timeout_seconds > 3600 {
             out.push("spec.timeoutSeconds must be <= 3600".into());
         }
+        if matches!(self.hand_over_timeout_seconds, Some(s) if !(0..=3600).contains(&s)) {
+            out.push("spec.handOverTimeoutSeconds must be within 0-3600".into());
+        }
         if matches!(self.activators, Some(n) if n > 1000) {
             out.push("spec.activators must be <= 1000".into());
         }
         out
+    }
+}
+
+impl RevisionSpec {
+    /// The bound on a hand-over to this revision (`handOverTimeoutSeconds`, default
+    /// `timeoutSeconds`), in seconds.
+    pub fn hand_over_bound(&self) -> i64 {
+        self.hand_over_timeout_seconds
+            .unwrap_or(self.timeout_seconds)
+            .max(0)
     }
 }
 

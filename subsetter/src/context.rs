@@ -119,6 +119,40 @@ impl Context {
 
     /// A Warning Event on `rev` saying why its subset is Degraded. Best effort, bounded: a
     /// reconcile never fails or hangs on an Event.
+    /// An Event on `rev` (Normal or Warning), written best effort and bounded.
+    pub(crate) async fn revision_event(
+        &self,
+        rev: &Revision,
+        normal: bool,
+        reason: &str,
+        message: &str,
+    ) {
+        let recorder = Recorder::new(
+            self.client.clone(),
+            Reporter {
+                controller: self.config.field_manager.clone(),
+                instance: std::env::var("POD_NAME").ok(),
+            },
+        );
+        let event = Event {
+            type_: if normal {
+                EventType::Normal
+            } else {
+                EventType::Warning
+            },
+            reason: reason.to_owned(),
+            note: Some(message.to_owned()),
+            action: "RouteHosts".into(),
+            secondary: None,
+        };
+        self.write_turn(Lane::Bulk).await;
+        let regarding = rev.object_ref(&());
+        let publish = recorder.publish(&event, &regarding);
+        if let Ok(Err(e)) = tokio::time::timeout(EVENT_WRITE_LIMIT, publish).await {
+            debug!(error = %e, "writing a Revision event");
+        }
+    }
+
     pub(crate) async fn degraded_event(&self, rev: &Revision, reason: &str, message: &str) {
         let recorder = Recorder::new(
             self.client.clone(),

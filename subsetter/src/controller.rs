@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use crds::backoff::resilient;
 use crds::directory::DirectoryAnswer;
-use crds::{ActivationEndpoints, Revision};
+use crds::{ActivationEndpoints, Revision, Route};
 use futures::channel::mpsc::{UnboundedSender, unbounded};
 use futures::{FutureExt, StreamExt, stream};
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
@@ -67,11 +67,13 @@ pub(crate) struct Synced {
     pub(crate) pods: bool,
     pub(crate) nodes: bool,
     pub(crate) namespaces: bool,
+    pub(crate) routes: bool,
+    pub(crate) app_pods: bool,
 }
 
 impl Synced {
     fn all(self) -> bool {
-        self.endpoints && self.pods && self.nodes && self.namespaces
+        self.endpoints && self.pods && self.nodes && self.namespaces && self.routes && self.app_pods
     }
 }
 
@@ -174,6 +176,31 @@ impl Subsetter {
             shared.aftermath.clone(),
             self.metrics.readyz_failures.clone(),
         )));
+        // App pods (hand-overs and Route steps wait on their readiness) and Routes.
+        let app_pods: Api<Pod> = match &self.config.namespace {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        };
+        tasks.push(tokio::spawn(crate::app_pods::watch_app_pods(
+            app_pods,
+            Arc::clone(&shared.ready_pods),
+            triggers.clone(),
+            Arc::clone(&shared.route_wake),
+            Arc::clone(&synced),
+        )));
+        let routes_api: Api<Route> = match &self.config.namespace {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        };
+        let (route_reader, route_writer) = reflector::store::<Route>();
+        tasks.push(tokio::spawn(crate::routes::watch_routes(
+            routes_api,
+            route_writer,
+            Arc::clone(&shared.routes),
+            triggers.clone(),
+            Arc::clone(&shared.route_wake),
+            Arc::clone(&synced),
+        )));
         let (rev_reader, rev_writer) = reflector::store::<Revision>();
         if let Some(selector) = self.config.namespace_selector.clone() {
             let (synced, reader, tx) = (Arc::clone(&synced), rev_reader.clone(), triggers.clone());
@@ -202,6 +229,7 @@ impl Subsetter {
         Caches {
             shared,
             rev_reader,
+            route_reader,
             triggers,
             tasks,
             all_namespaces: self.config.namespace.is_none(),
@@ -246,6 +274,13 @@ impl Subsetter {
             let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &ns);
             tokio::spawn(watch_settings(api, name, base, Arc::clone(&ctx)))
         });
+        let routes_task = tokio::spawn(crate::routes::run(
+            Arc::clone(&ctx),
+            caches.route_reader.clone(),
+            caches.rev_reader.clone(),
+            caches.triggers.clone(),
+            Arc::clone(&caches.shared.route_wake),
+        ));
         // Everything cached, once the Revision store has its first list.
         let everything = {
             let reader = caches.rev_reader.clone();
@@ -292,6 +327,7 @@ impl Subsetter {
         }
         caches.triggers.follow();
         everything.abort();
+        routes_task.abort();
         for t in [settings_task, rebalance_task].into_iter().flatten() {
             t.abort();
         }
@@ -306,6 +342,7 @@ pub struct Caches {
     /// What the reconciler reads too.
     shared: SharedCaches,
     rev_reader: Store<Revision>,
+    route_reader: Store<Route>,
     triggers: Triggers,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     /// Whether the ActivationEndpoints watch covers every namespace (the members answer).

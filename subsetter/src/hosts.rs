@@ -184,6 +184,32 @@ impl HostIndex {
             .map(Claim::key)
     }
 
+    /// The claimants of an already normalized `host`, newest first.
+    pub fn claimants(&self, host: &str) -> Vec<Key> {
+        self.claims
+            .get(host)
+            .map(|set| set.iter().rev().map(Claim::key).collect())
+            .unwrap_or_default()
+    }
+
+    /// The claimants of `host` (normalized) older than `key`'s claim, newest first.
+    pub fn older_than(&self, host: &str, key: &Key) -> Vec<Key> {
+        let Some((created, _)) = self.claimed.get(key) else {
+            return Vec::new();
+        };
+        let mut v = self.older(host, &Claim::new(key, *created));
+        v.reverse();
+        v
+    }
+
+    /// The normalized hosts `key` claims.
+    pub fn hosts_of(&self, key: &Key) -> Vec<String> {
+        self.claimed
+            .get(key)
+            .map(|(_, h)| h.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
     /// Number of hosts claimed.
     pub fn len(&self) -> usize {
         self.claims.len()

@@ -38,6 +38,13 @@ pub struct Metrics {
     pub reconciles_queued: Gauge,
     /// Events written on Revisions whose subset turned Degraded.
     pub degraded_events: Counter,
+    /// Hosts handed over to a newer revision with its pods Ready, and after the bound without.
+    pub handovers_warm: Counter,
+    pub handovers_bound: Counter,
+    /// How long hand-overs waited for the newer revision's pods, in seconds.
+    pub handover_wait_seconds: Histogram,
+    /// Moves of a Route's served traffic (each step of a rollout counts).
+    pub route_moves: Counter,
     /// Settings ConfigMap versions put in force, and refused.
     pub settings_applied: Counter,
     pub settings_refused: Counter,
@@ -72,6 +79,11 @@ impl Default for Metrics {
             reconciles_in_flight: Gauge::default(),
             reconciles_queued: Gauge::default(),
             degraded_events: Counter::default(),
+            handovers_warm: Counter::default(),
+            handovers_bound: Counter::default(),
+            // 10 ms to ~3 min: a quick app's start to a JVM's.
+            handover_wait_seconds: Histogram::new(exponential_buckets(0.01, 3.0, 12)),
+            route_moves: Counter::default(),
             settings_applied: Counter::default(),
             settings_refused: Counter::default(),
             settings_reverted: Counter::default(),
@@ -159,6 +171,26 @@ impl Default for Metrics {
             "reconciles_queued",
             "Revisions waiting for a reconcile (triggered, not started yet)",
             m.reconciles_queued.clone(),
+        );
+        registry.register(
+            "handovers_warm",
+            "Hosts handed over to a newer revision once its pods were Ready",
+            m.handovers_warm.clone(),
+        );
+        registry.register(
+            "handovers_bound",
+            "Hosts handed over to a newer revision at its bound, without the pods",
+            m.handovers_bound.clone(),
+        );
+        registry.register(
+            "handover_wait_seconds",
+            "How long hand-overs waited for the newer revision's pods",
+            m.handover_wait_seconds.clone(),
+        );
+        registry.register(
+            "route_moves",
+            "Moves of a Route's served traffic (each step of a rollout)",
+            m.route_moves.clone(),
         );
         registry.register(
             "degraded_events",

@@ -85,6 +85,13 @@ pub struct SubsetInputs<'a> {
     pub default_n: usize,
     /// The hosts of the revision that a newer revision takes (gives `HostConflict`).
     pub host_conflicts: &'a [Conflict],
+    /// The hosts a Route sends to this revision, with its percent of each (`route_plan`).
+    pub routes: &'a [crds::HostShare],
+    /// Hosts of `spec.hosts` whose hand-over to this revision waits for its pods: their
+    /// labels are left off until then (`handover`).
+    pub pending_hosts: &'a [String],
+    /// Pods to keep started across the members while a hand-over waits (0: none).
+    pub warm_pods: i32,
     pub now: Timestamp,
 }
 
@@ -178,7 +185,14 @@ pub fn subset(inp: &SubsetInputs<'_>) -> SubsetPlan {
         _ => inp.available.get(node),
     };
     let spec = &inp.revision.spec;
-    let shares = shares::split(spec.max_scale, spec.min_scale, chosen.len());
+    // While a hand-over waits, the members keep the pods it waits for started (`minPods`),
+    // within maxScale.
+    let floor = if spec.max_scale > 0 {
+        spec.min_scale.max(inp.warm_pods.min(spec.max_scale))
+    } else {
+        spec.min_scale.max(inp.warm_pods)
+    };
+    let shares = shares::split(spec.max_scale, floor, chosen.len());
     let activators: Vec<ActivatorMember> = chosen
         .iter()
         .zip(shares)
@@ -234,6 +248,7 @@ pub fn subset(inp: &SubsetInputs<'_>) -> SubsetPlan {
     let status = ActivationEndpointsStatus {
         conditions: conditions::merge(existing, &desired, generation, inp.now),
         image_members: image_members.flatten(),
+        routes: inp.routes.to_vec(),
         activators,
         policy: Some(inp.policy.name().to_owned()),
         observed_generation: generation,
@@ -264,10 +279,26 @@ pub fn subset(inp: &SubsetInputs<'_>) -> SubsetPlan {
     // A revision keeps the labels of the hosts it loses: readers skip it by its HostConflict
     // condition, and the label is what lets them see that there is a conflict at all.
     // Any string hashes to a valid label key, so an odd host cannot make the write fail.
+    // A host whose hand-over waits gets no label yet: no reader finds this revision for it.
+    let pending: FastSet<String> = inp
+        .pending_hosts
+        .iter()
+        .map(|h| crate::hosts::label_of_normalized(h))
+        .collect();
     let labels: BTreeMap<String, String> = chosen
         .iter()
         .map(|node| member_label(node))
-        .chain(spec.hosts.iter().map(|h| host_label(h)))
+        .chain(
+            spec.hosts
+                .iter()
+                .map(|h| host_label(h))
+                .filter(|l| !pending.contains(l)),
+        )
+        .chain(
+            inp.routes
+                .iter()
+                .map(|r| crate::hosts::label_of_normalized(&r.host)),
+        )
         .map(|k| (k, String::new()))
         .collect();
     let label_patch = inp.current.and_then(|ae| {
@@ -319,17 +350,15 @@ pub fn revision_conditions(
     problems: &[String],
     members: usize,
     none: &conditions::NoMembers,
+    routes_ready: Option<conditions::Desired>,
     now: Timestamp,
 ) -> Option<(Option<i64>, Vec<Condition>)> {
     let current = revision.status.as_ref();
     let existing = current.map(|s| s.conditions.as_slice()).unwrap_or(&[]);
     let generation = revision.metadata.generation;
-    let conds = conditions::merge(
-        existing,
-        &conditions::revision(problems, members, none),
-        generation,
-        now,
-    );
+    let mut desired = conditions::revision(problems, members, none);
+    desired.extend(routes_ready);
+    let conds = conditions::merge(existing, &desired, generation, now);
     let same =
         current.is_some_and(|s| s.conditions == conds && s.observed_generation == generation);
     (!same).then_some((generation, conds))
@@ -367,6 +396,7 @@ mod tests {
                 activators: n,
                 idle_timeout_seconds: 300,
                 timeout_seconds: 300,
+                hand_over_timeout_seconds: None,
             },
         );
         r.metadata.namespace = Some("ns".into());
@@ -421,6 +451,9 @@ mod tests {
             images: &crate::images::wanted(&rev.spec.template.value()),
             default_n: 3,
             host_conflicts,
+            routes: &[],
+            pending_hosts: &[],
+            warm_pods: 0,
             now: Timestamp::from_second(now).unwrap(),
         })
     }
@@ -611,6 +644,7 @@ mod tests {
             &[],
             3,
             &Default::default(),
+            None,
             Timestamp::from_second(1).unwrap(),
         )
         .unwrap();
@@ -624,6 +658,7 @@ mod tests {
                 &[],
                 3,
                 &Default::default(),
+                None,
                 Timestamp::from_second(2).unwrap()
             )
             .is_none()
@@ -634,6 +669,7 @@ mod tests {
                 &["bad".into()],
                 3,
                 &Default::default(),
+                None,
                 Timestamp::from_second(2).unwrap()
             )
             .is_some()
@@ -744,6 +780,9 @@ mod tests {
                     images: &crate::images::wanted(&rev.spec.template.value()),
                     default_n: 3,
                     host_conflicts: &[],
+                    routes: &[],
+                    pending_hosts: &[],
+                    warm_pods: 0,
                     now: Timestamp::from_second(1).unwrap(),
                 });
                 let eligible_count = av.values().filter(|a| eligible(&placement, a)).count();

@@ -11,13 +11,15 @@ use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 use tracing::{debug, info, warn};
 
-use crate::conditions::NoMembers;
+use crate::conditions::{Desired, NoMembers};
 use crate::error::{Error, Result};
+use crate::handover::{self, HandOver};
 use crate::hosts;
 use crate::index::Key;
 use crate::locks::{lock, read, write};
 use crate::metrics::Metrics;
 use crate::plan::{self, SubsetInputs, SubsetPlan};
+use crate::route_plan;
 use crate::write_limit::Lane;
 
 // Their paths from before they had files of their own.
@@ -67,7 +69,8 @@ async fn reconcile_synced(rev: &Arc<Revision>, ctx: &Arc<Context>) -> Result<Act
     if let Some(cur) = &current {
         delete_if_foreign(&target, rev, cur).await?;
     }
-    let plan = plan_and_reserve(ctx, &target.key, rev, current.as_ref(), now);
+    let routing = routing(ctx, &target.key, rev, current.as_ref(), now);
+    let plan = plan_and_reserve(ctx, &target.key, rev, current.as_ref(), &routing, now);
 
     let observed = current.as_ref().and_then(|c| c.status.as_ref());
     let lane = lane_of(observed.map(|s| s.observed_generation), rev);
@@ -83,11 +86,200 @@ async fn reconcile_synced(rev: &Arc<Revision>, ctx: &Arc<Context>) -> Result<Act
             .await?;
     }
 
+    if let HandOver::Move {
+        warm,
+        waited,
+        message,
+        ..
+    } = &routing.hand_over
+    {
+        moved_event(ctx, &target.key, rev, *warm, *waited, message).await;
+    }
+
     let members = plan.status.activators.len();
     let no_activators = NoMembers::default();
     let none = plan.no_members.as_ref().unwrap_or(&no_activators);
-    write_revision_status(ctx, &target.revisions, rev, &[], members, none, now).await?;
-    Ok(succeeded(ctx, &target.key))
+    let routes_ready = routes_ready(rev, &routing.hand_over);
+    write_revision_status_with(
+        ctx,
+        &target.revisions,
+        rev,
+        &[],
+        members,
+        none,
+        routes_ready,
+        now,
+    )
+    .await?;
+    let done = succeeded(ctx, &target.key);
+    // A hand-over that waits is looked at again at its bound (pod changes trigger it before).
+    Ok(match &routing.hand_over {
+        HandOver::Wait { deadline, .. } => {
+            let left = deadline.duration_since(now).as_millis();
+            Action::requeue(Duration::from_millis(
+                u64::try_from(left).unwrap_or(0).max(100),
+            ))
+        }
+        _ => done,
+    })
+}
+
+/// How `rev`'s hosts are routed in this reconcile: a Route's shares, the hand-over of hosts
+/// older revisions serve, and the pods to keep started for either.
+struct Routing {
+    shares: Vec<crds::HostShare>,
+    hand_over: HandOver,
+    pending: Vec<String>,
+    warm_pods: i32,
+}
+
+fn routing(
+    ctx: &Context,
+    key: &Key,
+    rev: &Revision,
+    current: Option<&ActivationEndpoints>,
+    now: Timestamp,
+) -> Routing {
+    let (shares, route_warm, routed) = {
+        let rix = lock(&ctx.caches.routes);
+        let hosts = lock(&ctx.caches.hosts).hosts_of(key);
+        let routed: Vec<String> = hosts
+            .into_iter()
+            .filter(|h| rix.owner(h).is_some())
+            .collect();
+        (rix.shares_of(key), rix.warm_of(key), routed)
+    };
+    let held = held_hosts(ctx, key, current, &routed);
+    let waiting_since = rev
+        .status
+        .as_ref()
+        .and_then(|s| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == route_plan::ROUTES_READY && c.status == "False")
+        })
+        .map(|c| c.last_transition_time.0);
+    let ready = lock(&ctx.caches.ready_pods).ready(key);
+    let hand_over = handover::decide(&handover::Inputs {
+        held: &held,
+        ready,
+        max_scale: rev.spec.max_scale,
+        bound_seconds: rev.spec.hand_over_bound(),
+        waiting_since,
+        now,
+    });
+    let waits = matches!(hand_over, HandOver::Wait { .. });
+    lock(&ctx.caches.ready_pods).watch(key, waits || route_warm > 0);
+    let (pending, warm) = match &hand_over {
+        HandOver::Wait { needed, .. } => (held.iter().map(|h| h.host.clone()).collect(), *needed),
+        _ => (Vec::new(), 0),
+    };
+    Routing {
+        shares,
+        hand_over,
+        pending,
+        warm_pods: warm.max(route_warm),
+    }
+}
+
+/// The hosts of `key` that an older revision serves now while `key`'s own object carries no
+/// label for them (hosts a Route owns are the Route's to move).
+fn held_hosts(
+    ctx: &Context,
+    key: &Key,
+    current: Option<&ActivationEndpoints>,
+    routed: &[String],
+) -> Vec<handover::Held> {
+    let candidates: Vec<(String, Vec<Key>)> = {
+        let hix = lock(&ctx.caches.hosts);
+        hix.hosts_of(key)
+            .into_iter()
+            .filter(|h| !routed.contains(h))
+            .map(|h| {
+                let older = hix.older_than(&h, key);
+                (h, older)
+            })
+            .collect()
+    };
+    let mut held = Vec::new();
+    for (host, older) in candidates {
+        let label = hosts::label_of_normalized(&host);
+        let own = current.is_some_and(|c| c.labels().contains_key(&label));
+        if own || older.is_empty() {
+            continue;
+        }
+        let by = {
+            let ae = read(&ctx.caches.ae_store);
+            older.into_iter().find(|k| ae.has_label(k, &label))
+        };
+        if let Some(by) = by {
+            let ready = lock(&ctx.caches.ready_pods).ready(&by);
+            held.push(handover::Held { host, by, ready });
+        }
+    }
+    held
+}
+
+/// The `RoutesReady` condition of a revision: False while a hand-over waits, True once it
+/// took its hosts; absent on a revision that never had to wait (most never do).
+fn routes_ready(rev: &Revision, hand_over: &HandOver) -> Option<Desired> {
+    match hand_over {
+        HandOver::Wait { message, .. } => Some(Desired {
+            type_: route_plan::ROUTES_READY,
+            status: false,
+            reason: "WaitingForPods",
+            message: message.clone(),
+        }),
+        HandOver::Move { message, .. } => Some(Desired {
+            type_: route_plan::ROUTES_READY,
+            status: true,
+            reason: "HostsRouted",
+            message: message.clone(),
+        }),
+        HandOver::Nothing => {
+            let had = rev.status.as_ref().and_then(|s| {
+                s.conditions
+                    .iter()
+                    .find(|c| c.type_ == route_plan::ROUTES_READY)
+            })?;
+            Some(Desired {
+                type_: route_plan::ROUTES_READY,
+                status: true,
+                reason: "HostsRouted",
+                message: if had.status == "True" {
+                    had.message.clone()
+                } else {
+                    "no other revision serves its hosts".into()
+                },
+            })
+        }
+    }
+}
+
+/// A host moved to `rev`: counted, logged, and an Event on the Revision.
+async fn moved_event(
+    ctx: &Context,
+    key: &Key,
+    rev: &Revision,
+    warm: bool,
+    waited: k8s_openapi::jiff::SignedDuration,
+    message: &str,
+) {
+    if warm {
+        ctx.metrics.handovers_warm.inc();
+    } else {
+        ctx.metrics.handovers_bound.inc();
+    }
+    ctx.metrics
+        .handover_wait_seconds
+        .observe(waited.as_secs_f64().max(0.0));
+    info!(revision = %key, warm, %message, "host handed over");
+    let reason = if warm {
+        "HostMoved"
+    } else {
+        "HostMovedAtBound"
+    };
+    ctx.revision_event(rev, warm, reason, message).await;
 }
 
 /// The revision a reconcile works on, and the APIs of its namespace.
@@ -170,6 +362,7 @@ fn plan_and_reserve(
     key: &Key,
     rev: &Revision,
     current: Option<&ActivationEndpoints>,
+    routing: &Routing,
     now: Timestamp,
 ) -> SubsetPlan {
     let host_conflicts = host_conflicts(ctx, key);
@@ -203,6 +396,9 @@ fn plan_and_reserve(
         images: &images,
         default_n: tuned.max_node_selection,
         host_conflicts: &host_conflicts,
+        routes: &routing.shares,
+        pending_hosts: &routing.pending,
+        warm_pods: routing.warm_pods,
         now,
     });
     let nodes = plan.status.activators.iter().map(|m| &m.node);
@@ -219,7 +415,13 @@ struct Written {
 }
 
 fn status_patch(plan: &SubsetPlan) -> Patch<serde_json::Value> {
-    Patch::Merge(json!({ "status": plan.status }))
+    let mut status = json!(plan.status);
+    // An empty list is left out when serialized, and a merge patch leaves out what it omits:
+    // a revision that lost its last Route share must say so with a null.
+    if plan.status.routes.is_empty() {
+        status["routes"] = serde_json::Value::Null;
+    }
+    Patch::Merge(json!({ "status": status }))
 }
 
 /// Creates `rev`'s ActivationEndpoints (owned by it, with the plan's labels), then writes its
@@ -357,7 +559,12 @@ fn count_churn(metrics: &Metrics, plan: &SubsetPlan) {
 /// marking this revision would leave the host with no route. The AE watch triggers this
 /// revision again when the newer one's object changes.
 fn host_conflicts(ctx: &Context, key: &Key) -> Vec<hosts::Conflict> {
-    let newer = lock(&ctx.caches.hosts).newer_claimants(key);
+    let mut newer = lock(&ctx.caches.hosts).newer_claimants(key);
+    {
+        // A host a Route owns is the Route's to split: claims do not conflict over it.
+        let rix = lock(&ctx.caches.routes);
+        newer.retain(|(h, _)| rix.owner(h).is_none());
+    }
     if newer.is_empty() {
         return Vec::new();
     }
@@ -379,8 +586,23 @@ async fn write_revision_status(
     none: &NoMembers,
     now: Timestamp,
 ) -> Result<()> {
+    write_revision_status_with(ctx, revisions, rev, problems, members, none, None, now).await
+}
+
+/// The Revision's status, with `RoutesReady` when it has one.
+#[allow(clippy::too_many_arguments)]
+async fn write_revision_status_with(
+    ctx: &Context,
+    revisions: &Api<Revision>,
+    rev: &Revision,
+    problems: &[String],
+    members: usize,
+    none: &NoMembers,
+    routes_ready: Option<Desired>,
+    now: Timestamp,
+) -> Result<()> {
     if let Some((generation, conditions)) =
-        plan::revision_conditions(rev, problems, members, none, now)
+        plan::revision_conditions(rev, problems, members, none, routes_ready, now)
     {
         let key = Key::new(rev.namespace().unwrap_or_default(), rev.name_any());
         let rv = rev.metadata.resource_version.as_deref();

@@ -39,6 +39,13 @@ pub(crate) struct SharedCaches {
     pub(crate) written_statuses: Arc<Mutex<crate::written_status::WrittenStatuses>>,
     /// How many activators `activators` holds, published on each change.
     pub(crate) available_count: Arc<watch::Sender<usize>>,
+    /// Routes' shares of hosts by revision, and the pods their moves wait for
+    /// (`route_index.rs`).
+    pub(crate) routes: Arc<Mutex<crate::route_index::RouteIndex>>,
+    /// Ready app pods by revision (`ready_pods.rs`).
+    pub(crate) ready_pods: Arc<Mutex<crate::ready_pods::ReadyPods>>,
+    /// Wakes the leader's route pass (a Route changed, a waited-on revision's pods did).
+    pub(crate) route_wake: Arc<tokio::sync::Notify>,
 }
 
 impl SharedCaches {
@@ -60,6 +67,9 @@ impl SharedCaches {
             aftermath,
             available_count: Arc::new(watch::Sender::new(0)),
             written_statuses: Arc::default(),
+            routes: Arc::default(),
+            ready_pods: Arc::default(),
+            route_wake: Arc::default(),
         }
     }
 }

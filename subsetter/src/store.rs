@@ -203,6 +203,8 @@ struct Status {
     observed_generation: Option<i64>,
     conditions: Box<[Cond]>,
     image_members: Option<crds::ImageMembers>,
+    /// Routes' shares: rare (only revisions a Route splits), kept as they are.
+    routes: Box<[crds::HostShare]>,
 }
 
 /// What the subsetter keeps of one ActivationEndpoints.
@@ -240,6 +242,7 @@ impl Compact {
                 })
                 .collect(),
             image_members: s.image_members,
+            routes: s.routes.iter().cloned().collect(),
         });
         Self {
             resource_version: ae.metadata.resource_version.as_deref().map(Box::from),
@@ -311,6 +314,7 @@ impl Compact {
                 })
                 .collect(),
             image_members: s.image_members,
+            routes: s.routes.to_vec(),
         });
         ae
     }
@@ -648,6 +652,10 @@ mod tests {
                 observed_generation: Some(3),
             }],
             image_members: Some(crds::ImageMembers { holding: 1, of: 2 }),
+            routes: vec![crds::HostShare {
+                host: "shop.test".into(),
+                percent: 90,
+            }],
         });
         ae
     }

@@ -74,6 +74,9 @@ async fn set_hosts(c: &Cluster, name: &str, hosts: &[&str]) -> Result<()> {
 async fn create_with_hosts(c: &Cluster, ns: &str, name: &str, hosts: &[&str]) -> Result<()> {
     let mut s = spec(0, 0, Some(1));
     s.hosts = hosts.iter().map(|h| (*h).to_owned()).collect();
+    // These tests are about claims and labels: a newer claimant takes a host at once, as
+    // with no pods to wait for (the warm hand-over has its own tests, `handover.rs`).
+    s.hand_over_timeout_seconds = Some(0);
     let mut r = Revision::new(name, s);
     r.metadata.namespace = Some(ns.into());
     Api::<Revision>::namespaced(c.client.clone(), ns)

@@ -418,7 +418,7 @@ async fn setup_cluster(server: &ApiServer) -> Result<Client> {
     let admin = server.client();
     let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/crds");
-    for file in ["revisions.yaml", "activationendpoints.yaml"] {
+    for file in ["revisions.yaml", "activationendpoints.yaml", "routes.yaml"] {
         let crd: CustomResourceDefinition =
             serde_saphyr::from_str(&std::fs::read_to_string(format!("{dir}/{file}"))?)?;
         let name = crd.name_any();

@@ -36,7 +36,7 @@ pub async fn cluster(cfg: ApiServerConfig, ns: &str) -> anyhow::Result<ApiServer
 /// `deploy/crds/` (Revisions, ActivationEndpoints), each once it is Established.
 pub async fn apply_crds(client: &kube::Client) -> anyhow::Result<()> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for file in ["revisions.yaml", "activationendpoints.yaml"] {
+    for file in ["revisions.yaml", "activationendpoints.yaml", "routes.yaml"] {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/crds/").to_string() + file;
         let crd: CustomResourceDefinition =
             serde_saphyr::from_str(&std::fs::read_to_string(&path)?)?;

@@ -205,6 +205,9 @@ impl World {
                 images: &wanted,
                 default_n: self.default_n,
                 host_conflicts: &[],
+                routes: &[],
+                pending_hosts: &[],
+                warm_pods: 0,
                 now: self.now,
             });
             joined += p.joined;

@@ -36,7 +36,7 @@ impl Cluster {
         let client = server.client();
         let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/crds");
-        for file in ["revisions.yaml", "activationendpoints.yaml"] {
+        for file in ["revisions.yaml", "activationendpoints.yaml", "routes.yaml"] {
             let text = std::fs::read_to_string(format!("{dir}/{file}"))?;
             let crd: CustomResourceDefinition =
                 serde_saphyr::from_str(&text).with_context(|| format!("parsing {file}"))?;
@@ -310,6 +310,7 @@ pub fn spec(max_scale: i32, min_scale: i32, activators: Option<i32>) -> Revision
         activators,
         idle_timeout_seconds: 300,
         timeout_seconds: 300,
+        hand_over_timeout_seconds: None,
     }
 }
 

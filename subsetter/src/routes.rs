@@ -1,0 +1,279 @@
+//! Routes: the watch that keeps [`RouteIndex`] on every replica, and the leader's pass that
+//! decides what each Route serves (`route_plan.rs`), writes its status and an Event on each
+//! move, and triggers the revisions whose shares or warm pods changed, so their
+//! ActivationEndpoints carry the new `status.routes` (gaining revisions are triggered first:
+//! a host's readers then never see a share taken before it is given).
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crds::backoff::resilient;
+use crds::{Revision, Route};
+use futures::StreamExt;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::Patch;
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Resource, ResourceExt};
+use serde_json::json;
+use tokio::sync::Notify;
+use tracing::{debug, info, warn};
+
+use crate::context::Context;
+use crate::controller::Triggers;
+use crate::hosts::label_of_normalized;
+use crate::index::Key;
+use crate::locks::{lock, read};
+use crate::route_index::RouteIndex;
+use crate::route_plan::{self, Facts};
+
+/// A pass runs at least this often while leading: a Route's `latestRevision` follows new
+/// Revisions, and steps and bounds come due, without an event of the Route's own.
+const PASS_EVERY: Duration = Duration::from_secs(1);
+
+fn key_of(r: &Route) -> Key {
+    Key::new(r.namespace().unwrap_or_default(), r.name_any())
+}
+
+fn created(r: &Route) -> i64 {
+    r.metadata
+        .creation_timestamp
+        .as_ref()
+        .map_or(0, |t| t.0.as_second())
+}
+
+/// Keeps the route store and `index` from the Route watch; wakes the pass on each change.
+pub(crate) async fn watch_routes(
+    api: Api<Route>,
+    mut writer: Writer<Route>,
+    index: Arc<Mutex<RouteIndex>>,
+    triggers: Triggers,
+    wake: Arc<Notify>,
+    synced: Arc<tokio::sync::watch::Sender<crate::controller::Synced>>,
+) {
+    let mut events = std::pin::pin!(resilient(watcher::watcher(api, watcher::Config::default())));
+    let mut listed: BTreeSet<Key> = BTreeSet::new();
+    while let Some(event) = events.next().await {
+        let event = match event {
+            Ok(e) => e,
+            Err(e) => {
+                // Without the Route CRD (a cluster not upgraded yet) there are no routes:
+                // that must not hold every revision's reconcile.
+                if is_not_found(&e) {
+                    synced.send_modify(|s| s.routes = true);
+                }
+                warn!(error = %e, "Route watch");
+                continue;
+            }
+        };
+        if matches!(event, Event::InitDone) {
+            synced.send_modify(|s| s.routes = true);
+        }
+        writer.apply_watcher_event(&event);
+        let changed = {
+            let mut ix = lock(&index);
+            match &event {
+                Event::Apply(r) | Event::InitApply(r) => {
+                    listed.insert(key_of(r));
+                    let traffic = r.status.as_ref().map(|s| s.traffic.clone());
+                    ix.upsert(
+                        &key_of(r),
+                        created(r),
+                        &r.spec.hosts,
+                        &traffic.unwrap_or_default(),
+                    )
+                }
+                Event::Delete(r) => ix.remove(&key_of(r)),
+                Event::Init => {
+                    listed.clear();
+                    BTreeSet::new()
+                }
+                Event::InitDone => {
+                    let gone: Vec<Key> = ix
+                        .keys()
+                        .into_iter()
+                        .filter(|k| !listed.contains(k))
+                        .collect();
+                    gone.iter().flat_map(|k| ix.remove(k)).collect()
+                }
+            }
+        };
+        crate::controller::trigger(&triggers, changed);
+        wake.notify_one();
+    }
+}
+
+fn is_not_found(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s)) => s.code == 404,
+        _ => false,
+    }
+}
+
+/// The leader's route pass, until the task is aborted.
+pub(crate) async fn run(
+    ctx: Arc<Context>,
+    routes: Store<Route>,
+    revisions: Store<Revision>,
+    triggers: Triggers,
+    wake: Arc<Notify>,
+) {
+    let _ = routes.wait_until_ready().await;
+    let _ = revisions.wait_until_ready().await;
+    loop {
+        let mut next = PASS_EVERY;
+        for route in routes.state() {
+            match pass_one(&ctx, &route, &revisions, &triggers).await {
+                Ok(Some(d)) => next = next.min(d),
+                Ok(None) => {}
+                Err(e) => debug!(route = %key_of(&route), error = %e, "route pass"),
+            }
+        }
+        tokio::select! {
+            () = wake.notified() => {}
+            () = tokio::time::sleep(next) => {}
+        }
+    }
+}
+
+/// One route: decide, write its status if it changed, publish, say so. Returns when to look
+/// again.
+async fn pass_one(
+    ctx: &Context,
+    route: &Route,
+    revisions: &Store<Revision>,
+    triggers: &Triggers,
+) -> Result<Option<Duration>, kube::Error> {
+    let key = key_of(route);
+    let ns = key.namespace.clone();
+    let hosts = route.spec.normalized_hosts();
+    let rev = |name: &str| revisions.get(&ObjectRef::new(name).within(&ns));
+    let ready = Arc::clone(&ctx.caches.ready_pods);
+    let facts = |name: &str| -> Option<Facts> {
+        let r = rev(name)?;
+        if !r.problems().is_empty() {
+            return None;
+        }
+        Some(Facts {
+            ready: lock(&ready).ready(&Key::new(ns.clone(), name.to_owned())),
+            max_scale: r.spec.max_scale,
+            bound_seconds: r.spec.hand_over_bound(),
+        })
+    };
+    let (latest, serving_now, problems) = {
+        let hix = lock(&ctx.caches.hosts);
+        let rix = lock(&ctx.caches.routes);
+        let ae = read(&ctx.caches.ae_store);
+        let mut latest: Option<(i64, Key)> = None;
+        let mut serving: Option<String> = None;
+        let mut problems = Vec::new();
+        for h in &hosts {
+            if let Some(owner) = rix.owner(h).filter(|o| **o != key) {
+                problems.push(format!("host {h} is routed by Route {owner}"));
+            }
+            for c in hix.claimants(h) {
+                if c.namespace != ns || facts(&c.name).is_none() {
+                    continue;
+                }
+                let at = rev(&c.name)
+                    .and_then(|r| r.metadata.creation_timestamp.clone())
+                    .map_or(0, |t| t.0.as_second());
+                if latest.as_ref().is_none_or(|(t, k)| (at, &c) > (*t, k)) {
+                    latest = Some((at, c.clone()));
+                }
+                break;
+            }
+            if serving.is_none() {
+                serving = hix
+                    .claimants(h)
+                    .into_iter()
+                    .find(|c| ae.has_label(c, &label_of_normalized(h)))
+                    .filter(|c| c.namespace == ns)
+                    .map(|c| c.name);
+            }
+        }
+        (latest.map(|(_, k)| k.name), serving, problems)
+    };
+    let now = Timestamp::now();
+    let d = route_plan::decide(&route_plan::Inputs {
+        spec: &route.spec,
+        generation: route.metadata.generation,
+        status: route.status.as_ref(),
+        latest,
+        facts: &facts,
+        serving_now,
+        problems,
+        now,
+    });
+    // Pods to keep started for the revisions a move waits on; they wake the pass when ready.
+    let warm: Vec<(Key, i32)> = d
+        .warm
+        .iter()
+        .map(|(n, p)| (Key::new(ns.clone(), n.clone()), *p))
+        .collect();
+    {
+        let mut rp = lock(&ctx.caches.ready_pods);
+        for (k, _) in &warm {
+            rp.watch(k, true);
+        }
+    }
+    let warm_changed = lock(&ctx.caches.routes).set_warm(&key, &warm);
+    crate::controller::trigger(triggers, warm_changed);
+    if route.status.as_ref() != Some(&d.status) {
+        let api: Api<Route> = Api::namespaced(ctx.client.clone(), &ns);
+        ctx.write_turn(crate::write_limit::Lane::Urgent).await;
+        let patch = Patch::Merge(json!({ "status": d.status }));
+        api.patch_status(&key.name, &ctx.patch_params(), &patch)
+            .await?;
+        ctx.metrics.writes.inc();
+        // Ahead of the watch: the revisions' plans read the new shares at once.
+        let changed = lock(&ctx.caches.routes).upsert(
+            &key,
+            created(route),
+            &route.spec.hosts,
+            &d.status.traffic,
+        );
+        let gaining = |k: &Key| {
+            d.status
+                .traffic
+                .iter()
+                .any(|t| t.revision_name == k.name && t.percent > 0)
+        };
+        let (first, then): (BTreeSet<Key>, BTreeSet<Key>) =
+            changed.into_iter().partition(|k| gaining(k));
+        crate::controller::trigger(triggers, first);
+        crate::controller::trigger(triggers, then);
+        if let Some(moved) = &d.moved {
+            info!(route = %key, %moved, "route moved");
+            ctx.metrics.route_moves.inc();
+            event(ctx, route, "TrafficMoved", moved).await;
+        }
+    }
+    Ok(d.requeue)
+}
+
+/// A Normal Event on the Route (best effort, bounded).
+async fn event(ctx: &Context, route: &Route, reason: &str, note: &str) {
+    let recorder = Recorder::new(
+        ctx.client.clone(),
+        Reporter {
+            controller: ctx.config.field_manager.clone(),
+            instance: std::env::var("POD_NAME").ok(),
+        },
+    );
+    let e = KubeEvent {
+        type_: EventType::Normal,
+        reason: reason.to_owned(),
+        note: Some(note.to_owned()),
+        action: "RouteTraffic".into(),
+        secondary: None,
+    };
+    let regarding = route.object_ref(&());
+    let publish = recorder.publish(&e, &regarding);
+    if let Ok(Err(e)) = tokio::time::timeout(Duration::from_secs(5), publish).await {
+        debug!(error = %e, "writing a route Event");
+    }
+}
