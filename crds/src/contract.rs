@@ -163,6 +163,31 @@ pub fn is_dns_subdomain(s: &str) -> bool {
     s.len() <= 253 && s.split('.').all(is_dns_label)
 }
 
+/// The weight of `node` as a member of revision `namespace/name`: the member with the highest
+/// weight is the revision's primary (rendezvous hashing), the one every entry activator sends
+/// the revision's traffic to first. Shared so that the subsetter puts the pods a hand-over
+/// starts where the traffic will land. FNV-1a 64 over the parts with a separator byte that
+/// cannot occur in a Kubernetes name, then splitmix64's avalanche (FNV's low bits mix poorly
+/// over short inputs that differ at the end).
+pub fn member_weight(namespace: &str, name: &str, node: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for (i, p) in [namespace, name, node].iter().enumerate() {
+        if i > 0 {
+            h ^= 0xff;
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        for b in p.bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    h ^= h >> 30;
+    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h ^= h >> 27;
+    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

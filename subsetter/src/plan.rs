@@ -185,14 +185,10 @@ pub fn subset(inp: &SubsetInputs<'_>) -> SubsetPlan {
         _ => inp.available.get(node),
     };
     let spec = &inp.revision.spec;
+    let mut shares = shares::split(spec.max_scale, spec.min_scale, chosen.len());
     // While a hand-over waits, the members keep the pods it waits for started (`minPods`),
-    // within maxScale.
-    let floor = if spec.max_scale > 0 {
-        spec.min_scale.max(inp.warm_pods.min(spec.max_scale))
-    } else {
-        spec.min_scale.max(inp.warm_pods)
-    };
-    let shares = shares::split(spec.max_scale, floor, chosen.len());
+    // the primary first: that is where every entry sends the traffic once the host moves.
+    shares::add_warm(&mut shares, &warm_order(inp, &chosen), inp.warm_pods);
     let activators: Vec<ActivatorMember> = chosen
         .iter()
         .zip(shares)
@@ -321,6 +317,29 @@ pub fn subset(inp: &SubsetInputs<'_>) -> SubsetPlan {
         degraded,
         no_members,
     }
+}
+
+/// The slots of `chosen` in the order entries try them for this revision (the primary first,
+/// `crds::contract::member_weight`).
+fn warm_order(inp: &SubsetInputs<'_>, chosen: &[String]) -> Vec<usize> {
+    if inp.warm_pods <= 0 {
+        return Vec::new();
+    }
+    let ns = inp
+        .revision
+        .metadata
+        .namespace
+        .as_deref()
+        .unwrap_or_default();
+    let name = inp.revision.metadata.name.as_deref().unwrap_or_default();
+    let mut order: Vec<usize> = (0..chosen.len()).collect();
+    order.sort_by_cached_key(|&i| {
+        (
+            std::cmp::Reverse(crds::contract::member_weight(ns, name, &chosen[i])),
+            chosen[i].clone(),
+        )
+    });
+    order
 }
 
 /// The merge patch that makes the member and host labels of `current` equal to `wanted` (null

@@ -29,6 +29,27 @@ pub fn split(max_scale: i32, min_scale: i32, n: usize) -> Vec<Share> {
         .collect()
 }
 
+/// Raises the `minPods` of `shares` so that they keep at least `warm` pods between them,
+/// dealt one at a time over the slots in `order` (the primary first) and round again, within
+/// each slot's `maxPods` when the revision has a maxScale (`capped`). The minScale shares
+/// already there count toward it.
+pub fn add_warm(shares: &mut [Share], order: &[usize], warm: i32) {
+    let capped = shares.iter().any(|s| s.max_pods > 0);
+    let room = |s: &Share| !capped || s.min_pods < s.max_pods;
+    let mut missing = warm - shares.iter().map(|s| s.min_pods).sum::<i32>();
+    while missing > 0 && order.iter().any(|&i| shares.get(i).is_some_and(room)) {
+        for &i in order {
+            if missing == 0 {
+                break;
+            }
+            if let Some(s) = shares.get_mut(i).filter(|s| room(s)) {
+                s.min_pods += 1;
+                missing -= 1;
+            }
+        }
+    }
+}
+
 fn split_one(total: i32, n: usize) -> Vec<i32> {
     if n == 0 {
         return Vec::new();
@@ -44,6 +65,27 @@ mod tests {
     use super::*;
     use rand::rngs::StdRng;
     use rand::{RngExt, SeedableRng};
+
+    #[test]
+    fn warm_pods_go_to_the_primary_first_within_max_pods() {
+        let mut s = split(0, 0, 3);
+        add_warm(&mut s, &[2, 0, 1], 1);
+        assert_eq!(s.iter().map(|s| s.min_pods).collect::<Vec<_>>(), [0, 0, 1]);
+        let mut s = split(0, 0, 3);
+        add_warm(&mut s, &[2, 0, 1], 4);
+        assert_eq!(s.iter().map(|s| s.min_pods).collect::<Vec<_>>(), [1, 1, 2]);
+        // minScale's shares count; maxScale caps each slot.
+        let mut s = split(3, 1, 3);
+        add_warm(&mut s, &[1, 0, 2], 10);
+        assert_eq!(s.iter().map(|s| s.min_pods).collect::<Vec<_>>(), [1, 1, 1]);
+        let mut s = split(0, 2, 2);
+        add_warm(&mut s, &[1, 0], 2);
+        assert_eq!(
+            s.iter().map(|s| s.min_pods).collect::<Vec<_>>(),
+            [1, 1],
+            "nothing missing"
+        );
+    }
 
     #[test]
     fn even_and_uneven_splits() {

@@ -19,31 +19,10 @@ use crds::ActivatorMember;
 
 use crate::pipeline::routing::RevisionKey;
 
-/// FNV-1a 64 over the parts, with a separator byte that cannot occur in a Kubernetes name.
-fn fnv1a(parts: &[&str]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for (i, p) in parts.iter().enumerate() {
-        if i > 0 {
-            h ^= 0xff;
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        for b in p.bytes() {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-    // FNV's low bits mix poorly over short inputs that differ at the end; a final
-    // avalanche (splitmix64's) makes the ranking of similar node names independent.
-    h ^= h >> 30;
-    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    h ^= h >> 27;
-    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
-    h ^ (h >> 31)
-}
-
-/// The weight of `node` for `key`: the highest weight is the primary.
+/// The weight of `node` for `key`: the highest weight is the primary
+/// (`crds::contract::member_weight`, which the subsetter uses too).
 fn weight(key: &RevisionKey, node: &str) -> u64 {
-    fnv1a(&[&key.namespace, &key.name, node])
+    crds::contract::member_weight(&key.namespace, &key.name, node)
 }
 
 /// A member's place in the ranking for `key`: lower sorts first (the highest weight, then
@@ -194,7 +173,10 @@ mod tests {
     #[test]
     fn the_parts_cannot_run_into_each_other() {
         // ("a", "bc") and ("ab", "c") are different revisions on the same node.
-        assert_ne!(fnv1a(&["a", "bc", "n"]), fnv1a(&["ab", "c", "n"]));
+        assert_ne!(
+            weight(&RevisionKey::new("a", "bc"), "n"),
+            weight(&RevisionKey::new("ab", "c"), "n")
+        );
         assert_ne!(
             weight(&RevisionKey::new("a", "b"), "n"),
             weight(&RevisionKey::new("a", "b"), "m")
