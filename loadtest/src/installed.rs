@@ -240,7 +240,7 @@ async fn ready_nodes(client: &Client) -> Result<Vec<String>, Error> {
 }
 
 /// Runs `f` in a namespace of its own, deleted afterwards whatever `f` returned.
-async fn in_namespace<T>(
+pub(crate) async fn in_namespace<T>(
     client: &Client,
     f: impl AsyncFnOnce(&str) -> Result<T, Error>,
 ) -> Result<T, Error> {
@@ -369,6 +369,32 @@ pub(crate) fn pod_spec(opts: &Options) -> Value {
         });
     }
     spec
+}
+
+/// Every Ready activator pod of the installed product, by node, at its pod IP and data port
+/// (the address its ActivationEndpoints memberships give).
+pub(crate) async fn activator_entries(client: &Client) -> Result<Vec<(String, SocketAddr)>, Error> {
+    let pods: Api<Pod> = Api::all(client.clone());
+    let lp = ListParams::default().labels(crds::contract::ACTIVATOR_SELECTOR);
+    let mut entries: Vec<(String, SocketAddr)> = pods
+        .list(&lp)
+        .await?
+        .items
+        .iter()
+        .filter(|p| crate::observe::is_ready(p))
+        .filter_map(|p| {
+            let node = p.spec.as_ref()?.node_name.clone()?;
+            let ip: std::net::IpAddr = p.status.as_ref()?.pod_ip.as_ref()?.parse().ok()?;
+            Some((node, SocketAddr::new(ip, crds::contract::DATA_PORT)))
+        })
+        .collect();
+    entries.sort();
+    if entries.is_empty() {
+        return Err(Error::Options(
+            "no Ready activator pod (is the product installed?)".into(),
+        ));
+    }
+    Ok(entries)
 }
 
 /// Whether the installed activator pods carry a `node-agent` container and their activator

@@ -164,6 +164,8 @@ enum Cmd {
         /// Write the report as JSON here.
         #[arg(long)]
         json: Option<PathBuf>,
+        #[command(flatten)]
+        deploy: DeployFlags,
     },
     /// What a real API server pays per subset write for the activators' watches: none, the
     /// member-label watch (DESIGN's contract), a per-node object watched by name (the
@@ -187,6 +189,91 @@ enum Cmd {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+}
+
+/// `loadtest installed --deploy`: the `deploy` scenario (docs/load-testing.md) on the installed
+/// product, its knobs named as in `loadtest run deploy`.
+#[derive(clap::Args)]
+struct DeployFlags {
+    /// The deploy scenario instead of cold starts: v1 warm under closed-loop load through every
+    /// activator, v2 deployed on its host, a Route splitting it 10/90, a rollback to v1 (the
+    /// app: --image at --path, naming its pod in `x-pod-name`).
+    #[arg(long, conflicts_with = "image_pull")]
+    deploy: bool,
+    /// Closed-loop clients (deploy).
+    #[arg(long)]
+    clients: Option<usize>,
+    /// Seconds of load before the deploy (deploy).
+    #[arg(long)]
+    before_secs: Option<f64>,
+    /// Seconds of load after the rollback (deploy).
+    #[arg(long)]
+    after_secs: Option<f64>,
+    /// Seconds the load goes on once a move has reached every activator (deploy).
+    #[arg(long)]
+    settle_secs: Option<f64>,
+    /// Requests measured under the 10/90 split (deploy).
+    #[arg(long)]
+    split_requests: Option<usize>,
+    /// v2's handOverTimeoutSeconds (deploy).
+    #[arg(long)]
+    hand_over_timeout_secs: Option<i64>,
+    /// Write the deploy scenario's main picture here (deploy).
+    #[arg(long)]
+    svg: Option<PathBuf>,
+}
+
+impl DeployFlags {
+    fn knobs(&self) -> Knobs {
+        Knobs {
+            scenario: Some(Scenario::Deploy),
+            clients: self.clients,
+            before_secs: self.before_secs,
+            after_secs: self.after_secs,
+            settle_secs: self.settle_secs,
+            split_requests: self.split_requests,
+            hand_over_timeout_secs: self.hand_over_timeout_secs,
+            ..Knobs::default()
+        }
+    }
+}
+
+/// A context with a progress line, ended early by Ctrl-C.
+fn interactive_ctx(knobs: Knobs, target: Target) -> Ctx {
+    let progress = indicatif::ProgressBar::new_spinner();
+    progress.enable_steady_tick(std::time::Duration::from_millis(200));
+    let ctx = Ctx {
+        knobs,
+        target,
+        cancel: tokio_util::sync::CancellationToken::new(),
+        progress,
+    };
+    let cancel = ctx.cancel.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!("\ninterrupted: ending the run, the report covers what ran");
+            cancel.cancel();
+        }
+    });
+    ctx
+}
+
+/// Prints a scenario's report and writes its files.
+fn print_report(
+    report: &scenario::Report,
+    json: Option<&std::path::Path>,
+    svg: Option<&std::path::Path>,
+    out: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
+    if report.partial {
+        println!("PARTIAL: interrupted before the end");
+    }
+    print!("{}", report.text);
+    println!("target: {}", report.target);
+    for path in report.write(json, svg, out)? {
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -232,32 +319,10 @@ async fn main() -> anyhow::Result<()> {
                     Target::Cluster(kube::Client::try_from(cfg)?)
                 }
             };
-            let progress = indicatif::ProgressBar::new_spinner();
-            progress.enable_steady_tick(std::time::Duration::from_millis(200));
-            let ctx = Ctx {
-                knobs,
-                target,
-                cancel: tokio_util::sync::CancellationToken::new(),
-                progress,
-            };
-            let cancel = ctx.cancel.clone();
-            tokio::spawn(async move {
-                if tokio::signal::ctrl_c().await.is_ok() {
-                    eprintln!("\ninterrupted: ending the run, the report covers what ran");
-                    cancel.cancel();
-                }
-            });
+            let ctx = interactive_ctx(knobs, target);
             let report = scenario::run(scenario, &ctx).await;
             ctx.progress.finish_and_clear();
-            let report = report?;
-            if report.partial {
-                println!("PARTIAL: interrupted before the end");
-            }
-            print!("{}", report.text);
-            println!("target: {}", report.target);
-            for path in report.write(json.as_deref(), svg.as_deref(), out.as_deref())? {
-                eprintln!("wrote {}", path.display());
-            }
+            print_report(&report?, json.as_deref(), svg.as_deref(), out.as_deref())?;
         }
         Cmd::Demo {
             nodes,
@@ -375,6 +440,7 @@ async fn main() -> anyhow::Result<()> {
             warm_rate,
             warm_path,
             json,
+            deploy,
         } => {
             let client = client_of(kubeconfig).await?;
             let opts = loadtest::installed::Options {
@@ -385,6 +451,18 @@ async fn main() -> anyhow::Result<()> {
                 readiness_period,
                 ..Default::default()
             };
+            if deploy.deploy {
+                let ctx = interactive_ctx(deploy.knobs(), Target::Cluster(client.clone()));
+                let report = loadtest::scenarios::deploy::run_installed(&ctx, &client, &opts).await;
+                ctx.progress.finish_and_clear();
+                let report = report?;
+                print_report(&report, json.as_deref(), deploy.svg.as_deref(), None)?;
+                let failed = report.figures["failed"].as_u64().unwrap_or(0);
+                if failed > 0 {
+                    anyhow::bail!("{failed} request(s) failed");
+                }
+                return Ok(());
+            }
             if image_pull {
                 let evict = evict_cmd.as_deref().unwrap_or_default();
                 let mut failed = 0;

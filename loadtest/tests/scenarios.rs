@@ -411,3 +411,73 @@ async fn control_path_on_kubesim_measures_local_binding_and_says_what_it_cannot(
     assert!(f["deployment_sequential_ms"].is_null());
     assert!(report.text.contains("NOT measured"), "{}", report.text);
 }
+
+/// The warm hand-over and the Route, under load through every activator: nothing fails, the
+/// host moves to v2 on every activator once v2's RoutesReady is True, the 10/90 split is
+/// measured within ±7 points at 2,000 requests (the 95 % interval is about ±1.3), and the
+/// rollback reaches every activator.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deploy_moves_the_host_warm_splits_it_and_rolls_it_back_without_a_failure() {
+    let (report, f) = run(
+        Scenario::Deploy,
+        Knobs {
+            clients: Some(4),
+            before_secs: Some(1.0),
+            after_secs: Some(1.0),
+            settle_secs: Some(1.0),
+            split_requests: Some(2000),
+            hand_over_timeout_secs: Some(20),
+            ..Knobs::default()
+        },
+    )
+    .await;
+    let text = &report.text;
+    assert_eq!(num(&f, "failed"), 0.0, "{text}");
+    let phases = f["phases"].as_array().unwrap();
+    let names: Vec<&str> = phases
+        .iter()
+        .map(|p| p["phase"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["before", "deploy", "split", "rollback", "after"],
+        "{text}"
+    );
+    for p in phases {
+        assert!(num(p, "requests") > 0.0, "{p}\n{text}");
+        assert_eq!(num(p, "failed"), 0.0, "{p}\n{text}");
+        // The failures are counted beside the percentiles: none, so p99 is a number.
+        assert!(p["latency_ms"]["p99"].is_number(), "{p}\n{text}");
+    }
+    let moves = f["moves"].as_array().unwrap();
+    let of = |name: &str| moves.iter().find(|m| m["name"] == name).unwrap();
+    let deploy = of("deploy");
+    assert_eq!(
+        deploy["decision_seen"], true,
+        "RoutesReady=True on v2\n{text}"
+    );
+    assert_eq!(deploy["moved_everywhere"], true, "{text}");
+    let activators = num(&f, "activators");
+    assert_eq!(
+        deploy["per_activator"].as_array().unwrap().len() as f64,
+        activators
+    );
+    let split = &f["split"];
+    assert_eq!(split["followed_everywhere"], true, "{text}");
+    assert!(num(split, "requests") >= 2000.0, "{text}");
+    assert_eq!(num(split, "failed"), 0.0, "{text}");
+    for share in split["shares"].as_array().unwrap() {
+        let off = num(share, "off_by_points");
+        assert!(off.abs() <= 7.0, "{share}\n{text}");
+    }
+    let rollback = of("rollback");
+    assert_eq!(rollback["moved_everywhere"], true, "{text}");
+    for a in rollback["per_activator"].as_array().unwrap() {
+        assert!(a["moved_ms"].is_number(), "{a}\n{text}");
+    }
+    // v1 alone before the deploy and after the rollback.
+    for i in [0, 4] {
+        let by = &phases[i]["answered_by"];
+        assert!(by["v2"].is_null() && num(by, "v1") > 0.0, "{by}\n{text}");
+    }
+}

@@ -6,6 +6,7 @@ pub mod churn;
 pub mod cold_burst;
 pub mod common;
 pub mod control_path;
+pub mod deploy;
 pub mod floor;
 pub mod idle;
 pub mod maxscale;
