@@ -79,7 +79,7 @@ impl Activator {
         let stop_caches = CancellationToken::new();
         let metrics = Arc::new(Metrics::default());
         let (client, api) = counted_client(client, &metrics);
-        let (caches, member_of) = Caches::start(&cfg, &client, &stop_caches);
+        let (caches, member_of) = Caches::start(&cfg, &client, &metrics, &stop_caches);
         let events = crate::ops::events::EventSink::new(
             client.clone(),
             cfg.pod_name.clone(),
@@ -270,13 +270,19 @@ impl Caches {
     fn start(
         cfg: &ActivatorConfig,
         client: &kube::Client,
+        metrics: &Arc<Metrics>,
         stop: &CancellationToken,
     ) -> (Self, UnboundedReceiver<MemberEvent>) {
         let revisions = RevisionCache::new(client.clone());
         // Off, no Host lookup is ever made (requests must name their revision by headers).
-        let hosts = cfg
-            .host_routing
-            .then(|| HostCache::new(client.clone(), cfg.host_ttl, cfg.host_miss_ttl));
+        let hosts = cfg.host_routing.then(|| {
+            HostCache::new(
+                client.clone(),
+                cfg.host_ttl,
+                cfg.host_miss_ttl,
+                metrics.clone(),
+            )
+        });
         let (member_of_tx, member_of) = tokio::sync::mpsc::unbounded_channel();
         let directory =
             cache::directory::Directory::start(&cfg.directory, client.clone(), stop.child_token());

@@ -66,6 +66,11 @@ pub const HEADER_ACTIVATOR_SUBSET_VERSION: &str = "x-activator-subset-version";
 /// the host again at once. Honoured only on answers from a peer it forwarded to; removed
 /// before any answer reaches a client, and from apps' answers.
 pub const HEADER_ACTIVATOR_HOST_STALE: &str = "x-activator-host-stale";
+/// Beside a proven hop, on a request the entry resolved by its Host: the revision it picked,
+/// `<namespace>/<name>`. The member serves that revision instead of resolving the Host again:
+/// with a host split between revisions, a second pick at the member would not be the entry's.
+/// Between activators only: removed from clients' requests, never passed on to an app.
+pub const HEADER_ACTIVATOR_HOP_REVISION: &str = "x-activator-hop-revision";
 
 /// Activator ports.
 pub const DATA_PORT: u16 = 8080;

@@ -55,6 +55,10 @@ pub struct Options {
     /// The app container's imagePullPolicy: `Never` (the image is on every node) or, for the
     /// image-pull mode, `IfNotPresent`.
     pub pull_policy: &'static str,
+    /// The app listens this long after its container starts (a JVM's start, shortened): the
+    /// test app's server is started after a sleep, and gets a TCP readinessProbe (period 1 s)
+    /// unless `readiness_period` gives an HTTP one, so Ready means it answers.
+    pub listen_delay_ms: Option<u64>,
 }
 
 impl Default for Options {
@@ -67,6 +71,7 @@ impl Default for Options {
             limit: Duration::from_secs(120),
             readiness_period: None,
             pull_policy: "Never",
+            listen_delay_ms: None,
         }
     }
 }
@@ -362,6 +367,19 @@ pub(crate) fn pod_spec(opts: &Options) -> Value {
             "ports": [{"containerPort": 8080}],
         }],
     });
+    if let Some(ms) = opts.listen_delay_ms.filter(|ms| *ms > 0) {
+        // The image's own command (hack/images/build), after a sleep.
+        let run = format!(
+            "trap 'exit 0' TERM INT; /bin/busybox usleep {}; \
+             /bin/busybox httpd -f -p 8080 -h /www & wait",
+            ms * 1000
+        );
+        spec["containers"][0]["command"] = json!(["/bin/busybox", "sh", "-c", run]);
+        spec["containers"][0]["readinessProbe"] = json!({
+            "tcpSocket": {"port": 8080},
+            "periodSeconds": 1,
+        });
+    }
     if let Some(period) = opts.readiness_period {
         spec["containers"][0]["readinessProbe"] = json!({
             "httpGet": {"path": opts.path, "port": 8080},

@@ -130,6 +130,10 @@ enum Cmd {
         /// kubelet reports Ready only at its probe's period, the activator's own check at once.
         #[arg(long)]
         readiness_period: Option<u32>,
+        /// The app listens this many ms after its container starts (with a TCP readinessProbe,
+        /// so the kubelet's Ready means it answers).
+        #[arg(long)]
+        listen_delay_ms: Option<u64>,
         /// The image-pull mode: the first request after a Revision is created whose image is
         /// on no node (pulled ahead by its member, not, image present, a Deployment 0 → 1).
         /// Needs --evict-cmd; the image (--image) must be in a registry the nodes pull from.
@@ -431,6 +435,7 @@ async fn main() -> anyhow::Result<()> {
             image,
             path,
             readiness_period,
+            listen_delay_ms,
             image_pull,
             evict_cmd,
             pull_load,
@@ -449,6 +454,7 @@ async fn main() -> anyhow::Result<()> {
                 image,
                 path,
                 readiness_period,
+                listen_delay_ms,
                 ..Default::default()
             };
             if deploy.deploy {

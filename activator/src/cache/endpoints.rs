@@ -272,6 +272,19 @@ impl EndpointsCache {
         }
     }
 
+    /// Whether this node's watched copy of `key`'s subset is newer than the version a host
+    /// answer read it at (`answered`): the subsetter wrote it since (a Route's split changed,
+    /// a host was handed over). False when the subset is not one of this node's. No IO.
+    pub fn subset_newer_than(&self, key: &RevisionKey, answered: &str) -> bool {
+        self.mine
+            .get(&ObjectRef::new(&key.name).within(&key.namespace))
+            .and_then(|a| {
+                let mine = a.metadata.resource_version.as_deref()?;
+                Some(super::host_route::newer(mine, answered))
+            })
+            .unwrap_or(false)
+    }
+
     fn classify(&self, aep: Option<&ActivationEndpoints>) -> Membership {
         let Some(status) = aep.and_then(|a| a.status.as_ref()) else {
             return Membership::Unassigned;

@@ -1,9 +1,15 @@
 //! Host routing without a cluster-wide watch (docs/architecture.md, "The contracts"): a Host this activator has not
 //! seen is looked up with one label-selected LIST of ActivationEndpoints across namespaces
 //! (`host.local-activator.dev/<h>`, `resourceVersion=0` so the API server answers from its
-//! cache), and the answer is kept: a revision for `positive_ttl` (then read again in the
-//! background while requests keep routing), a miss for `negative_ttl`, at most
-//! `ENTRIES_KEPT` hosts. Concurrent lookups of one host share one LIST.
+//! cache), and the answer ([`HostRoute`]: the revisions serving it, by weight) is kept: for
+//! `positive_ttl` (then read again in the background while requests keep routing), a miss for
+//! `negative_ttl`, at most `ENTRIES_KEPT` hosts. Concurrent lookups of one host share one LIST.
+//!
+//! A host moves (a Route's split changes, a newer revision takes it over) when the subsetter
+//! writes the ActivationEndpoints; a cached answer would follow only at its TTL. So a host is
+//! also read again at once when a member says the answer is older than its subset, or when
+//! this node's own copy of the picked revision's subset is newer ([`HostCache::refresh`]):
+//! in the background, sharing a LIST in flight, at most once per host per `REFRESH_GAP`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,45 +18,61 @@ use std::time::{Duration, Instant};
 use crds::ActivationEndpoints;
 use crds::contract::{host_selector, normalize_host};
 use dashmap::DashMap;
+use dashmap::mapref::entry::Entry as Slot;
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use kube::api::ListParams;
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client};
 
+use super::host_route::HostRoute;
+use crate::ops::metrics::{HostRefresh, Metrics};
 use crds::ObjectKey as RevisionKey;
 
 /// Hosts kept before expired entries are swept (Host headers come from clients).
 const ENTRIES_KEPT: usize = 10_000;
-/// The condition a subsetter sets on revisions that lost a host to a newer one.
-const HOST_CONFLICT: &str = "HostConflict";
+/// The least time between two refreshes of one host asked by hints: a member keeps saying
+/// "stale" to every request until the LIST's answer catches up with its watch (a real API
+/// server's cache may lag a moment), and each hint must not cost a LIST.
+const REFRESH_GAP: Duration = Duration::from_millis(200);
 
 #[derive(Clone)]
 struct Entry {
     at: Instant,
-    revision: Option<RevisionKey>,
+    route: Option<Arc<HostRoute>>,
     refreshing: Arc<AtomicBool>,
 }
 
-type Lookup = Shared<BoxFuture<'static, Result<Option<RevisionKey>, Arc<kube::Error>>>>;
+type Answer = Option<Arc<HostRoute>>;
+type Lookup = Shared<BoxFuture<'static, Result<Answer, Arc<kube::Error>>>>;
 
-/// Host → revision, looked up by label and cached.
+/// Host → the revisions serving it, looked up by label and cached.
 #[derive(Clone)]
 pub struct HostCache {
     client: Client,
     entries: Arc<DashMap<String, Entry>>,
     pending: Arc<DashMap<String, Lookup>>,
+    /// When each host was last refreshed on a hint (`REFRESH_GAP`).
+    refreshed: Arc<DashMap<String, Instant>>,
     positive_ttl: Duration,
     negative_ttl: Duration,
+    metrics: Arc<Metrics>,
 }
 
 impl HostCache {
-    pub fn new(client: Client, positive_ttl: Duration, negative_ttl: Duration) -> Self {
+    pub fn new(
+        client: Client,
+        positive_ttl: Duration,
+        negative_ttl: Duration,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         Self {
             client,
             entries: Arc::new(DashMap::new()),
             pending: Arc::new(DashMap::new()),
+            refreshed: Arc::new(DashMap::new()),
             positive_ttl,
             negative_ttl,
+            metrics,
         }
     }
 
@@ -63,24 +85,24 @@ impl HostCache {
         self.entries.is_empty()
     }
 
-    /// The revision serving `host` (any spelling: port, case and trailing dot are ignored).
-    pub async fn resolve(&self, host: &str) -> Result<Option<RevisionKey>, Arc<kube::Error>> {
+    /// The revisions serving `host` (any spelling: port, case and trailing dot are ignored).
+    pub async fn resolve(&self, host: &str) -> Result<Answer, Arc<kube::Error>> {
         match self.cached(host) {
             Some(known) => Ok(known),
             None => self.lookup(normalize_host(host)).await,
         }
     }
 
-    /// What an earlier lookup says about `host`, without IO: `Some(Some(_))` the revision (an
+    /// What an earlier lookup says about `host`, without IO: `Some(Some(_))` the revisions (an
     /// old answer is refreshed in the background), `Some(None)` a recent "no revision",
     /// `None` when only a lookup can tell. The request path asks this first, so that a
     /// cached answer arms no timeout.
-    pub fn cached(&self, host: &str) -> Option<Option<RevisionKey>> {
+    pub fn cached(&self, host: &str) -> Option<Answer> {
         let host = normalize_host(host);
         if let Some(hit) = self.entries.get(&host).map(|e| e.clone()) {
             let age = hit.at.elapsed();
-            match &hit.revision {
-                Some(key) => {
+            match &hit.route {
+                Some(route) => {
                     if age >= self.positive_ttl && !hit.refreshing.swap(true, Ordering::AcqRel) {
                         let this = self.clone();
                         let h = host.clone();
@@ -91,7 +113,7 @@ impl HostCache {
                             }
                         });
                     }
-                    return Some(Some(key.clone()));
+                    return Some(Some(route.clone()));
                 }
                 None if age < self.negative_ttl => return Some(None),
                 None => {}
@@ -100,10 +122,47 @@ impl HostCache {
         None
     }
 
+    /// Reads `host` again now, in the background: its answer is older than a subset a member
+    /// (or this node) has seen (`why`). Shares a LIST in flight; at most one per host per
+    /// `REFRESH_GAP`, further calls meanwhile do nothing. Requests keep the answer they
+    /// picked from: a refresh changes only what later requests pick.
+    pub fn refresh(&self, host: &str, why: HostRefresh) {
+        let host = normalize_host(host);
+        let now = Instant::now();
+        match self.refreshed.entry(host.clone()) {
+            Slot::Occupied(last) if now.duration_since(*last.get()) < REFRESH_GAP => return,
+            Slot::Occupied(mut last) => {
+                last.insert(now);
+            }
+            Slot::Vacant(v) => {
+                v.insert(now);
+            }
+        }
+        // Bounded like the entries: client Hosts could fill it otherwise.
+        if self.refreshed.len() > ENTRIES_KEPT {
+            self.refreshed
+                .retain(|_, at| now.duration_since(*at) < REFRESH_GAP);
+        }
+        self.metrics.hosts.refreshed(why);
+        tracing::debug!(host = %host, reason = ?why, "host answer older than a subset: reading it again");
+        let this = self.clone();
+        tokio::spawn(async move {
+            match this.lookup(host.clone()).await {
+                Ok(_) => this
+                    .metrics
+                    .hosts
+                    .refresh_seconds
+                    .observe(now.elapsed().as_secs_f64()),
+                Err(e) => tracing::debug!(host = %host, error = %e, "refreshing host"),
+            }
+        });
+    }
+
     /// Remembers `host` → `revision` as found elsewhere (the directory, while the API server
     /// does not answer); it is read again from the API server once its TTL is past.
     pub fn seed(&self, host: &str, revision: RevisionKey) {
-        self.store(&normalize_host(host), Some(revision));
+        let route = Arc::new(HostRoute::single(revision));
+        self.store(&normalize_host(host), Some(route));
     }
 
     /// Forgets `host` (its revision turned out not to claim it).
@@ -111,7 +170,7 @@ impl HostCache {
         self.entries.remove(&normalize_host(host));
     }
 
-    async fn lookup(&self, host: String) -> Result<Option<RevisionKey>, Arc<kube::Error>> {
+    async fn lookup(&self, host: String) -> Result<Answer, Arc<kube::Error>> {
         let shared = self
             .pending
             .entry(host.clone())
@@ -120,8 +179,8 @@ impl HostCache {
                 let h = host.clone();
                 async move {
                     let r = this.list(&h).await.map_err(Arc::new);
-                    if let Ok(revision) = &r {
-                        this.store(&h, revision.clone());
+                    if let Ok(route) = &r {
+                        this.store(&h, route.clone());
                     }
                     this.pending.remove(&h);
                     r
@@ -133,105 +192,43 @@ impl HostCache {
         shared.await
     }
 
-    async fn list(&self, host: &str) -> Result<Option<RevisionKey>, kube::Error> {
+    async fn list(&self, host: &str) -> Result<Answer, kube::Error> {
         let api: Api<ActivationEndpoints> = Api::all(self.client.clone());
         let lp = ListParams::default()
             .labels(&host_selector(host))
             .match_any();
         let found = api.list(&lp).await?;
-        Ok(winner(&found.items))
+        Ok(HostRoute::from_claims(host, &found.items).map(Arc::new))
     }
 
-    fn store(&self, host: &str, revision: Option<RevisionKey>) {
+    fn store(&self, host: &str, route: Answer) {
         if self.entries.len() >= ENTRIES_KEPT {
             let (pos, neg) = (self.positive_ttl, self.negative_ttl);
             self.entries
-                .retain(|_, e| e.at.elapsed() < if e.revision.is_some() { pos } else { neg });
+                .retain(|_, e| e.at.elapsed() < if e.route.is_some() { pos } else { neg });
             // Still full of live entries (a flood of distinct hosts): drop misses first.
             if self.entries.len() >= ENTRIES_KEPT {
-                self.entries.retain(|_, e| e.revision.is_some());
+                self.entries.retain(|_, e| e.route.is_some());
             }
         }
-        self.entries.insert(
-            host.to_string(),
-            Entry {
-                at: Instant::now(),
-                revision,
-                refreshing: Arc::new(AtomicBool::new(false)),
-            },
-        );
-    }
-}
-
-/// Among the ActivationEndpoints claiming a host: those the subsetter marked as having lost
-/// it are out; of the rest, the newest (creationTimestamp, then name, then namespace) wins,
-/// the rule the subsetter applies, for the moment before it has marked the loser.
-pub fn winner(claims: &[ActivationEndpoints]) -> Option<RevisionKey> {
-    claims
-        .iter()
-        .filter(|a| {
-            !a.status.as_ref().is_some_and(|s| {
-                s.conditions
-                    .iter()
-                    .any(|c| c.type_ == HOST_CONFLICT && c.status == "True")
-            })
-        })
-        .max_by(|a, b| {
-            let k = |x: &ActivationEndpoints| {
-                (
-                    x.metadata.creation_timestamp.as_ref().map(|t| t.0),
-                    x.name_any(),
-                    x.namespace().unwrap_or_default(),
-                )
-            };
-            k(a).cmp(&k(b))
-        })
-        .map(|a| RevisionKey::new(a.namespace().unwrap_or_default(), a.name_any()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crds::ActivationEndpointsStatus;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-
-    fn aep(ns: &str, name: &str, created: i64, conflict: bool) -> ActivationEndpoints {
-        let mut a = ActivationEndpoints::new(name, Default::default());
-        a.metadata.namespace = Some(ns.into());
-        a.metadata.creation_timestamp = Some(Time(jiff::Timestamp::from_second(created).unwrap()));
-        if conflict {
-            a.status = Some(ActivationEndpointsStatus {
-                conditions: vec![Condition {
-                    type_: HOST_CONFLICT.into(),
-                    status: "True".into(),
-                    reason: "HostClaimedByNewerRevision".into(),
-                    message: String::new(),
-                    last_transition_time: Time(jiff::Timestamp::from_second(created).unwrap()),
-                    observed_generation: None,
-                }],
-                ..Default::default()
-            });
+        let entry = Entry {
+            at: Instant::now(),
+            route,
+            refreshing: Arc::new(AtomicBool::new(false)),
+        };
+        let moved = match self.entries.insert(host.to_string(), entry.clone()) {
+            Some(Entry {
+                route: Some(before),
+                ..
+            }) => !entry
+                .route
+                .as_ref()
+                .is_some_and(|now| now.same_split(&before)),
+            _ => false,
+        };
+        if moved {
+            self.metrics.hosts.moves.inc();
+            tracing::debug!(host, "host moved");
         }
-        a
-    }
-
-    #[test]
-    fn newest_unconflicted_claim_wins() {
-        assert_eq!(winner(&[]), None);
-        let old = aep("a", "old", 10, false);
-        let new = aep("a", "new", 20, false);
-        assert_eq!(
-            winner(&[old.clone(), new.clone()]),
-            Some(RevisionKey::new("a", "new"))
-        );
-        // Once the subsetter has marked the loser, the mark decides even against the clock.
-        let marked_new = aep("a", "new", 20, true);
-        assert_eq!(
-            winner(&[old.clone(), marked_new]),
-            Some(RevisionKey::new("a", "old"))
-        );
-        // Same second: the greater name.
-        let twin = aep("a", "zz", 20, false);
-        assert_eq!(winner(&[new, twin]), Some(RevisionKey::new("a", "zz")));
     }
 }

@@ -1,7 +1,9 @@
 //! What the activator keeps in memory: only what its own node needs (docs/architecture.md, "The scale it must hold").
 //!
 //! - [`revisions`]: the Revisions requests name, read on demand and kept briefly.
-//! - [`hosts`]: Host → revision, looked up by host label on ActivationEndpoints and cached.
+//! - [`hosts`]: Host → the revisions serving it, looked up by host label on
+//!   ActivationEndpoints and cached; [`host_route`]: the answer itself, by the rule of
+//!   `status.routes` (a split by weight) or the legacy one (the newest claimant), pure.
 //! - [`endpoints`]: the ActivationEndpoints that list this node (a label-selected watch), plus
 //!   short-lived lookups of other revisions' subsets, for forwarding.
 //! - [`seeded`]: that watch's first state from the directory, not from a list that scans every
@@ -15,6 +17,7 @@
 pub mod api_health;
 pub mod directory;
 pub(crate) mod endpoints;
+pub(crate) mod host_route;
 pub(crate) mod hosts;
 pub(crate) mod pods;
 pub(crate) mod read;

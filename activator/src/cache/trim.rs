@@ -7,10 +7,11 @@
 //! `metadata.managedFields`: one field tree per writer (the creator, the subsetter's status
 //! writes), each a map per field. Those trees were half of the ~22 KiB of heap a membership
 //! cost (docs/load-testing.md, "The activator's own memory, trimmed"), and no path of the
-//! activator reads them. So the caches keep each object without them, without the `kubectl apply` copy of the
-//! whole object (an annotation as large as the object); a subset without its labels (the
-//! watch selected on them already) and what its status says for people (conditions, policy,
-//! image counts); a Revision without its status (the subsetter's conditions). What is kept:
+//! activator reads them. So the caches keep each object without them, without the `kubectl
+//! apply` copy of the whole object (an annotation as large as the object); a subset without
+//! its labels (the watch selected on them already), what its status says for people
+//! (conditions, policy, image counts) and the hosts routed to it (entries read those by their
+//! host lookups); a Revision without its status (the subsetter's conditions). What is kept:
 //! the members, the generation and owner the subset was written for, the Revision's spec.
 
 use crds::unread::drop_unread_metadata as metadata;
@@ -24,6 +25,9 @@ pub(crate) fn subset(ae: &mut ActivationEndpoints) {
         s.conditions = Vec::new();
         s.policy = None;
         s.image_members = None;
+        // A member serves the revision an entry picked; which hosts route to it is the
+        // entries' to read (their host lookups), never from this copy.
+        s.routes = Vec::new();
     }
 }
 
@@ -60,6 +64,7 @@ mod tests {
             },
             "status": {"observedGeneration": 4, "policy": "random",
                 "imageMembers": {"holding": 1, "of": 1},
+                "routes": [{"host": "app.test", "percent": 100}],
                 "conditions": [{"type": "Ready", "status": "True", "reason": "Assigned",
                     "message": "", "lastTransitionTime": "2026-11-28T00:00:00Z"}],
                 "activators": [{"node": "a", "address": "10.0.0.1:8080",
@@ -84,6 +89,7 @@ mod tests {
         assert_eq!(s.activators, was.activators);
         assert_eq!(s.observed_generation, Some(4));
         assert!(s.conditions.is_empty() && s.policy.is_none() && s.image_members.is_none());
+        assert!(!was.routes.is_empty() && s.routes.is_empty());
         assert_eq!(s.member("a"), was.member("a"));
         assert!(
             serde_json::to_vec(&ae).unwrap().len() < serde_json::to_vec(&before).unwrap().len()

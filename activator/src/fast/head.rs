@@ -21,8 +21,8 @@ use std::ops::Range;
 
 use crds::contract::{
     HEADER_ACTIVATOR_HOP, HEADER_ACTIVATOR_HOP_PROOF, HEADER_ACTIVATOR_HOP_SPILL,
-    HEADER_KNATIVE_NAMESPACE, HEADER_KNATIVE_REVISION, HEADER_REVISION_NAME,
-    HEADER_REVISION_NAMESPACE,
+    HEADER_ACTIVATOR_HOST_STALE, HEADER_ACTIVATOR_SUBSET_VERSION, HEADER_KNATIVE_NAMESPACE,
+    HEADER_KNATIVE_REVISION, HEADER_REVISION_NAME, HEADER_REVISION_NAMESPACE,
 };
 
 use crate::pipeline::routing::{Named, RevisionKey, is_dns_label, is_dns_subdomain};
@@ -227,9 +227,13 @@ impl<'a> Parsed<'a> {
         } else if is(HEADER_ACTIVATOR_HOP)
             || is(HEADER_ACTIVATOR_HOP_PROOF)
             || is(HEADER_ACTIVATOR_HOP_SPILL)
+            || is(crds::contract::HEADER_ACTIVATOR_HOP_REVISION)
+            || is(HEADER_ACTIVATOR_SUBSET_VERSION)
+            || is(HEADER_ACTIVATOR_HOST_STALE)
         {
             // Whether a peer activator sent it is for hyper's path to check (a forwarded
-            // request is the rare one); the fast lane serves clients.
+            // request is the rare one); the fast lane serves clients, and hyper's path
+            // removes a client's before anything reads them.
             return Err("hop");
         } else if is(HEADER_REVISION_NAMESPACE) {
             self.ns = Some(once(self.ns, value)?);
@@ -573,6 +577,7 @@ impl Seen {
                 || is("trailer")
                 || is("upgrade")
                 || is(crate::wire::names::HEADER_SERVED_BY)
+                || is(HEADER_ACTIVATOR_HOST_STALE)
             {
                 seen.plain = false;
             }
@@ -690,12 +695,15 @@ fn write_response_reparsed(out: &mut Vec<u8>, head: &[u8], add: &Additions<'_>) 
         if is("content-length") {
             continue;
         }
+        // An app's host-stale hint is not an activator's: dropped (it would have the client's
+        // entry, if it were a peer, read the host again).
         if is("connection")
             || is("keep-alive")
             || is("proxy-connection")
             || is("te")
             || is("trailer")
             || is("upgrade")
+            || is(HEADER_ACTIVATOR_HOST_STALE)
             || named
                 .iter()
                 .any(|n| n.eq_ignore_ascii_case(h.name.as_bytes()))
@@ -867,6 +875,19 @@ mod tests {
             ),
             (
                 format!("GET / HTTP/1.1\r\nx-activator-hop-spill: 1\r\n{REV}\r\n"),
+                "hop",
+            ),
+            // So are the hints between entries and members: removed there from a client's.
+            (
+                format!("GET / HTTP/1.1\r\nX-Activator-Subset-Version: 9\r\n{REV}\r\n"),
+                "hop",
+            ),
+            (
+                format!("GET / HTTP/1.1\r\nx-activator-host-stale: 1\r\n{REV}\r\n"),
+                "hop",
+            ),
+            (
+                format!("GET / HTTP/1.1\r\nx-activator-hop-revision: ns/r\r\n{REV}\r\n"),
                 "hop",
             ),
             (
@@ -1057,6 +1078,24 @@ mod tests {
         );
         assert!(parse_response(b"HTTP/1.1 101 Switching\r\n\r\n", false).is_err());
         assert!(parse_response(b"garbage\r\n\r\n", false).is_err());
+    }
+
+    #[test]
+    fn an_apps_host_stale_hint_never_reaches_the_client() {
+        let head =
+            "HTTP/1.1 200 OK\r\ncontent-length: 0\r\nX-Activator-Host-Stale: 1\r\nx-app: a\r\n\r\n";
+        let rh = parse_response(head.as_bytes(), false).unwrap().unwrap();
+        assert!(!rh.plain, "the head must be rewritten without it");
+        let mut out = Vec::new();
+        let add = Additions {
+            served_by: b"node-1",
+            ..Default::default()
+        };
+        write_response(&mut out, head.as_bytes(), rh.plain, &add);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "HTTP/1.1 200 OK\r\ncontent-length: 0\r\nx-app: a\r\nx-activator-node: node-1\r\n\r\n"
+        );
     }
 
     #[test]

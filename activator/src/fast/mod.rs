@@ -42,7 +42,7 @@ use tokio_util::sync::CancellationToken;
 use crate::node::pool::{Lease, NoSlot, Spec};
 use crate::ops::metrics::{Outcome, Phase, Route};
 use crate::ops::telemetry;
-use crate::pipeline::decide::RouteTo;
+use crate::pipeline::decide::{Resolved, RouteTo};
 use crate::pipeline::handler::Handler;
 use crate::pipeline::retries::PodRetries;
 use crate::pipeline::routing::Named;
@@ -256,7 +256,9 @@ impl FastLane {
     ) -> Result<ServeHere, &'static str> {
         let h = &*self.handler;
         let name = std::mem::replace(&mut head.name, Named::Host(String::new()));
-        let Ok((key, rev)) = h.resolve(Ok(name), arrived).await else {
+        // A Host split between revisions is picked here, once per request, as on hyper's path
+        // (a hand-over decides again: hyper's path may pick another, which is as random).
+        let Ok(Resolved { key, rev, .. }) = h.resolve(Ok(name), arrived).await else {
             return Err("resolve");
         };
         let protocol = match &scratch.protocol {

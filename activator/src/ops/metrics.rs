@@ -266,6 +266,102 @@ impl PrepullMetrics {
     }
 }
 
+/// Why a host was read again before its TTL was past.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum HostRefresh {
+    /// A member this entry forwarded to answered `x-activator-host-stale`: its subset is newer
+    /// than the host answer the entry picked from.
+    StaleHint,
+    /// This entry is itself a member of the revision it picked, and its watched copy of the
+    /// subset is newer than the host answer.
+    LocalNewer,
+}
+
+label_value!(HostRefresh {
+    StaleHint => "stale_hint",
+    LocalNewer => "local_newer",
+});
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HostRefreshLabel {
+    pub reason: HostRefresh,
+}
+
+/// Host routing's metrics (`cache::hosts`, and the hints between entries and members).
+pub struct HostMetrics {
+    /// Hosts read again at once, by why (at most one per host per 200 ms).
+    pub refreshes: Family<HostRefreshLabel, Counter>,
+    /// Lookups that replaced a host's answer with one sending its requests elsewhere (other
+    /// revisions, or other weights), whatever started them (a hint, the TTL).
+    pub moves: Counter,
+    /// Answers this node, as a member, marked `x-activator-host-stale` for the entry that
+    /// forwarded them.
+    pub stale_answers: Counter,
+    /// How long a refresh started by a hint or a newer local copy took to store its answer.
+    pub refresh_seconds: Histogram,
+}
+
+impl Default for HostMetrics {
+    fn default() -> Self {
+        let m = Self {
+            refreshes: Family::default(),
+            moves: Counter::default(),
+            stale_answers: Counter::default(),
+            // 1 ms .. ~16 s.
+            refresh_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
+        };
+        // Both series exist from the start at 0, so that the first refresh is a rise a
+        // `rate()` sees rather than a series appearing.
+        for reason in [HostRefresh::StaleHint, HostRefresh::LocalNewer] {
+            let _ = m.refreshes.get_or_create(&HostRefreshLabel { reason });
+        }
+        m
+    }
+}
+
+impl HostMetrics {
+    pub fn refreshed(&self, reason: HostRefresh) {
+        self.refreshes
+            .get_or_create(&HostRefreshLabel { reason })
+            .inc();
+    }
+
+    /// Refreshes counted so far for `reason`.
+    pub fn refreshes(&self, reason: HostRefresh) -> u64 {
+        self.refreshes
+            .get_or_create(&HostRefreshLabel { reason })
+            .get()
+    }
+
+    fn register(&self, r: &mut Registry) {
+        r.register(
+            "host_refreshes",
+            "Hosts read again before their TTL, by reason: stale_hint (a member said the host \
+             answer is older than its subset), local_newer (this node's own copy of the picked \
+             revision's subset is newer)",
+            self.refreshes.clone(),
+        );
+        r.register(
+            "host_moves",
+            "Host lookups whose answer sends the host's requests to other revisions or by other \
+             weights than the answer they replaced",
+            self.moves.clone(),
+        );
+        r.register(
+            "host_stale_answers",
+            "Answers to forwarded requests this node marked x-activator-host-stale: the \
+             forwarding entry's host answer was older than this member's subset",
+            self.stale_answers.clone(),
+        );
+        r.register(
+            "host_refresh_seconds",
+            "How long a host refresh started by a stale hint or a newer local subset took, \
+             until its answer was stored",
+            self.refresh_seconds.clone(),
+        );
+    }
+}
+
 fn phase_histogram() -> Histogram {
     // 0.25 ms .. ~65 s.
     Histogram::new(exponential_buckets(0.000_25, 2.0, 19))
@@ -334,6 +430,8 @@ pub struct Metrics {
     pub moved_off_hot_thread: Counter,
     /// Images pulled ahead of their revisions' first requests.
     pub prepull: PrepullMetrics,
+    /// Host routing: refreshes, moves and the hints between entries and members.
+    pub hosts: HostMetrics,
 }
 
 impl Default for Metrics {
@@ -366,6 +464,7 @@ impl Default for Metrics {
             read_ahead_queued: Gauge::default(),
             moved_off_hot_thread: Counter::default(),
             prepull: PrepullMetrics::default(),
+            hosts: HostMetrics::default(),
         }
     }
 }
@@ -570,6 +669,7 @@ impl Metrics {
             self.read_ahead_queued.clone(),
         );
         self.prepull.register(&mut r);
+        self.hosts.register(&mut r);
         r
     }
 }

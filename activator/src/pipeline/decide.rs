@@ -9,12 +9,15 @@ use std::sync::Arc;
 use crds::contract::normalize_host;
 use crds::directory::DirectoryQuery;
 use crds::{ActivatorMember, Revision};
+use rand::RngExt;
 use tokio::time::Instant;
 
 use super::rules::{API_READ_LIMIT, SUBSET_WAIT, can_start};
 use crate::cache::endpoints::Membership;
+use crate::cache::host_route::Target;
 use crate::cache::hosts::HostCache;
 use crate::node::pool::Spec;
+use crate::ops::metrics::HostRefresh;
 use crate::pipeline::handler::Handler;
 use crate::pipeline::routing::{Named, RevisionKey, Unnamed};
 use crate::wire::answer::Refusal;
@@ -40,20 +43,46 @@ struct Found {
     membership: Membership,
 }
 
+/// Stage 1's answer: the revision, and how it was found from the request's Host.
+pub(crate) struct Resolved {
+    pub key: RevisionKey,
+    pub rev: Arc<Revision>,
+    /// Set when the revision was picked from a host answer (the request named only a Host).
+    pub pick: Option<HostPick>,
+}
+
+/// A revision picked from a host answer: what a forward tells the member (the revision, the
+/// version of its subset in the answer), and the host to read again when the member says the
+/// answer is older than its subset.
+pub(crate) struct HostPick {
+    /// Normalized.
+    pub host: String,
+    /// The resourceVersion of the picked revision's ActivationEndpoints in the host answer
+    /// (None: the directory's answer).
+    pub version: Option<Arc<str>>,
+}
+
 /// What a Host names (stage 1).
 enum ByHost<'a> {
-    /// The revision, with the host and the cache it came from (checked against the
-    /// Revision once read, forgotten if the Revision no longer claims it).
-    Key(RevisionKey, (String, &'a HostCache)),
+    /// The revision picked from the host's answer, with the host and the cache it came from;
+    /// `legacy`: the answer is the legacy rule's claimant, so the Revision once read must
+    /// claim the host (else it is forgotten).
+    Key {
+        key: RevisionKey,
+        pick: HostPick,
+        hosts: &'a HostCache,
+        legacy: bool,
+    },
     /// The directory's answer, the Revision included (seeded in the caches).
-    Directory((RevisionKey, Arc<Revision>)),
+    Directory(Found, HostPick),
 }
 
 /// A cached host whose revision no longer claims it (hosts moved): look again next time.
-fn still_claimed((h, hosts): &(String, &HostCache), rev: &Revision) -> Result<(), Refusal> {
-    let h = normalize_host(h);
+/// Only for the legacy rule's answers: a Route's revisions need not claim the hosts it routes
+/// to them (a tag's `<tag>-<host>` never is).
+fn still_claimed(h: &str, hosts: &HostCache, rev: &Revision) -> Result<(), Refusal> {
     if !rev.spec.hosts.iter().any(|c| normalize_host(c) == h) {
-        hosts.forget(&h);
+        hosts.forget(h);
         return Err(Refusal::unknown_revision(format!(
             "no revision serves host {h}"
         )));
@@ -71,18 +100,30 @@ fn no_share(key: &RevisionKey) -> Refusal {
 impl Handler {
     /// Stage 1: the revision a request names (`named`, from its headers or its Host), and
     /// the Revision itself. Cached answers come without a timer; what the API server does not
-    /// answer is asked of the directory (`cache::directory`).
+    /// answer is asked of the directory (`cache::directory`). A Host split between revisions
+    /// picks one here, per request.
     pub(crate) async fn resolve(
         &self,
         named: Result<Named, Unnamed>,
         arrived: Instant,
-    ) -> Result<(RevisionKey, Arc<Revision>), Refusal> {
-        let (key, host) = match named {
+    ) -> Result<Resolved, Refusal> {
+        let (key, by_host) = match named {
             Ok(Named::Revision(key)) => (key, None),
             Ok(Named::Host(host)) => match self.host_key(host).await? {
-                ByHost::Key(key, by) => (key, Some(by)),
+                ByHost::Key {
+                    key,
+                    pick,
+                    hosts,
+                    legacy,
+                } => (key, Some((pick, hosts, legacy))),
                 // The directory answered with the Revision itself: nothing more to read.
-                ByHost::Directory(found) => return Ok(found),
+                ByHost::Directory(found, pick) => {
+                    return Ok(Resolved {
+                        key: found.key,
+                        rev: found.rev,
+                        pick: Some(pick),
+                    });
+                }
             },
             Err(Unnamed::BadName(why)) => return Err(Refusal::bad_request(why)),
             Err(Unnamed::Nothing) => {
@@ -91,15 +132,25 @@ impl Handler {
                 ));
             }
         };
-        let rev = self.read_revision(&key, host.as_ref(), arrived).await?;
-        if let Some(by) = &host {
-            still_claimed(by, &rev)?;
+        let forget = by_host
+            .as_ref()
+            .map(|(p, hosts, _)| (p.host.as_str(), *hosts));
+        let rev = self.read_revision(&key, forget, arrived).await?;
+        if let Some((pick, hosts, legacy)) = &by_host
+            && *legacy
+        {
+            still_claimed(&pick.host, hosts, &rev)?;
         }
-        Ok((key, rev))
+        Ok(Resolved {
+            key,
+            rev,
+            pick: by_host.map(|(pick, _, _)| pick),
+        })
     }
 
-    /// Stage 1, a request named by its Host: the revision that serves it, from the host cache
-    /// or the API server, or — when the API server does not answer — the directory's Revision.
+    /// Stage 1, a request named by its Host: the revision that serves it, picked by weight
+    /// from the host cache's answer or the API server's, or — when the API server does not
+    /// answer — the directory's Revision.
     async fn host_key(&self, host: String) -> Result<ByHost<'_>, Refusal> {
         let Some(hosts) = &self.hosts else {
             return Err(Refusal::unknown_revision(format!(
@@ -112,7 +163,20 @@ impl Handler {
             None => self.api.within(API_READ_LIMIT, hosts.resolve(&host)).await,
         };
         match found {
-            Ok(Ok(Some(key))) => Ok(ByHost::Key(key, (host, hosts))),
+            Ok(Ok(Some(route))) => {
+                let host = normalize_host(&host);
+                let target = route.pick(rand::rng().random::<u32>());
+                self.compare_locally(&host, target, hosts);
+                Ok(ByHost::Key {
+                    key: target.key.clone(),
+                    pick: HostPick {
+                        host,
+                        version: target.version.clone(),
+                    },
+                    hosts,
+                    legacy: !route.is_routed(),
+                })
+            }
             Ok(Ok(None)) => Err(Refusal::unknown_revision(format!(
                 "no revision serves host {host}"
             ))),
@@ -125,7 +189,11 @@ impl Handler {
                 match self.ask_directory(&q).await {
                     Some(Some(found)) => {
                         hosts.seed(&host, found.key.clone());
-                        Ok(ByHost::Directory((found.key, found.rev)))
+                        let pick = HostPick {
+                            host: normalize_host(&host),
+                            version: None,
+                        };
+                        Ok(ByHost::Directory(found, pick))
                     }
                     Some(None) => Err(Refusal::unknown_revision(format!(
                         "no revision serves host {host}"
@@ -138,6 +206,18 @@ impl Handler {
         }
     }
 
+    /// An entry that is itself a member of the revision it picked has that revision's subset
+    /// watched: newer than the host answer's copy, the subsetter wrote it since (a Route's
+    /// split changed, a host was handed over), so the host is read again in the background.
+    /// This request keeps its pick.
+    fn compare_locally(&self, host: &str, target: &Target, hosts: &HostCache) {
+        if let Some(answered) = &target.version
+            && self.endpoints.subset_newer_than(&target.key, answered)
+        {
+            hosts.refresh(host, HostRefresh::LocalNewer);
+        }
+    }
+
     /// Stage 1, the Revision `key` names: nearly always cached (no timeout armed, no clock
     /// read: the arrival time serves), else read from the API server or, when it does not
     /// answer, asked of the directory. A host that led to a revision that is gone is
@@ -145,7 +225,7 @@ impl Handler {
     async fn read_revision(
         &self,
         key: &RevisionKey,
-        host: Option<&(String, &HostCache)>,
+        host: Option<(&str, &HostCache)>,
         arrived: Instant,
     ) -> Result<Arc<Revision>, Refusal> {
         let read = match self.revisions.cached(key, arrived.into_std()) {

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use crds::{ActivatorMember, Revision};
+use crds::ActivatorMember;
 use futures::future::Either;
 use http::{HeaderValue, Request, Response};
 use http_body_util::BodyExt;
@@ -33,17 +33,18 @@ use crate::cache::hosts::HostCache;
 use crate::cache::revisions::RevisionCache;
 use crate::node::pool::{Lease, NoSlot, Spec};
 use crate::node::pools::Pools;
-use crate::ops::metrics::{Metrics, Outcome, Phase, Route};
+use crate::ops::metrics::{HostRefresh, Metrics, Outcome, Phase, Route};
 use crate::ops::telemetry;
-use crate::pipeline::decide::RouteTo;
+use crate::pipeline::decide::{HostPick, Resolved, RouteTo};
+use crate::pipeline::hop;
 use crate::pipeline::retries::PodRetries;
-use crate::pipeline::routing::{RevisionKey, named};
+use crate::pipeline::routing::{Named, RevisionKey, named};
 use crate::pipeline::rules::{can_start, request_timeout, too_late, upstream_protocol};
 use crate::upstream::proxy::{Upstream, UpstreamProtocol};
 use crate::upstream::upgrade;
 use crate::wire::answer::{Body, BodyError, Refusal, box_error, full};
 use crate::wire::framing::framing_problem;
-use crate::wire::names::{CLIENT_GONE, HEADER_COLD_START, SERVED_BY, SERVER_TIMING};
+use crate::wire::names::{CLIENT_GONE, HEADER_COLD_START, HOST_STALE, SERVED_BY, SERVER_TIMING};
 
 // Header names parsed once, not on every request.
 
@@ -86,8 +87,16 @@ struct Sender {
 }
 
 impl Handler {
-    pub async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
+    pub async fn handle(self: Arc<Self>, mut req: Request<Incoming>) -> Response<Body> {
         let arrived = Instant::now();
+        // A hop only a peer proved counts; anyone else's is removed, as if never sent.
+        let hopped = self.hop.verified(req.headers());
+        if !hopped {
+            hop::strip(req.headers_mut());
+        }
+        // The forwarding entry's host answer is older than this member's subset: it is told
+        // so on the answer, whatever the answer is.
+        let stale = hopped && self.subset_is_newer(req.headers());
         let span = if telemetry::request_spans() {
             let s = tracing::info_span!("request", method = %req.method(), path = req.uri().path());
             telemetry::set_parent_from_headers(&s, req.headers());
@@ -97,7 +106,7 @@ impl Handler {
         };
         // Counted as 499 if the client leaves first (the connection drops this future).
         let mut unanswered = Unanswered(Some(&self.metrics));
-        let served = self.serve(req.map(|b| b.map_err(box_error).boxed()), arrived);
+        let served = self.serve(req.map(|b| b.map_err(box_error).boxed()), arrived, hopped);
         let served = in_span(span, served);
         let served = served.await;
         unanswered.0 = None;
@@ -116,37 +125,59 @@ impl Handler {
                 code: resp.status().as_u16(),
             })
             .inc();
-        resp.headers_mut()
-            .entry(SERVED_BY)
+        let h = resp.headers_mut();
+        h.entry(SERVED_BY)
             .or_insert_with(|| self.node_header.clone());
+        // The hint is this activator's own to give, to the entry that forwarded the request:
+        // an app's (or a peer's, already read by the forward) never reaches anyone, since an
+        // app must not make entries read hosts again.
+        h.remove(HOST_STALE);
+        if stale {
+            self.metrics.hosts.stale_answers.inc();
+            h.insert(HOST_STALE, HeaderValue::from_static("1"));
+        }
         resp
+    }
+
+    /// Whether a proven hop's host answer is older than this node's own copy of the picked
+    /// revision's subset (a member watches its subsets): the subsetter wrote it since.
+    fn subset_is_newer(&self, headers: &http::HeaderMap) -> bool {
+        let (Some(key), Some(theirs)) =
+            (hop::picked_revision(headers), hop::subset_version(headers))
+        else {
+            return false;
+        };
+        self.endpoints.subset_newer_than(&key, theirs)
     }
 
     async fn serve(
         &self,
-        mut req: Request<Body>,
+        req: Request<Body>,
         arrived: Instant,
+        hopped: bool,
     ) -> Result<(Route, Response<Body>), Refusal> {
         // 0. what hyper's parser lets through but the activator does not carry
         if let Some(why) = framing_problem(req.headers()) {
             return Err(Refusal::bad_request(why));
         }
-        // A hop only a peer proved counts; anyone else's is removed, as if never sent.
-        let hopped = self.hop.verified(req.headers());
-        if !hopped {
-            crate::pipeline::hop::strip(req.headers_mut());
-        }
         // The forwarding peer has another member to try if this one cannot serve at once.
-        let spill = hopped && crate::pipeline::hop::may_spill(req.headers());
-        // 1. resolve
-        let authority = req.uri().authority().map(|a| a.as_str());
-        let named = named(req.headers(), authority);
-        let (key, rev) = in_span(stage("resolve"), self.resolve(named, arrived)).await?;
-        let timeout = request_timeout(&rev);
+        let spill = hopped && hop::may_spill(req.headers());
+        // 1. resolve: the revision a forwarding entry picked from a host answer, not a pick
+        // of this node's own (a host split between revisions would be picked twice).
+        let named = match hopped
+            .then(|| hop::picked_revision(req.headers()))
+            .flatten()
+        {
+            Some(key) => Ok(Named::Revision(key)),
+            None => named(req.headers(), req.uri().authority().map(|a| a.as_str())),
+        };
+        let resolved = in_span(stage("resolve"), self.resolve(named, arrived)).await?;
+        let (key, rev) = (&resolved.key, &resolved.rev);
+        let timeout = request_timeout(rev);
         let deadline = arrived + timeout;
-        let late = || too_late(&key, timeout);
+        let late = || too_late(key, timeout);
         // 2. route
-        let routed = self.route(&key, &rev, hopped, deadline);
+        let routed = self.route(key, rev, hopped, deadline);
         let (spec, peers, req) = match in_span(stage("route"), routed).await? {
             RouteTo::Here { spec, peers, ahead } if ahead.is_empty() => (spec, peers, req),
             // Not the primary, no pod here: the members ahead first; this node serves what
@@ -158,7 +189,7 @@ impl Handler {
                     .cloned()
                     .collect();
                 match self
-                    .forward_timed(&key, &rev, req, ahead, true, arrived)
+                    .forward_timed(&resolved, req, ahead, true, arrived)
                     .await
                 {
                     Ok(resp) => return Ok((Route::Forwarded, resp)),
@@ -170,13 +201,13 @@ impl Handler {
                 }
             }
             RouteTo::Elsewhere(members) => {
-                let resp = self.forward_timed(&key, &rev, req, members, false, arrived);
+                let resp = self.forward_timed(&resolved, req, members, false, arrived);
                 return Ok((Route::Forwarded, resp.await.map_err(|(r, _)| r)?));
             }
         };
         // 3. admit and 4. proxy, within the revision's timeout.
         let from = Sender { hopped, spill };
-        let here = self.serve_here(&key, req, &spec, &peers, arrived, from);
+        let here = self.serve_here(&resolved, req, &spec, &peers, arrived, from);
         tokio::time::timeout_at(deadline, here)
             .await
             .map_err(|_| late())?
@@ -186,19 +217,19 @@ impl Handler {
     /// cold answer. The request comes back when no member was sent it.
     async fn forward_timed(
         &self,
-        key: &RevisionKey,
-        rev: &Revision,
+        to: &Resolved,
         req: Request<Body>,
         members: Vec<ActivatorMember>,
         fall_back: bool,
         arrived: Instant,
     ) -> Result<Response<Body>, (Refusal, Option<Request<Body>>)> {
+        let (key, rev) = (&to.key, &to.rev);
         let timeout = request_timeout(rev);
         let deadline = arrived + timeout;
         let sent_on = arrived.elapsed();
         let forward = in_span(
             stage("forward"),
-            Box::pin(self.forward(key, rev, req, members, fall_back)),
+            Box::pin(self.forward(to, req, members, fall_back)),
         );
         let sent = tokio::time::timeout_at(deadline, forward);
         let mut resp = sent.await.map_err(|_| (too_late(key, timeout), None))??;
@@ -216,13 +247,14 @@ impl Handler {
     /// here (node full, draining) goes to a peer while it still may.
     async fn serve_here(
         &self,
-        key: &RevisionKey,
+        resolved: &Resolved,
         mut req: Request<Body>,
         spec: &Spec,
         peers: &[ActivatorMember],
         arrived: Instant,
         Sender { hopped, spill }: Sender,
     ) -> Result<(Route, Response<Body>), Refusal> {
+        let key = &resolved.key;
         // The peers that may take the request (with a share of maxScale), when it must go.
         let can_forward = !hopped && peers.iter().any(|m| can_start(&spec.rev, m));
         let starters = || -> Vec<ActivatorMember> {
@@ -240,7 +272,7 @@ impl Handler {
                 Ok(lease) => lease,
                 Err(NotHere::Refused(refusal)) => return Err(refusal),
                 Err(NotHere::Forward) => {
-                    let forward = Box::pin(self.forward(key, &spec.rev, req, starters(), false));
+                    let forward = Box::pin(self.forward(resolved, req, starters(), false));
                     return Ok((Route::Forwarded, forward.await.map_err(|(r, _)| r)?));
                 }
             };
@@ -419,12 +451,12 @@ impl Handler {
     /// request, or all refused one that can be replayed, it comes back with the refusal.
     async fn forward(
         &self,
-        key: &RevisionKey,
-        rev: &Revision,
+        to: &Resolved,
         req: Request<Body>,
         members: Vec<ActivatorMember>,
         fall_back: bool,
     ) -> Result<Response<Body>, (Refusal, Option<Request<Body>>)> {
+        let (key, rev) = (&to.key, &to.rev);
         if members.is_empty() {
             return Err((
                 Refusal::unavailable(format!(
@@ -453,6 +485,7 @@ impl Handler {
                 m,
                 addr,
                 more: i + 1 < members.len(),
+                pick: to.pick.as_ref(),
             };
             match self.try_member(key, protocol, turn, r, fall_back).await {
                 Ok(resp) => return Ok(resp),
@@ -474,7 +507,12 @@ impl Handler {
         mut r: Request<Body>,
         fall_back: bool,
     ) -> Result<Response<Body>, (Refusal, Option<Request<Body>>)> {
-        let Turn { m, addr, more } = turn;
+        let Turn {
+            m,
+            addr,
+            more,
+            pick,
+        } = turn;
         let what = format!("activator on node {}", m.node);
         // A member that refuses the connection never saw the request: the next one
         // gets it as it is.
@@ -497,10 +535,18 @@ impl Handler {
         // serves what every member refused (`fall_back`).
         let replay = ((more || fall_back) && r.body().is_end_stream()).then(|| replay_of(&r));
         // Someone else can take it: the member may refuse what it cannot serve at once.
-        let hop = self.hop.forward_headers(&self.node, replay.is_some());
+        let mut extra = self.hop.forward_headers(&self.node, replay.is_some());
+        if let Some(p) = pick {
+            extra.extend(hop::pick_headers(key, p.version.as_deref()));
+        }
         telemetry::inject_traceparent(r.headers_mut());
         // No retries against one peer: the next member is the retry.
-        match self.upstream.send(to, r, &hop, &what).await {
+        let sent = self.upstream.send(to, r, &extra, &what).await;
+        let sent = sent.map(|mut resp| {
+            self.take_stale_hint(&mut resp, pick);
+            resp
+        });
+        match sent {
             Ok(resp)
                 if resp.status() == http::StatusCode::SERVICE_UNAVAILABLE && replay.is_some() =>
             {
@@ -518,14 +564,30 @@ impl Handler {
             }
         }
     }
+
+    /// A member's answer to a request this entry forwarded: a host-stale hint on it is taken
+    /// off (no client sees it), and — for a request picked from a host answer — the host is
+    /// read again in the background. The hint counts only here, on the answer of the peer
+    /// the request was sent to; this request keeps the answer it got.
+    fn take_stale_hint(&self, resp: &mut Response<Body>, pick: Option<&HostPick>) {
+        let stale = hop::says_stale(resp.headers());
+        resp.headers_mut().remove(HOST_STALE);
+        if stale
+            && let Some(p) = pick
+            && let Some(hosts) = &self.hosts
+        {
+            hosts.refresh(&p.host, HostRefresh::StaleHint);
+        }
+    }
 }
 
-/// One member's turn at a forwarded request (stage 2b): the member, its address, and
-/// whether another member follows it.
+/// One member's turn at a forwarded request (stage 2b): the member, its address, whether
+/// another member follows it, and how the revision was picked from a Host (if it was).
 struct Turn<'a> {
     m: &'a ActivatorMember,
     addr: std::net::SocketAddr,
     more: bool,
+    pick: Option<&'a HostPick>,
 }
 
 /// Counts a request whose answer never came because its client left (its future was

@@ -19,8 +19,9 @@
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::error::Error;
+use crate::pipeline::routing::{RevisionKey, is_dns_label, is_dns_subdomain};
 
-pub use crate::wire::names::{HOP, PROOF, SPILL};
+pub use crate::wire::names::{HOP, HOP_REVISION, HOST_STALE, PROOF, SPILL, SUBSET_VERSION};
 
 /// The cluster's hop secret, if this activator has one.
 #[derive(Clone, Default)]
@@ -104,6 +105,39 @@ pub fn may_spill(headers: &HeaderMap) -> bool {
     headers.get(&SPILL).is_some_and(|v| v.as_bytes() == b"1")
 }
 
+/// What a forward of a request resolved by its Host adds beside the hop: the revision the
+/// entry picked (the member serves that one, not a pick of its own), and the version of that
+/// revision's subset the host answer was read at, when known (a member with a newer copy
+/// says so: [`crds::contract::HEADER_ACTIVATOR_SUBSET_VERSION`]).
+pub fn pick_headers(key: &RevisionKey, version: Option<&str>) -> Vec<(HeaderName, String)> {
+    let mut h = vec![(HOP_REVISION, format!("{}/{}", key.namespace, key.name))];
+    if let Some(v) = version {
+        h.push((SUBSET_VERSION, v.to_string()));
+    }
+    h
+}
+
+/// The revision a proven hop's entry picked (only asked once [`HopAuth::verified`] held);
+/// None without one, or with one that is not a revision's name.
+pub fn picked_revision(headers: &HeaderMap) -> Option<RevisionKey> {
+    let v = headers.get(&HOP_REVISION)?.to_str().ok()?;
+    let (ns, name) = v.split_once('/')?;
+    (is_dns_label(ns) && is_dns_subdomain(name)).then(|| RevisionKey::new(ns, name))
+}
+
+/// The version of the picked revision's subset a proven hop's host answer was read at.
+pub fn subset_version(headers: &HeaderMap) -> Option<&str> {
+    headers.get(&SUBSET_VERSION)?.to_str().ok()
+}
+
+/// Whether a member's answer says the host answer this entry forwarded by is older than the
+/// member's subset ([`crds::contract::HEADER_ACTIVATOR_HOST_STALE`]).
+pub fn says_stale(headers: &HeaderMap) -> bool {
+    headers
+        .get(&HOST_STALE)
+        .is_some_and(|v| v.as_bytes() == b"1")
+}
+
 pub use crate::wire::hop_by_hop::strip_activator_hops as strip;
 
 /// Equality whose time does not depend on where the first difference is (the length of the
@@ -168,6 +202,27 @@ mod tests {
                 .iter()
                 .any(|(n, _)| n == SPILL)
         );
+    }
+
+    #[test]
+    fn a_pick_carries_the_revision_and_version_and_strip_removes_them() {
+        let key = RevisionKey::new("ns", "r-1.v2");
+        let mut h = HeaderMap::new();
+        for (n, v) in pick_headers(&key, Some("42")) {
+            h.insert(n, v.parse().unwrap());
+        }
+        assert_eq!(picked_revision(&h), Some(key.clone()));
+        assert_eq!(subset_version(&h), Some("42"));
+        assert_eq!(pick_headers(&key, None).len(), 1);
+        for bad in ["ns", "NS/r", "ns/", "/r", "ns/r/x", "n s/r"] {
+            let h = headers(&[("x-activator-hop-revision", bad)]);
+            assert_eq!(picked_revision(&h), None, "{bad}");
+        }
+        h.insert("x-activator-host-stale", HeaderValue::from_static("1"));
+        assert!(says_stale(&h));
+        assert!(!says_stale(&headers(&[("x-activator-host-stale", "0")])));
+        strip(&mut h);
+        assert!(h.is_empty(), "{h:?}");
     }
 
     #[test]

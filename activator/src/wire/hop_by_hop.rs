@@ -49,13 +49,14 @@ pub fn strip(h: &mut HeaderMap) {
     }
 }
 
-/// Removes the activators' hop headers (before a request goes to an app, or on to a peer,
-/// which gets fresh ones).
+/// Removes the headers only activators exchange — the hop and its proof, spill mark, picked
+/// revision and subset version, and a host-stale hint — before a request goes to an app, or
+/// on to a peer, which gets fresh ones.
 pub fn strip_activator_hops(headers: &mut HeaderMap) {
-    use super::names::{HOP, PROOF, SPILL};
-    headers.remove(&HOP);
-    headers.remove(&PROOF);
-    headers.remove(&SPILL);
+    use super::names::{HOP, HOP_REVISION, HOST_STALE, PROOF, SPILL, SUBSET_VERSION};
+    for n in [HOP, PROOF, SPILL, HOP_REVISION, SUBSET_VERSION, HOST_STALE] {
+        headers.remove(n);
+    }
 }
 
 #[cfg(test)]

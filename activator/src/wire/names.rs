@@ -3,7 +3,8 @@
 //! client that left. The contract's request headers live in `crds::contract`.
 
 use crds::contract::{
-    HEADER_ACTIVATOR_HOP, HEADER_ACTIVATOR_HOP_PROOF, HEADER_ACTIVATOR_HOP_SPILL,
+    HEADER_ACTIVATOR_HOP, HEADER_ACTIVATOR_HOP_PROOF, HEADER_ACTIVATOR_HOP_REVISION,
+    HEADER_ACTIVATOR_HOP_SPILL, HEADER_ACTIVATOR_HOST_STALE, HEADER_ACTIVATOR_SUBSET_VERSION,
 };
 use http::HeaderName;
 
@@ -21,3 +22,11 @@ pub const CLIENT_GONE: u16 = 499;
 pub const HOP: HeaderName = HeaderName::from_static(HEADER_ACTIVATOR_HOP);
 pub const PROOF: HeaderName = HeaderName::from_static(HEADER_ACTIVATOR_HOP_PROOF);
 pub const SPILL: HeaderName = HeaderName::from_static(HEADER_ACTIVATOR_HOP_SPILL);
+/// The contract's hints between an entry and a member about a host answer's age
+/// (`crate::pipeline::hop`): on a forward, the version of the picked revision's subset the
+/// entry's host answer was read at; on the member's answer, that its own copy is newer.
+pub const SUBSET_VERSION: HeaderName = HeaderName::from_static(HEADER_ACTIVATOR_SUBSET_VERSION);
+pub const HOST_STALE: HeaderName = HeaderName::from_static(HEADER_ACTIVATOR_HOST_STALE);
+/// The revision an entry picked for a request it resolved by its Host
+/// (`crds::contract::HEADER_ACTIVATOR_HOP_REVISION`).
+pub const HOP_REVISION: HeaderName = HeaderName::from_static(HEADER_ACTIVATOR_HOP_REVISION);
