@@ -45,7 +45,11 @@ async fn with_crds() -> anyhow::Result<(ApiServer, Client)> {
         .await?;
         names.push(name);
     }
-    assert_eq!(names.len(), 2, "both generated CRDs applied");
+    assert_eq!(
+        names.len(),
+        3,
+        "every generated CRD applied (Revision, ActivationEndpoints, Route)"
+    );
     for n in names {
         tokio::time::timeout(
             WAIT,

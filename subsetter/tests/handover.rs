@@ -249,3 +249,64 @@ async fn a_route_splits_a_host_and_rolls_back_in_one_edit() -> Result<()> {
     assert_eq!(routes(&v1), share(100));
     running.stop().await
 }
+
+#[tokio::test]
+async fn a_gradual_rollout_moves_in_steps() -> Result<()> {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let c = Cluster::start().await?;
+    c.add_activator("node-1", "127.0.1.1").await?;
+    let running = c.run_subsetter(Arc::new(Random::seeded(1)));
+    create(&c, "v1", None).await?;
+    c.wait_endpoints("v1", has_host).await?;
+    app_pod(&c, "v1", "v1-a").await?;
+    create(&c, "v2", Some(0)).await?;
+    app_pod(&c, "v2", "v2-a").await?;
+    apply_route(&c, json!([{ "revisionName": "v1", "percent": 100 }])).await?;
+    c.wait_endpoints("v1", |ae| routes(ae) == share(100))
+        .await?;
+
+    // Every summary the Route's status shows while it rolls out to v2 over two seconds.
+    let api: Api<Route> = Api::namespaced(c.client.clone(), NS);
+    let seen = tokio::spawn({
+        let api = api.clone();
+        async move {
+            let mut summaries: Vec<String> = Vec::new();
+            let mut events = std::pin::pin!(
+                watcher(api, watcher::Config::default().fields("metadata.name=shop"))
+                    .applied_objects()
+            );
+            while let Some(Ok(r)) = events.next().await {
+                let s = r.status.and_then(|s| s.summary).unwrap_or_default();
+                if summaries.last() != Some(&s) {
+                    summaries.push(s.clone());
+                }
+                if s == "v2=100%" {
+                    break;
+                }
+            }
+            summaries
+        }
+    });
+    api.patch(
+        "shop",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "spec": {
+            "rolloutDurationSeconds": 2,
+            "traffic": [{ "revisionName": "v2", "percent": 100 }],
+        }})),
+    )
+    .await?;
+    let summaries = tokio::time::timeout(WAIT, seen).await??;
+    let steps: Vec<&String> = summaries
+        .iter()
+        .filter(|s| s.contains("v1=") && s.contains("v2="))
+        .collect();
+    assert!(
+        !steps.is_empty(),
+        "no step between v1=100% and v2=100%: {summaries:?}"
+    );
+    assert_eq!(summaries.last().map(String::as_str), Some("v2=100%"));
+    c.wait_endpoints("v1", |ae| routes(ae).is_empty()).await?;
+    running.stop().await
+}

@@ -8,7 +8,7 @@
 //!
 //! Paths run: leader election (Lease) with a standby watching it, the settings ConfigMap (created,
 //! changed), EndpointSlices on, subsets for new Revisions (ActivationEndpoints, Revision status), a
-//! Host lookup, a cold start on a member and a forward from a non-member, scale out under
+//! Host lookup, a Route's status, a cold start on a member and a forward from a non-member, scale out under
 //! concurrency, idle to zero, a revision whose pods are refused (the activator's Event) and a one-
 //! member subset (the subsetter's Degraded Event), a node dying (repair), an ActivationEndpoints
 //! another Revision controls under a new Revision's name (the foreign-owner delete).
@@ -642,6 +642,27 @@ async fn run_paths() -> Result<BTreeSet<UserRequestKey>> {
         .await?,
         200
     );
+    // A Route over the host: the subsetter writes its status (what it serves).
+    let routes: Api<crds::Route> = Api::namespaced(admin.clone(), APPS);
+    routes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "local-activator.dev/v1alpha1", "kind": "Route",
+                "metadata": {"name": "web", "namespace": APPS},
+                "spec": {"hosts": ["web.rbac.test"],
+                         "traffic": [{"revisionName": "web", "percent": 100}]},
+            }))?,
+        )
+        .await?;
+    tokio::time::timeout(
+        WAIT,
+        kube::runtime::wait::await_condition(routes, "web", |o: Option<&crds::Route>| {
+            o.and_then(|r| r.status.as_ref())
+                .is_some_and(|s| s.summary.is_some())
+        }),
+    )
+    .await??;
     // Scale out: containerConcurrency 1, four at once on one member.
     let burst = futures::future::join_all((0..4).map(|_| {
         request(
