@@ -2172,3 +2172,69 @@ async fn members_pull_a_new_revisions_image_before_its_first_request() {
         cold.phases
     );
 }
+
+/// A deploy under load, a 10/90 split and a one-edit rollback on the real cluster (the
+/// `deploy` scenario on the installed product, its test app listening `listen_ms` after its
+/// container starts): nothing fails, no request waits for a cold start, every activator
+/// follows each move, the split holds within ±7 points over 2,000 requests.
+async fn deploy_split_rollback(test: &str, listen_ms: Option<u64>) {
+    let Some(env) = env(test).await else { return };
+    let knobs = loadtest::scenario::Knobs {
+        scenario: Some(loadtest::scenario::Scenario::Deploy),
+        clients: Some(4),
+        before_secs: Some(3.0),
+        after_secs: Some(2.0),
+        settle_secs: Some(2.0),
+        split_requests: Some(2000),
+        ..Default::default()
+    };
+    let ctx = loadtest::scenario::Ctx {
+        knobs,
+        target: loadtest::scenario::Target::Cluster(env.client.clone()),
+        cancel: tokio_util::sync::CancellationToken::new(),
+        progress: indicatif::ProgressBar::hidden(),
+    };
+    let opts = loadtest::installed::Options {
+        image: APP_IMAGE.into(),
+        pull_policy: "IfNotPresent",
+        listen_delay_ms: listen_ms,
+        ..Default::default()
+    };
+    let report = tokio::time::timeout(
+        LIMIT * 4,
+        loadtest::scenarios::deploy::run_installed(&ctx, &env.client, &opts),
+    )
+    .await
+    .expect("the deploy scenario ends")
+    .expect("the deploy scenario runs");
+    let (f, text) = (&report.figures, &report.text);
+    eprintln!("{text}");
+    assert_eq!(f["failed"].as_u64(), Some(0), "{text}");
+    for p in f["phases"].as_array().expect("phases") {
+        assert!(p["requests"].as_u64().unwrap_or(0) > 0, "{p}\n{text}");
+        assert_eq!(p["failed"].as_u64(), Some(0), "{p}\n{text}");
+        assert_eq!(p["waited_for_pod_start"].as_u64(), Some(0), "{p}\n{text}");
+    }
+    let moves = f["moves"].as_array().expect("moves");
+    for m in moves {
+        assert_eq!(m["moved_everywhere"], true, "{m}\n{text}");
+    }
+    let split = &f["split"];
+    assert_eq!(split["followed_everywhere"], true, "{text}");
+    for share in split["shares"].as_array().expect("shares") {
+        assert!(
+            share["off_by_points"].as_f64().unwrap_or(100.0).abs() <= 7.0,
+            "{share}\n{text}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deploy_under_load_a_split_and_a_rollback_wait_for_no_cold_start() {
+    deploy_split_rollback("deploy_quick_app", None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deploy_of_an_app_that_listens_after_2s_waits_for_no_cold_start() {
+    deploy_split_rollback("deploy_slow_app", Some(2000)).await;
+}
