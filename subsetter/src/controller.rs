@@ -376,7 +376,9 @@ impl Caches {
     pub fn directory(&self, q: &crds::directory::DirectoryQuery) -> Option<DirectoryAnswer> {
         use crds::directory::DirectoryQuery;
         let key = match q {
-            DirectoryQuery::Host(h) => lock(&self.shared.hosts).winner(h)?,
+            // What readers of the labels would find: a Route's largest share, else the newest
+            // claimant whose object carries the label (not one whose hand-over still waits).
+            DirectoryQuery::Host(h) => self.host_winner(h)?,
             DirectoryQuery::Revision { namespace, name } => Key::new(namespace, name),
         };
         let revision = self
@@ -387,6 +389,20 @@ impl Caches {
             revision: (*revision).clone(),
             endpoints,
         })
+    }
+
+    /// The revision the directory answers for `host`: of a Route's host, the revision with the
+    /// largest share (the directory answers one revision); else the newest claimant whose
+    /// ActivationEndpoints carries the host label.
+    fn host_winner(&self, host: &str) -> Option<Key> {
+        let h = crds::contract::normalize_host(host);
+        let label = crate::hosts::label_of_normalized(&h);
+        let claimants = lock(&self.shared.hosts).claimants(&h);
+        if let Some(k) = lock(&self.shared.routes).largest_share(&h) {
+            return Some(k);
+        }
+        let store = read(&self.shared.ae_store);
+        claimants.into_iter().find(|k| store.has_label(k, &label))
     }
 
     /// The subsets carrying `node`'s member label and a version to watch them from

@@ -124,6 +124,23 @@ impl RouteIndex {
             .collect()
     }
 
+    /// The revision with the largest share of `host` (normalized), if a Route routes it.
+    pub fn largest_share(&self, host: &str) -> Option<Key> {
+        self.owner(host)?;
+        self.shares
+            .iter()
+            .filter_map(|(rev, by)| {
+                let p: i32 = by
+                    .iter()
+                    .filter(|((_, h), _)| h == host)
+                    .map(|(_, p)| *p)
+                    .sum();
+                (p > 0).then_some((p, rev))
+            })
+            .max_by(|a, b| a.0.cmp(&b.0).then_with(|| b.1.cmp(a.1)))
+            .map(|(_, rev)| rev.clone())
+    }
+
     /// Sets the pods route `route` wants kept started per revision. Returns the revisions
     /// whose warm count changed.
     pub fn set_warm(&mut self, route: &Key, warm: &[(Key, i32)]) -> BTreeSet<Key> {
