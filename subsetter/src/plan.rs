@@ -276,11 +276,12 @@ pub fn subset(inp: &SubsetInputs<'_>) -> SubsetPlan {
     // condition, and the label is what lets them see that there is a conflict at all.
     // Any string hashes to a valid label key, so an odd host cannot make the write fail.
     // A host whose hand-over waits gets no label yet: no reader finds this revision for it.
-    let pending: FastSet<String> = inp
-        .pending_hosts
-        .iter()
-        .map(|h| crate::hosts::label_of_normalized(h))
-        .collect();
+    let pending: Option<FastSet<String>> = (!inp.pending_hosts.is_empty()).then(|| {
+        inp.pending_hosts
+            .iter()
+            .map(|h| crate::hosts::label_of_normalized(h))
+            .collect()
+    });
     let labels: BTreeMap<String, String> = chosen
         .iter()
         .map(|node| member_label(node))
@@ -288,7 +289,7 @@ pub fn subset(inp: &SubsetInputs<'_>) -> SubsetPlan {
             spec.hosts
                 .iter()
                 .map(|h| host_label(h))
-                .filter(|l| !pending.contains(l)),
+                .filter(|l| pending.as_ref().is_none_or(|p| !p.contains(l))),
         )
         .chain(
             inp.routes
