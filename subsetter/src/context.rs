@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use crds::{ActivationEndpoints, ActivatorMember, Revision};
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -117,9 +118,62 @@ impl Context {
         read(&self.caches.ae_store).current(key)
     }
 
-    /// A Warning Event on `rev` saying why its subset is Degraded. Best effort, bounded: a
-    /// reconcile never fails or hangs on an Event.
-    /// An Event on `rev` (Normal or Warning), written best effort and bounded.
+    /// Writes an Event about `regarding` under the write limit. Best effort, bounded: a
+    /// reconcile never fails or hangs on an Event. True when the API server took it.
+    pub(crate) async fn publish_event(
+        &self,
+        regarding: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        note: &str,
+        action: &str,
+    ) -> bool {
+        let recorder = Recorder::new(
+            self.client.clone(),
+            Reporter {
+                controller: self.config.field_manager.clone(),
+                instance: std::env::var("POD_NAME").ok(),
+            },
+        );
+        let event = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(note.to_owned()),
+            action: action.to_owned(),
+            secondary: None,
+        };
+        self.write_turn(Lane::Bulk).await;
+        match tokio::time::timeout(EVENT_WRITE_LIMIT, recorder.publish(&event, regarding)).await {
+            Ok(Ok(())) => true,
+            Ok(Err(e)) => {
+                debug!(error = %e, reason, "writing an Event");
+                false
+            }
+            Err(_) => {
+                debug!(reason, "writing an Event timed out");
+                false
+            }
+        }
+    }
+
+    /// A Warning Event on `rev` saying why its subset is Degraded.
+    pub(crate) async fn degraded_event(&self, rev: &Revision, reason: &str, message: &str) {
+        let regarding = rev.object_ref(&());
+        let written = self
+            .publish_event(
+                &regarding,
+                EventType::Warning,
+                reason,
+                message,
+                "AssignActivators",
+            )
+            .await;
+        if written {
+            self.metrics.degraded_events.inc();
+        }
+    }
+
+    /// An Event on `rev` about its hosts (a hand-over), Normal or Warning.
     pub(crate) async fn revision_event(
         &self,
         rev: &Revision,
@@ -127,57 +181,14 @@ impl Context {
         reason: &str,
         message: &str,
     ) {
-        let recorder = Recorder::new(
-            self.client.clone(),
-            Reporter {
-                controller: self.config.field_manager.clone(),
-                instance: std::env::var("POD_NAME").ok(),
-            },
-        );
-        let event = Event {
-            type_: if normal {
-                EventType::Normal
-            } else {
-                EventType::Warning
-            },
-            reason: reason.to_owned(),
-            note: Some(message.to_owned()),
-            action: "RouteHosts".into(),
-            secondary: None,
+        let type_ = if normal {
+            EventType::Normal
+        } else {
+            EventType::Warning
         };
-        self.write_turn(Lane::Bulk).await;
         let regarding = rev.object_ref(&());
-        let publish = recorder.publish(&event, &regarding);
-        if let Ok(Err(e)) = tokio::time::timeout(EVENT_WRITE_LIMIT, publish).await {
-            debug!(error = %e, "writing a Revision event");
-        }
-    }
-
-    pub(crate) async fn degraded_event(&self, rev: &Revision, reason: &str, message: &str) {
-        let recorder = Recorder::new(
-            self.client.clone(),
-            Reporter {
-                controller: self.config.field_manager.clone(),
-                instance: std::env::var("POD_NAME").ok(),
-            },
-        );
-        let event = Event {
-            type_: EventType::Warning,
-            reason: reason.to_owned(),
-            note: Some(message.to_owned()),
-            action: "AssignActivators".into(),
-            secondary: None,
-        };
-        self.write_turn(Lane::Bulk).await;
-        let regarding = rev.object_ref(&());
-        let publish = recorder.publish(&event, &regarding);
-        match tokio::time::timeout(EVENT_WRITE_LIMIT, publish).await {
-            Ok(Ok(())) => {
-                self.metrics.degraded_events.inc();
-            }
-            Ok(Err(e)) => debug!(error = %e, "writing a Degraded event"),
-            Err(_) => debug!("writing a Degraded event timed out"),
-        }
+        self.publish_event(&regarding, type_, reason, message, "RouteHosts")
+            .await;
     }
 
     /// Applies `rev`'s EndpointSlice (server-side apply) unless the members are those last

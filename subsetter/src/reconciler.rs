@@ -61,7 +61,7 @@ async fn reconcile_synced(rev: &Arc<Revision>, ctx: &Arc<Context>) -> Result<Act
     if !problems.is_empty() {
         debug!(revision = %target.key, ?problems, "invalid spec");
         let none = NoMembers::default();
-        write_revision_status(ctx, &target.revisions, rev, &problems, 0, &none, now).await?;
+        write_revision_status(ctx, &target.revisions, rev, &problems, 0, &none, None, now).await?;
         return Ok(succeeded(ctx, &target.key));
     }
 
@@ -100,7 +100,7 @@ async fn reconcile_synced(rev: &Arc<Revision>, ctx: &Arc<Context>) -> Result<Act
     let no_activators = NoMembers::default();
     let none = plan.no_members.as_ref().unwrap_or(&no_activators);
     let routes_ready = routes_ready(rev, &routing.hand_over);
-    write_revision_status_with(
+    write_revision_status(
         ctx,
         &target.revisions,
         rev,
@@ -577,21 +577,9 @@ fn host_conflicts(ctx: &Context, key: &Key) -> Vec<hosts::Conflict> {
     conflicts
 }
 
-async fn write_revision_status(
-    ctx: &Context,
-    revisions: &Api<Revision>,
-    rev: &Revision,
-    problems: &[String],
-    members: usize,
-    none: &NoMembers,
-    now: Timestamp,
-) -> Result<()> {
-    write_revision_status_with(ctx, revisions, rev, problems, members, none, None, now).await
-}
-
 /// The Revision's status, with `RoutesReady` when it has one.
 #[allow(clippy::too_many_arguments)]
-async fn write_revision_status_with(
+async fn write_revision_status(
     ctx: &Context,
     revisions: &Api<Revision>,
     rev: &Revision,

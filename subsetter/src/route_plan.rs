@@ -189,24 +189,12 @@ pub fn decide(inp: &Inputs<'_>) -> Decision {
     };
     if !waiting.is_empty() {
         let mut status = moving(served.clone());
-        status.conditions = conditions::merge(
-            existing,
-            &[
-                ready_true(),
-                Desired {
-                    type_: ROUTES_READY,
-                    status: false,
-                    reason: "WaitingForPods",
-                    message: format!(
-                        "moving to {}: {}",
-                        summary(&targets_of(&target)),
-                        waiting.join(", ")
-                    ),
-                },
-            ],
-            inp.generation,
-            inp.now,
+        let why = format!(
+            "moving to {}: {}",
+            summary(&targets_of(&target)),
+            waiting.join(", ")
         );
+        status.conditions = under_way(inp, existing, "WaitingForPods", why);
         return Decision {
             status,
             warm,
@@ -222,23 +210,11 @@ pub fn decide(inp: &Inputs<'_>) -> Decision {
     // A step of a gradual rollout: taken; the next one is due at its share of the duration.
     let traffic = with_tags(&target, &desired);
     let mut status = moving(traffic.clone());
-    status.conditions = conditions::merge(
-        existing,
-        &[
-            ready_true(),
-            Desired {
-                type_: ROUTES_READY,
-                status: false,
-                reason: "RollingOut",
-                message: format!(
-                    "step {step} of {STEPS} toward {}",
-                    summary(&targets_of(&want))
-                ),
-            },
-        ],
-        inp.generation,
-        inp.now,
+    let why = format!(
+        "step {step} of {STEPS} toward {}",
+        summary(&targets_of(&want))
     );
+    status.conditions = under_way(inp, existing, "RollingOut", why);
     let next = since
         .checked_add(SignedDuration::from_secs(duration * step / STEPS))
         .unwrap_or(inp.now);
@@ -254,6 +230,22 @@ pub fn decide(inp: &Inputs<'_>) -> Decision {
 /// The condition type that says whether a route (or a revision's hosts) are where they
 /// are meant to be, and why a move waits.
 pub const ROUTES_READY: &str = "RoutesReady";
+
+/// The conditions of a move under way: valid, and `RoutesReady=False` with why.
+fn under_way(
+    inp: &Inputs<'_>,
+    existing: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    reason: &'static str,
+    message: String,
+) -> Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    let waits = Desired {
+        type_: ROUTES_READY,
+        status: false,
+        reason,
+        message,
+    };
+    conditions::merge(existing, &[ready_true(), waits], inp.generation, inp.now)
+}
 
 fn ready_true() -> Desired {
     Desired {

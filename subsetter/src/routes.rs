@@ -13,7 +13,7 @@ use crds::{Revision, Route};
 use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Patch;
-use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Resource, ResourceExt};
@@ -249,31 +249,15 @@ async fn pass_one(
         if let Some(moved) = &d.moved {
             info!(route = %key, %moved, "route moved");
             ctx.metrics.route_moves.inc();
-            event(ctx, route, "TrafficMoved", moved).await;
+            ctx.publish_event(
+                &route.object_ref(&()),
+                EventType::Normal,
+                "TrafficMoved",
+                moved,
+                "RouteTraffic",
+            )
+            .await;
         }
     }
     Ok(d.requeue)
-}
-
-/// A Normal Event on the Route (best effort, bounded).
-async fn event(ctx: &Context, route: &Route, reason: &str, note: &str) {
-    let recorder = Recorder::new(
-        ctx.client.clone(),
-        Reporter {
-            controller: ctx.config.field_manager.clone(),
-            instance: std::env::var("POD_NAME").ok(),
-        },
-    );
-    let e = KubeEvent {
-        type_: EventType::Normal,
-        reason: reason.to_owned(),
-        note: Some(note.to_owned()),
-        action: "RouteTraffic".into(),
-        secondary: None,
-    };
-    let regarding = route.object_ref(&());
-    let publish = recorder.publish(&e, &regarding);
-    if let Ok(Err(e)) = tokio::time::timeout(Duration::from_secs(5), publish).await {
-        debug!(error = %e, "writing a route Event");
-    }
 }
