@@ -35,50 +35,9 @@ use tokio::time::Instant;
 /// With `/readyz` unanswered: down only if no response came back for this long.
 pub const QUIET: Duration = Duration::from_secs(2);
 
-/// What the counting client saw of the API server: when a write or quorum read last
-/// succeeded, and when a request last could not connect at all with no response since.
-#[derive(Clone, Default)]
-pub struct Heard(Arc<Mutex<Seen>>);
-
-#[derive(Default)]
-struct Seen {
-    succeeded: Option<Instant>,
-    unreachable: Option<Instant>,
-}
-
-impl Heard {
-    /// A write or quorum read succeeded (and so the API server answered).
-    pub fn mark(&self) {
-        let mut s = self.0.locked();
-        s.succeeded = Some(Instant::now());
-        s.unreachable = None;
-    }
-
-    /// Any response came back, whatever its status: the API server is reachable.
-    pub fn answered(&self) {
-        self.0.locked().unreachable = None;
-    }
-
-    /// A request could not connect (refused, unreachable): nothing listens there now.
-    pub fn unreachable(&self) {
-        self.0.locked().unreachable = Some(Instant::now());
-    }
-
-    /// Whether something was heard within `d`.
-    pub fn within(&self, d: Duration) -> bool {
-        self.0.locked().succeeded.is_some_and(|at| at.elapsed() < d)
-    }
-
-    /// Whether a request failed to connect within `d`, with no response since. During an
-    /// outage the watches retry at least every second ([`crds::backoff::CAP`]) and keep
-    /// this fresh; one stray failure stops counting after `d`.
-    pub fn unreachable_within(&self, d: Duration) -> bool {
-        self.0
-            .locked()
-            .unreachable
-            .is_some_and(|at| at.elapsed() < d)
-    }
-}
+/// What the counting client saw of the API server (kept where the counting client is, in
+/// `ops::api_count`, below the caches).
+pub use crate::ops::api_count::Heard;
 
 /// How long a failed connect, with no response since, says "down" without a probe.
 pub const UNREACHABLE_FOR: Duration = Duration::from_secs(2);

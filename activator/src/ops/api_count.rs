@@ -7,11 +7,14 @@
 //! server's watch cache): a burst of cold starts queues the former behind etcd's commits.
 
 use std::fmt::Write as _;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use http::{Method, Request, Uri};
 use kube::Client;
+use tokio::time::Instant;
 
-use crate::cache::api_health::Heard;
+use crate::locks::Locked;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -29,6 +32,51 @@ pub struct ApiRequest {
     pub resource: String,
     /// `etcd` or `cache` (see the module's comment).
     pub from: &'static str,
+}
+
+/// What the counting client saw of the API server (`cache::api_health` reads it): when a write or quorum read last
+/// succeeded, and when a request last could not connect at all with no response since.
+#[derive(Clone, Default)]
+pub struct Heard(Arc<Mutex<Seen>>);
+
+#[derive(Default)]
+struct Seen {
+    succeeded: Option<Instant>,
+    unreachable: Option<Instant>,
+}
+
+impl Heard {
+    /// A write or quorum read succeeded (and so the API server answered).
+    pub fn mark(&self) {
+        let mut s = self.0.locked();
+        s.succeeded = Some(Instant::now());
+        s.unreachable = None;
+    }
+
+    /// Any response came back, whatever its status: the API server is reachable.
+    pub fn answered(&self) {
+        self.0.locked().unreachable = None;
+    }
+
+    /// A request could not connect (refused, unreachable): nothing listens there now.
+    pub fn unreachable(&self) {
+        self.0.locked().unreachable = Some(Instant::now());
+    }
+
+    /// Whether something was heard within `d`.
+    pub fn within(&self, d: Duration) -> bool {
+        self.0.locked().succeeded.is_some_and(|at| at.elapsed() < d)
+    }
+
+    /// Whether a request failed to connect within `d`, with no response since. During an
+    /// outage the watches retry at least every second ([`crds::backoff::CAP`]) and keep
+    /// this fresh; one stray failure stops counting after `d`.
+    pub fn unreachable_within(&self, d: Duration) -> bool {
+        self.0
+            .locked()
+            .unreachable
+            .is_some_and(|at| at.elapsed() < d)
+    }
 }
 
 /// `client`, with every request it sends counted in `counts` first, and every success of a
