@@ -1,7 +1,7 @@
 //! The activator's HTTP/1.1 in front of hostile clients and an app that misbehaves on purpose,
 //! end to end over real sockets, on both request paths: the fast lane (the default) and
-//! hyper's (`fast_lane: false`). Each case is one issue 19 saw (request smuggling, response
-//! mixing, a replayed POST, unbounded exchanges), answered here as nginx answers it, or better.
+//! hyper's (`fast_lane: false`). Each case is one attack or fault class (request smuggling,
+//! response mixing, a replayed POST, unbounded exchanges), answered here as nginx answers it, or better.
 //!
 //! The app is a raw-socket server bound where a real pod's app listened (kubesim stops it and
 //! leaves the pod Running and Ready), writing bytes no HTTP library would, and recording

@@ -2106,7 +2106,7 @@ async fn pulled_event(client: &Client, ns: &str, pod: &str) -> String {
         .unwrap_or_else(|_| panic!("a Pulled event for {pod}"))
 }
 
-/// Issue 28: a new Revision whose image is on no node. Its members pull the image before any
+/// Images pulled ahead: a new Revision whose image is on no node. Its members pull the image before any
 /// request (the kubelet then finds it present), non-members do not pull it, and the first
 /// request is a cold start without a pull.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

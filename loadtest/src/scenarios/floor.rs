@@ -2,7 +2,7 @@
 //! client with `spec.nodeName` on the same nodes, no activator in the way. Each is timed from
 //! its POST to Ready in a pod watch, and to the first byte of one request sent straight to its
 //! IP: what the API server and the nodes alone take, against which the activator's arrival →
-//! first byte is compared (issue: within 1.5× of it).
+//! first byte is compared (the goal: within 1.5× of it).
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
