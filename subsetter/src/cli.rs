@@ -36,14 +36,14 @@ pub struct Args {
     /// After an API server or etcd outage, an activator whose Node turns NotReady within this
     /// many seconds is kept as a member until then (its kubelet has not renewed its lease
     /// since the outage yet), and moved only if still NotReady; 0: moved as any lost node.
-    #[arg(long, default_value_t = crate::usable_activators::OUTAGE_HOLD.as_secs())]
+    #[arg(long, default_value_t = crate::cluster::usable_activators::OUTAGE_HOLD.as_secs())]
     pub outage_hold_seconds: u64,
     /// An activator lost while its Node is Ready (a DaemonSet rolling update, a restart) stays
     /// a member this many seconds after its old pod is gone (held while that pod terminates,
     /// up to its grace period) for its replacement on the node, rather than every subset it is
     /// in moving; a Node NotReady or deleted ends the hold at once; 3 or less: moved after the
     /// 3 s settle.
-    #[arg(long, default_value_t = crate::replacements::REPLACEMENT_HOLD.as_secs())]
+    #[arg(long, default_value_t = crate::pure::replacements::REPLACEMENT_HOLD.as_secs())]
     pub replacement_hold_seconds: u64,
     /// Run without leader election (tests, a single replica).
     #[arg(long)]
@@ -68,7 +68,7 @@ pub struct Args {
     pub write_burst: u32,
     /// Reconciles running at once (each holds at most one API request in flight); 0: no
     /// bound.
-    #[arg(long, default_value_t = crate::reconciler::DEFAULT_CONCURRENCY)]
+    #[arg(long, default_value_t = crate::cluster::reconciler::DEFAULT_CONCURRENCY)]
     pub concurrency: u16,
     /// How often to look for uneven load and move members (0: never).
     #[arg(long, default_value_t = 60)]

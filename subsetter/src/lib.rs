@@ -1,52 +1,32 @@
 //! The subsetter: gives each Revision a subset of N activators, recorded in its
-//! ActivationEndpoints (docs/architecture.md, "The contracts"). Policies, shares, conditions and the plan of each
-//! reconcile are pure code; `controller` wires them to the API with kube-runtime.
+//! ActivationEndpoints (docs/architecture.md, "The contracts").
+//!
+//! Two layers, imported downward only:
+//! - [`pure`]: the decisions (policies, shares, conditions, the plan of each reconcile, the
+//!   indexes the caches keep): no client, no runtime, no network, so they are tested alone.
+//! - [`cluster`]: what talks to the API server around them (watches, writers, the
+//!   kube-runtime `Controller` with its reconcile / error_policy / Context, leader election,
+//!   the directory and admin servers).
+//!
+//! The modules are re-exported at the crate's root under their names before the split, so
+//! `subsetter::policy::LeastLoaded` and the like keep working for the other crates.
 
-pub mod activators;
-pub mod admin;
 pub mod cli;
-pub mod conditions;
-mod config;
-mod context;
-pub mod contract;
-mod control_plane;
-pub mod eligibility;
-pub mod endpoint_slice;
-pub mod error;
-pub mod handover;
-pub mod hosts;
-pub mod images;
-pub mod index;
-pub mod load_index;
-mod locks;
-pub mod loss_burst;
-pub mod metrics;
-pub mod namespaces;
-pub mod plan;
-pub mod policy;
-pub mod queue;
-pub mod ready_pods;
-pub mod rebalance;
-pub mod replacements;
-pub mod route_index;
-pub mod route_plan;
-pub mod settings;
-mod shared;
-pub mod shares;
-pub mod size;
-pub mod store;
-pub mod usable_activators;
-pub mod write_limit;
-pub mod written_status;
+pub mod cluster;
+pub mod pure;
 
-pub use error::{Error, Result};
-pub use policy::{LeastLoaded, Random, SubsetPolicy};
-mod app_pods;
-pub mod controller;
-pub mod directory;
-pub mod leader;
-pub mod reconciler;
-mod routes;
+pub use cluster::{
+    admin, contract, controller, directory, error, leader, metrics, namespaces, reconciler,
+    usable_activators, write_limit,
+};
+pub use pure::{
+    activators, conditions, eligibility, endpoint_slice, handover, hosts, images, index,
+    load_index, loss_burst, plan, policy, queue, ready_pods, rebalance, replacements, route_index,
+    route_plan, settings, shares, size, store, written_status,
+};
 
-pub use controller::{Caches, Subsetter};
-pub use reconciler::Config;
+pub use cluster::caches::Caches;
+pub use cluster::controller::Subsetter;
+pub use cluster::error::{Error, Result};
+pub use cluster::reconciler::Config;
+pub use pure::policy::{LeastLoaded, Random, SubsetPolicy};

@@ -16,7 +16,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 
-use crate::metrics::Metrics;
+use crate::cluster::metrics::Metrics;
 
 /// Binds `addr` and serves until the returned task is aborted or the process exits.
 pub async fn serve(

@@ -31,7 +31,7 @@ pub struct Config {
     pub endpoint_slices: bool,
     /// How often to look for imbalance (`rebalance.rs`); zero: never.
     pub rebalance_interval: Duration,
-    pub rebalance: crate::rebalance::Limits,
+    pub rebalance: crate::pure::rebalance::Limits,
     /// A ConfigMap (name, namespace) whose keys override the policy, maxNodeSelection and the
     /// write rate while it exists (`settings.rs`); re-read when it changes.
     pub settings_config_map: Option<(String, String)>,
@@ -66,11 +66,11 @@ impl Default for Config {
             concurrency: DEFAULT_CONCURRENCY,
             settings_config_map: None,
             image_locality: true,
-            outage_hold: crate::usable_activators::OUTAGE_HOLD,
-            replacement_hold: crate::replacements::REPLACEMENT_HOLD,
+            outage_hold: crate::cluster::usable_activators::OUTAGE_HOLD,
+            replacement_hold: crate::pure::replacements::REPLACEMENT_HOLD,
             endpoint_slices: false,
             rebalance_interval: Duration::from_secs(60),
-            rebalance: crate::rebalance::Limits {
+            rebalance: crate::pure::rebalance::Limits {
                 threshold: 1.2,
                 max_moves: 10,
             },

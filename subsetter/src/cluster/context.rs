@@ -13,14 +13,14 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Api, Client, Resource};
 use tracing::debug;
 
-use crate::config::Config;
-use crate::error::Result;
-use crate::index::Key;
-use crate::locks::{lock, read, write};
-use crate::metrics::Metrics;
-use crate::policy::SubsetPolicy;
-use crate::shared::SharedCaches;
-use crate::write_limit::{Lane, WriteLimiter};
+use crate::cluster::config::Config;
+use crate::cluster::error::Result;
+use crate::cluster::metrics::Metrics;
+use crate::cluster::shared::SharedCaches;
+use crate::cluster::write_limit::{Lane, WriteLimiter};
+use crate::pure::key::Key;
+use crate::pure::locks::{lock, read, write};
+use crate::pure::policy::SubsetPolicy;
 
 /// Upper bound on writing one Event (the client has no timeout of its own).
 const EVENT_WRITE_LIMIT: Duration = Duration::from_secs(5);
@@ -44,7 +44,7 @@ pub struct Context {
     slices: Mutex<HashMap<Key, Vec<ActivatorMember>>>,
     /// Each revision's images by uid and generation (image locality), parsed once a
     /// generation rather than on every plan.
-    pub(crate) wanted_images: crate::images::WantedCache,
+    pub(crate) wanted_images: crate::pure::images::WantedCache,
 }
 
 /// What the settings ConfigMap can change while running.
@@ -93,10 +93,10 @@ impl Context {
 
     /// Puts `s` in force: the next reconciles plan with it, the next writes take its rate.
     /// The policy object is kept when its name is unchanged (a seeded random stays seeded).
-    pub fn apply(&self, s: &crate::settings::Settings) {
+    pub fn apply(&self, s: &crate::pure::settings::Settings) {
         let mut t = write(&self.tuned);
         if t.policy.name() != s.policy
-            && let Some(p) = crate::policy::by_name(&s.policy)
+            && let Some(p) = crate::pure::policy::by_name(&s.policy)
         {
             t.policy = Arc::from(p);
         }
@@ -202,12 +202,12 @@ impl Context {
         if lock(&self.slices).get(key).is_some_and(|m| m == members) {
             return Ok(());
         }
-        let slice = crate::endpoint_slice::build(rev, members);
+        let slice = crate::pure::endpoint_slice::build(rev, members);
         let api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &key.namespace);
         let pp = PatchParams::apply(&self.config.field_manager).force();
         self.write_turn(Lane::Bulk).await;
         api.patch(
-            &crate::endpoint_slice::name(&key.name),
+            &crate::pure::endpoint_slice::name(&key.name),
             &pp,
             &Patch::Apply(&slice),
         )

@@ -14,8 +14,8 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 
-use crate::activators::{self, Activator};
-use crate::eligibility::{NodeFacts, Placement};
+use crate::pure::activators::{self, Activator};
+use crate::pure::eligibility::{NodeFacts, Placement};
 
 /// One way an object breaks the contract.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]

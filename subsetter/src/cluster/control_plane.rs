@@ -17,7 +17,7 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use crate::locks::lock;
+use crate::pure::locks::lock;
 
 /// How often `/readyz` is asked: one small request a second per replica, whatever the
 /// cluster's size.

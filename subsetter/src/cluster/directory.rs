@@ -12,7 +12,7 @@ use crds::directory::{BadQuery, DirectoryQuery, MembersAnswer};
 use http_body_util::Full;
 use hyper::{Method, Response, StatusCode};
 
-use crate::controller::Caches;
+use crate::cluster::caches::Caches;
 
 /// What a lookup reads: the replica's caches (a trait so the answers are tested without a
 /// cluster).
@@ -41,7 +41,7 @@ pub async fn serve<L: Lookup>(
     addr: SocketAddr,
     lookup: Arc<L>,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-    crate::admin::serve_plain("directory", addr, move |req| {
+    crate::cluster::admin::serve_plain("directory", addr, move |req| {
         answer(req.method(), req.uri().path(), &*lookup)
     })
     .await

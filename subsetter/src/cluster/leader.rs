@@ -16,7 +16,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
-use crate::error::Result;
+use crate::cluster::error::Result;
 
 /// Where and how long the Lease is held.
 #[derive(Clone, Debug)]

@@ -18,8 +18,8 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Api, ResourceExt};
 use tracing::{info, warn};
 
-use crate::error::{Error, Result};
-use crate::locks::{read, write};
+use crate::cluster::error::{Error, Result};
+use crate::pure::locks::{read, write};
 
 /// The namespaces selected, as the namespace watch last said.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -11,20 +11,20 @@ use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 use tracing::{debug, info, warn};
 
-use crate::conditions::{Desired, NoMembers};
-use crate::error::{Error, Result};
-use crate::handover::{self, HandOver};
-use crate::hosts;
-use crate::index::Key;
-use crate::locks::{lock, read, write};
-use crate::metrics::Metrics;
-use crate::plan::{self, SubsetInputs, SubsetPlan};
-use crate::route_plan;
-use crate::write_limit::Lane;
+use crate::cluster::error::{Error, Result};
+use crate::cluster::metrics::Metrics;
+use crate::cluster::write_limit::Lane;
+use crate::pure::conditions::{Desired, NoMembers};
+use crate::pure::handover::{self, HandOver};
+use crate::pure::hosts;
+use crate::pure::key::Key;
+use crate::pure::locks::{lock, read, write};
+use crate::pure::plan::{self, SubsetInputs, SubsetPlan};
+use crate::pure::route_plan;
 
 // Their paths from before they had files of their own.
-pub use crate::config::{Config, DEFAULT_CONCURRENCY};
-pub use crate::context::{Context, Tuned};
+pub use crate::cluster::config::{Config, DEFAULT_CONCURRENCY};
+pub use crate::cluster::context::{Context, Tuned};
 
 /// Reconciles one Revision.
 pub async fn reconcile(rev: Arc<Revision>, ctx: Arc<Context>) -> Result<Action> {
@@ -548,7 +548,7 @@ fn count_churn(metrics: &Metrics, plan: &SubsetPlan) {
         if n > 0 {
             metrics
                 .members_replaced
-                .get_or_create(&crate::metrics::ReplacedBy { reason })
+                .get_or_create(&crate::cluster::metrics::ReplacedBy { reason })
                 .inc_by(n as u64);
         }
     }
@@ -632,7 +632,7 @@ pub fn error_policy(rev: Arc<Revision>, error: &Error, ctx: Arc<Context>) -> Act
         let mut index = lock(&ctx.caches.index);
         match stored {
             Some(ae) => {
-                let (nodes, short) = crate::index::entry_of(&ae);
+                let (nodes, short) = crate::pure::index::entry_of(&ae);
                 index.set(&key, nodes, short);
             }
             None => index.remove(&key),

@@ -21,13 +21,13 @@ use serde_json::json;
 use tokio::sync::Notify;
 use tracing::{debug, info, warn};
 
-use crate::context::Context;
-use crate::controller::Triggers;
-use crate::hosts::label_of_normalized;
-use crate::index::Key;
-use crate::locks::{lock, read};
-use crate::route_index::RouteIndex;
-use crate::route_plan::{self, Facts};
+use crate::cluster::context::Context;
+use crate::cluster::triggers::Triggers;
+use crate::pure::hosts::label_of_normalized;
+use crate::pure::key::Key;
+use crate::pure::locks::{lock, read};
+use crate::pure::route_index::RouteIndex;
+use crate::pure::route_plan::{self, Facts};
 
 /// A pass runs at least this often while leading: a Route's `latestRevision` follows new
 /// Revisions, and steps and bounds come due, without an event of the Route's own.
@@ -51,7 +51,7 @@ pub(crate) async fn watch_routes(
     index: Arc<Mutex<RouteIndex>>,
     triggers: Triggers,
     wake: Arc<Notify>,
-    synced: Arc<tokio::sync::watch::Sender<crate::controller::Synced>>,
+    synced: Arc<tokio::sync::watch::Sender<crate::cluster::synced::Synced>>,
 ) {
     let mut events = std::pin::pin!(resilient(watcher::watcher(api, watcher::Config::default())));
     let mut listed: BTreeSet<Key> = BTreeSet::new();
@@ -100,7 +100,7 @@ pub(crate) async fn watch_routes(
                 }
             }
         };
-        crate::controller::trigger(&triggers, changed);
+        crate::cluster::triggers::trigger(&triggers, changed);
         wake.notify_one();
     }
 }
@@ -221,10 +221,11 @@ async fn pass_one(
         }
     }
     let warm_changed = lock(&ctx.caches.routes).set_warm(&key, &warm);
-    crate::controller::trigger(triggers, warm_changed);
+    crate::cluster::triggers::trigger(triggers, warm_changed);
     if route.status.as_ref() != Some(&d.status) {
         let api: Api<Route> = Api::namespaced(ctx.client.clone(), &ns);
-        ctx.write_turn(crate::write_limit::Lane::Urgent).await;
+        ctx.write_turn(crate::cluster::write_limit::Lane::Urgent)
+            .await;
         let patch = Patch::Merge(json!({ "status": d.status }));
         api.patch_status(&key.name, &ctx.patch_params(), &patch)
             .await?;
@@ -244,8 +245,8 @@ async fn pass_one(
         };
         let (first, then): (BTreeSet<Key>, BTreeSet<Key>) =
             changed.into_iter().partition(|k| gaining(k));
-        crate::controller::trigger(triggers, first);
-        crate::controller::trigger(triggers, then);
+        crate::cluster::triggers::trigger(triggers, first);
+        crate::cluster::triggers::trigger(triggers, then);
         if let Some(moved) = &d.moved {
             info!(route = %key, %moved, "route moved");
             ctx.metrics.route_moves.inc();

@@ -6,11 +6,11 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use tokio::sync::watch;
 
-use crate::activators::Available;
-use crate::hosts::HostIndex;
-use crate::index::MembershipIndex;
-use crate::queue::Queued;
-use crate::store::AeStore;
+use crate::pure::activators::Available;
+use crate::pure::hosts::HostIndex;
+use crate::pure::index::MembershipIndex;
+use crate::pure::queue::Queued;
+use crate::pure::store::AeStore;
 
 /// Handles to the shared caches; a clone shares them.
 #[derive(Clone)]
@@ -34,16 +34,16 @@ pub(crate) struct SharedCaches {
     /// its last sign: a watch that failed for want of the API server, or a failed `/readyz`):
     /// no rebalancing meanwhile, since a moved member's cold start waits on kubelets whose
     /// own watches are still backing off.
-    pub(crate) aftermath: crate::control_plane::Aftermath,
+    pub(crate) aftermath: crate::cluster::control_plane::Aftermath,
     /// Revision statuses written and not shown by the watch yet (`written_status.rs`).
-    pub(crate) written_statuses: Arc<Mutex<crate::written_status::WrittenStatuses>>,
+    pub(crate) written_statuses: Arc<Mutex<crate::pure::written_status::WrittenStatuses>>,
     /// How many activators `activators` holds, published on each change.
     pub(crate) available_count: Arc<watch::Sender<usize>>,
     /// Routes' shares of hosts by revision, and the pods their moves wait for
     /// (`route_index.rs`).
-    pub(crate) routes: Arc<Mutex<crate::route_index::RouteIndex>>,
+    pub(crate) routes: Arc<Mutex<crate::pure::route_index::RouteIndex>>,
     /// Ready app pods by revision (`ready_pods.rs`).
-    pub(crate) ready_pods: Arc<Mutex<crate::ready_pods::ReadyPods>>,
+    pub(crate) ready_pods: Arc<Mutex<crate::pure::ready_pods::ReadyPods>>,
     /// Wakes the leader's route pass (a Route changed, a waited-on revision's pods did).
     pub(crate) route_wake: Arc<tokio::sync::Notify>,
 }
@@ -56,7 +56,7 @@ impl SharedCaches {
         queued: Arc<Queued>,
         outage_hold: std::time::Duration,
     ) -> Self {
-        let aftermath = crate::control_plane::Aftermath::new(outage_hold);
+        let aftermath = crate::cluster::control_plane::Aftermath::new(outage_hold);
         Self {
             index: Arc::default(),
             hosts: Arc::default(),

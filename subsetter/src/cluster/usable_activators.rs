@@ -14,14 +14,16 @@ use kube::{Api, ResourceExt};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::activators::{self, Activator, Available};
-use crate::control_plane::Aftermath;
-use crate::controller::{Synced, Triggers, trigger};
-use crate::index::{Key, MembershipIndex};
-use crate::locks::{lock, read, write};
-use crate::loss_burst::LossBurst;
-use crate::metrics::Metrics;
-use crate::replacements::Replacements;
+use crate::cluster::control_plane::Aftermath;
+use crate::cluster::metrics::Metrics;
+use crate::cluster::synced::Synced;
+use crate::cluster::triggers::{Triggers, trigger};
+use crate::pure::activators::{self, Activator, Available};
+use crate::pure::index::MembershipIndex;
+use crate::pure::key::Key;
+use crate::pure::locks::{lock, read, write};
+use crate::pure::loss_burst::LossBurst;
+use crate::pure::replacements::Replacements;
 
 /// An event of the activator pod watch or of the Node watch.
 enum Watched {

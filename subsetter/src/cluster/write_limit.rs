@@ -14,7 +14,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::locks::lock;
+use crate::pure::locks::lock;
 use tokio::time::Instant;
 
 /// `rate` tokens a second, at most `burst` saved up. Each write takes one; a write that

@@ -14,7 +14,7 @@ use crds::contract::DATA_PORT;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 
-use crate::eligibility::NodeFacts;
+use crate::pure::eligibility::NodeFacts;
 
 /// An activator that can be a member.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -160,7 +160,7 @@ pub fn subset(members: usize, wanted: usize, none: &NoMembers) -> Vec<Desired> {
 
 /// HostConflict of an ActivationEndpoints whose revision loses `conflicts` (in host order, so
 /// the message is stable and an unchanged conflict writes nothing), or None when it loses none.
-pub fn host_conflict(conflicts: &[crate::hosts::Conflict]) -> Option<Desired> {
+pub fn host_conflict(conflicts: &[crate::pure::hosts::Conflict]) -> Option<Desired> {
     if conflicts.is_empty() {
         return None;
     }
@@ -277,8 +277,8 @@ mod tests {
 
     #[test]
     fn host_conflict_names_each_host_and_winner() {
-        use crate::hosts::Conflict;
-        use crate::index::Key;
+        use crate::pure::hosts::Conflict;
+        use crate::pure::key::Key;
         assert_eq!(host_conflict(&[]), None);
         let c = host_conflict(&[
             Conflict {

@@ -43,7 +43,7 @@ pub struct NodeFacts {
     pub taints: Vec<Taint>,
     /// The images the node holds (`status.images`), for image locality (`images.rs`); not a
     /// matter of eligibility.
-    pub images: crate::images::ImageSet,
+    pub images: crate::pure::images::ImageSet,
 }
 
 impl NodeFacts {
@@ -73,7 +73,7 @@ impl NodeFacts {
                     effect: t.effect.clone(),
                 })
                 .collect(),
-            images: crate::images::ImageSet::of_node(node),
+            images: crate::pure::images::ImageSet::of_node(node),
         }
     }
 }

@@ -8,7 +8,7 @@
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
-use crate::index::Key;
+use crate::pure::key::Key;
 
 /// A host of the newer revision that an older one serves now.
 #[derive(Clone, Debug, PartialEq, Eq)]

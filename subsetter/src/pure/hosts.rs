@@ -12,7 +12,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 
 use crds::contract::{HOST_LABEL_PREFIX, node_hash, normalize_host};
 
-use crate::index::Key;
+use crate::pure::key::Key;
 
 /// One revision's claim on a host. The derived order makes the greatest claim the winner.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]

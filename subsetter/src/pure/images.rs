@@ -17,7 +17,7 @@
 use k8s_openapi::api::core::v1::Node;
 use serde_json::Value;
 
-use crate::load_index::ring_hash;
+use crate::pure::ring::ring_hash;
 
 /// Docker Hub as containerd names it.
 pub const DOCKER_HUB: &str = "docker.io";

@@ -12,20 +12,18 @@ use std::sync::Arc;
 use foldhash::HashSet as FastSet;
 use hashbrown::hash_map::{EntryRef, RawEntryMut};
 
-use crate::activators::Activator;
-use crate::load_index::LoadIndex;
+use crate::pure::activators::Activator;
+use crate::pure::load_index::LoadIndex;
 
 /// The images `a`'s node holds (none without a Node object).
-fn images_of(a: &Activator) -> crate::images::ImageSet {
+fn images_of(a: &Activator) -> crate::pure::images::ImageSet {
     a.facts
         .as_ref()
         .map(|f| f.images.clone())
         .unwrap_or_default()
 }
 
-/// A revision (and its ActivationEndpoints): namespace and name. The name the subsetter has
-/// always used for the one key type of `crds`.
-pub use crds::ObjectKey as Key;
+pub use crate::pure::key::Key;
 
 /// What the index records of an ActivationEndpoints: member nodes, and whether it is short.
 pub fn entry_of(ae: &crds::ActivationEndpoints) -> (Vec<String>, bool) {
@@ -34,7 +32,7 @@ pub fn entry_of(ae: &crds::ActivationEndpoints) -> (Vec<String>, bool) {
         status
             .map(|s| s.activators.iter().map(|m| m.node.clone()).collect())
             .unwrap_or_default(),
-        status.is_some_and(|s| crate::conditions::is_short(&s.conditions)),
+        status.is_some_and(|s| crate::pure::conditions::is_short(&s.conditions)),
     )
 }
 
@@ -301,7 +299,7 @@ mod tests {
 
     #[test]
     fn updating_one_activator_at_a_time_is_rebuilding_the_load_index() {
-        use crate::eligibility::NodeFacts;
+        use crate::pure::eligibility::NodeFacts;
         use std::sync::Arc;
         let act = |n: &str, tainted: bool| Activator {
             node: n.into(),

@@ -1,40 +1,22 @@
 //! The available activators ordered by load (how many subsets each is in), so that a policy
 //! picks a member in O(log A) instead of scanning every activator for every revision (at
 //! 5,000 activators × 100,000 revisions the scan is what made assignment take minutes).
-//! Pure; kept in step by [`crate::index::MembershipIndex`].
+//! Pure; kept in step by [`crate::pure::index::MembershipIndex`].
 //!
 //! Ties between equally loaded activators are broken on a hash ring: the first activator at
 //! or after the revision's hash ([`ring_hash`]) — the same order
-//! [`crate::policy::LeastLoaded`] uses without an index, so both give the same members.
+//! [`crate::pure::policy::LeastLoaded`] uses without an index, so both give the same members.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use crate::images::ImageSet;
+use crate::pure::images::ImageSet;
+pub use crate::pure::ring::{ring_distance, ring_hash};
 
 /// [`LoadIndex::least_loaded_holding`] walks the load classes instead of the image's holders
 /// when the nodes within the slack are fewer than the holders by this factor (a step of the
 /// walk is a binary search of the holders; a step along the holders is one read).
 const WALK_FEWER: usize = 8;
-
-/// A position on the ring: FNV-1a 64 (stable across processes, unlike std's seeded hasher),
-/// then MurmurHash3's 64-bit finalizer, because names that differ only in their last
-/// characters (`r1`, `r2`…) would otherwise sit next to each other and all pick one node.
-pub fn ring_hash(s: &str) -> u64 {
-    let mut h = s.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    });
-    h ^= h >> 33;
-    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    h ^= h >> 33;
-    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-    h ^ (h >> 33)
-}
-
-/// How far clockwise `node_hash` lies from `revision_hash` on the ring.
-pub fn ring_distance(revision_hash: u64, node_hash: u64) -> u64 {
-    node_hash.wrapping_sub(revision_hash)
-}
 
 /// One available node: its load, its place on the ring, and its name (shared with its entry in
 /// `by_load`, so a change of load allocates nothing).
@@ -328,7 +310,7 @@ impl LoadIndex {
 }
 
 impl LoadIndex {
-    /// Image locality ([`crate::policy::LeastLoaded`]): the least-loaded node that `skip`
+    /// Image locality ([`crate::pure::policy::LeastLoaded`]): the least-loaded node that `skip`
     /// does not refuse, unless a node holding every image of `wanted` is at most
     /// `slack(least load)` subsets busier — then the least-loaded such holder. Ties as in
     /// [`Self::least_loaded`]. `wanted` empty: [`Self::least_loaded`].

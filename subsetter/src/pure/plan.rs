@@ -15,17 +15,17 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Map, Value, json};
 
-use crate::activators::{Activator, Available};
-use crate::conditions;
-use crate::eligibility::Placement;
-use crate::hosts::Conflict;
-use crate::load_index::LoadIndex;
-use crate::policy::{Candidate, IndexedRequest, SubsetPolicy, SubsetRequest};
-use crate::shares;
+use crate::pure::activators::{Activator, Available};
+use crate::pure::conditions;
+use crate::pure::eligibility::Placement;
+use crate::pure::hosts::Conflict;
+use crate::pure::load_index::LoadIndex;
+use crate::pure::policy::{Candidate, IndexedRequest, SubsetPolicy, SubsetRequest};
+use crate::pure::shares;
 
-/// The wanted N of `revision` ([`crate::size::wanted`]).
+/// The wanted N of `revision` ([`crate::pure::size::wanted`]).
 pub fn wanted(revision: &Revision, max_node_selection: usize) -> usize {
-    crate::size::wanted(&revision.spec, max_node_selection)
+    crate::pure::size::wanted(&revision.spec, max_node_selection)
 }
 
 /// Whether `a`'s node may run the revision's pods (a node without a Node object may).
@@ -279,7 +279,7 @@ pub fn subset(inp: &SubsetInputs<'_>) -> SubsetPlan {
     let pending: Option<FastSet<String>> = (!inp.pending_hosts.is_empty()).then(|| {
         inp.pending_hosts
             .iter()
-            .map(|h| crate::hosts::label_of_normalized(h))
+            .map(|h| crate::pure::hosts::label_of_normalized(h))
             .collect()
     });
     let labels: BTreeMap<String, String> = chosen
@@ -294,7 +294,7 @@ pub fn subset(inp: &SubsetInputs<'_>) -> SubsetPlan {
         .chain(
             inp.routes
                 .iter()
-                .map(|r| crate::hosts::label_of_normalized(&r.host)),
+                .map(|r| crate::pure::hosts::label_of_normalized(&r.host)),
         )
         .map(|k| (k, String::new()))
         .collect();
@@ -387,7 +387,7 @@ pub fn revision_conditions(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::LeastLoaded;
+    use crate::pure::policy::LeastLoaded;
     use crds::RevisionSpec;
     use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
     use proptest::prelude::*;
@@ -468,7 +468,7 @@ mod tests {
             evict: None,
             policy: &LeastLoaded,
             image_locality: true,
-            images: &crate::images::wanted(&rev.spec.template.value()),
+            images: &crate::pure::images::wanted(&rev.spec.template.value()),
             default_n: 3,
             host_conflicts,
             routes: &[],
@@ -609,7 +609,7 @@ mod tests {
         let av = acts(&["a", "b", "c"]);
         let conflict = [Conflict {
             host: "x.test".into(),
-            winner: crate::index::Key::new("ns", "newer"),
+            winner: crate::pure::key::Key::new("ns", "newer"),
         }];
         let first = applied(&plan(&rev, None, &av, 1));
         assert!(
@@ -698,8 +698,8 @@ mod tests {
 
     mod eligible_members {
         use super::*;
-        use crate::eligibility::{NodeFacts, Taint};
-        use crate::policy::Random;
+        use crate::pure::eligibility::{NodeFacts, Taint};
+        use crate::pure::policy::Random;
         use std::sync::Arc;
 
         const KEYS: [&str; 3] = ["gpu", "spot", "zone-drain"];
@@ -785,7 +785,7 @@ mod tests {
                         .collect(),
                     ..Default::default()
                 });
-                let mut ix = crate::index::MembershipIndex::default();
+                let mut ix = crate::pure::index::MembershipIndex::default();
                 ix.set_available(&av);
                 let p = subset(&SubsetInputs {
                     key: "ns/r",
@@ -797,7 +797,7 @@ mod tests {
                     evict: None,
                     policy: policy.as_ref(),
                     image_locality: true,
-                    images: &crate::images::wanted(&rev.spec.template.value()),
+                    images: &crate::pure::images::wanted(&rev.spec.template.value()),
                     default_n: 3,
                     host_conflicts: &[],
                     routes: &[],

@@ -13,8 +13,9 @@ use std::sync::Mutex;
 use foldhash::HashSet as FastSet;
 use rand::rngs::StdRng;
 
-use crate::load_index::{LoadIndex, ring_distance, ring_hash};
-use crate::locks::lock;
+use crate::pure::load_index::LoadIndex;
+use crate::pure::locks::lock;
+use crate::pure::ring::{ring_distance, ring_hash};
 use rand::{RngExt, SeedableRng};
 
 /// One activator the policy may choose.
@@ -611,7 +612,7 @@ mod tests {
         seed: u64,
         locality: bool,
     ) -> (f64, f64) {
-        use crate::images::{ImageSet, fingerprint};
+        use crate::pure::images::{ImageSet, fingerprint};
         let mut rng = StdRng::seed_from_u64(seed);
         let image = |i: usize| fingerprint(&format!("registry:5000/app-{i}:v1"));
         let names: Vec<String> = (0..nodes).map(|i| format!("node-{i}")).collect();
@@ -678,7 +679,7 @@ mod tests {
             current in proptest::collection::vec(0usize..300, 0..4),
             extra in 0usize..4,
         ) {
-            use crate::images::ImageSet;
+            use crate::pure::images::ImageSet;
             let wanted = [42u64];
             let nodes: Vec<String> = (0..loads.len()).map(|i| format!("node-{i}")).collect();
             let current: Vec<String> = current

@@ -18,8 +18,8 @@ use std::sync::Mutex;
 use foldhash::HashSet as FastSet;
 use prometheus_client::metrics::gauge::Gauge;
 
-use crate::index::Key;
-use crate::locks::lock;
+use crate::pure::key::Key;
+use crate::pure::locks::lock;
 
 /// The set of revisions waiting for a reconcile, mirrored in a gauge.
 #[derive(Debug, Default)]

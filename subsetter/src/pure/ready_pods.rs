@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use crate::index::Key;
+use crate::pure::key::Key;
 
 /// Ready pods per revision, and the revisions someone waits on.
 #[derive(Default, Debug)]

@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::index::Key;
+use crate::pure::key::Key;
 
 /// How much rebalancing may do per interval.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -12,7 +12,7 @@ use crds::ServedTarget;
 use crds::contract::normalize_host;
 use crds::route::tag_host;
 
-use crate::index::Key;
+use crate::pure::key::Key;
 
 #[derive(Clone, Debug, PartialEq)]
 struct Entry {

@@ -14,8 +14,8 @@ use crds::{RouteSpec, RouteStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
-use crate::conditions::{self, Desired};
-use crate::handover::needed;
+use crate::pure::conditions::{self, Desired};
+use crate::pure::handover::needed;
 
 /// Steps of a gradual rollout.
 const STEPS: i64 = 10;

@@ -32,7 +32,7 @@ use hashbrown::HashTable;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
 use kube::{Resource, ResourceExt};
 
-use crate::index::Key;
+use crate::pure::key::Key;
 
 /// One table of shared values, found by a hash and an equality on a borrowed form (so a lookup
 /// that hits allocates nothing). An entry no object uses any more is dropped at the next sweep,

@@ -17,7 +17,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
-use crate::index::Key;
+use crate::pure::key::Key;
 
 /// What was written over which version, and the version it made (hashes: this holds an
 /// entry per revision, and at 100,000 revisions every byte counts).

@@ -18,10 +18,10 @@ use kube::{Api, ResourceExt};
 use tokio::sync::Notify;
 use tracing::warn;
 
-use crate::controller::Triggers;
-use crate::index::Key;
-use crate::locks::lock;
-use crate::ready_pods::ReadyPods;
+use crate::cluster::triggers::Triggers;
+use crate::pure::key::Key;
+use crate::pure::locks::lock;
+use crate::pure::ready_pods::ReadyPods;
 
 fn key_of(pod: &Pod) -> Option<Key> {
     let rev = pod.labels().get(REVISION_LABEL)?;
@@ -34,7 +34,7 @@ pub(crate) async fn watch_app_pods(
     ready: Arc<Mutex<ReadyPods>>,
     triggers: Triggers,
     wake: Arc<Notify>,
-    synced: Arc<tokio::sync::watch::Sender<crate::controller::Synced>>,
+    synced: Arc<tokio::sync::watch::Sender<crate::cluster::synced::Synced>>,
 ) {
     let config = watcher::Config::default().labels(REVISION_LABEL);
     let mut events = std::pin::pin!(resilient(watcher::watcher(api, config)));

@@ -1,0 +1,100 @@
+//! The ActivationEndpoints watch, the one watch of them: the compact store a reconcile reads
+//! (`store.rs`), the membership index, and a trigger of the owning Revision on each change
+//! (what `.owns()` does, without a second watch).
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, RwLock};
+
+use crds::backoff::resilient;
+use crds::{ActivationEndpoints, Revision};
+use futures::StreamExt;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, ResourceExt};
+use tokio::sync::watch;
+use tracing::warn;
+
+use crate::cluster::metrics::Metrics;
+use crate::cluster::synced::Synced;
+use crate::cluster::triggers::Triggers;
+use crate::cluster::watch::revisions::HostClaims;
+use crate::pure::index::MembershipIndex;
+use crate::pure::key::Key;
+use crate::pure::locks::{lock, read, write};
+use crate::pure::store::AeStore;
+
+/// Keeps `store` and `index` from the ActivationEndpoints events, and triggers the owners.
+pub(crate) async fn watch_endpoints(
+    api: Api<ActivationEndpoints>,
+    store: Arc<RwLock<AeStore>>,
+    index: Arc<Mutex<MembershipIndex>>,
+    claims: HostClaims,
+    synced: Arc<watch::Sender<Synced>>,
+    owners: Triggers,
+    metrics: Arc<Metrics>,
+) {
+    let mut events = std::pin::pin!(resilient(watcher::watcher(api, watcher::Config::default())));
+    while let Some(event) = events.next().await {
+        let event = match event {
+            Ok(e) => e,
+            Err(e) => {
+                warn!(error = %e, "ActivationEndpoints watch");
+                continue;
+            }
+        };
+        {
+            // The store keeps what a reconcile reads of each object (`store.rs`), not the
+            // objects whole.
+            let mut s = write(&store);
+            match &event {
+                Event::Apply(ae) => s.apply(ae),
+                Event::Delete(ae) => s.delete(ae),
+                Event::Init => s.relist_start(),
+                Event::InitApply(ae) => s.relist_apply(ae),
+                Event::InitDone => s.relist_done(),
+            }
+        }
+        if let Event::Apply(ae) | Event::Delete(ae) | Event::InitApply(ae) = &event {
+            claims.endpoints_changed(&key_of(ae));
+        }
+        let mut ix = lock(&index);
+        match event {
+            Event::Apply(ae) => {
+                // A just-created object has no status yet (the status subresource is written
+                // next); keep the members the reconciler reserved rather than zero.
+                let key = key_of(&ae);
+                if ae.status.is_some() || !ix.contains(&key) {
+                    let (nodes, short) = crate::pure::index::entry_of(&ae);
+                    ix.set(&key, nodes, short);
+                }
+                owners.send(owner_of(&ae));
+            }
+            Event::Delete(ae) => {
+                ix.remove(&key_of(&ae));
+                owners.send(owner_of(&ae));
+            }
+            Event::InitApply(ae) => {
+                let (nodes, short) = crate::pure::index::entry_of(&ae);
+                ix.set(&key_of(&ae), nodes, short);
+            }
+            Event::InitDone => {
+                let keys: HashSet<Key> = read(&store).keys().cloned().collect();
+                ix.retain(&keys);
+                synced.send_modify(|s| s.endpoints = true);
+            }
+            Event::Init => {}
+        }
+        metrics.subsets.set(ix.len() as i64);
+        metrics.subsets_short.set(ix.short_len() as i64);
+    }
+}
+
+/// The Revision an ActivationEndpoints belongs to (same name and namespace), as `.owns()`
+/// would map it.
+fn owner_of(ae: &ActivationEndpoints) -> ObjectRef<Revision> {
+    ObjectRef::new(&ae.name_any()).within(&ae.namespace().unwrap_or_default())
+}
+
+fn key_of(ae: &ActivationEndpoints) -> Key {
+    Key::new(ae.namespace().unwrap_or_default(), ae.name_any())
+}
