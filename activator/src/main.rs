@@ -2,9 +2,9 @@
 
 use std::time::Duration;
 
-use activator::Activator;
 use activator::cli::Args;
 use activator::ops::telemetry::{self, Identity};
+use activator::{Activator, shutdown_signal};
 use clap::Parser;
 
 /// Longest wait for the trace exporter's last flush on exit.
@@ -69,19 +69,4 @@ async fn run(args: Args) -> anyhow::Result<()> {
     tracing::info!("draining");
     activator.shutdown().await;
     Ok(())
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("installing the SIGTERM handler");
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
 }

@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use activator::WatchOnly;
 use activator::cache::directory::DirectorySource;
-use activator::cache::watch_only::WatchOnly;
 use activator::config::ActivatorConfig;
 use anyhow::Context as _;
 use bytes::Bytes;

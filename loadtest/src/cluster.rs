@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use activator::cache::watch_only::WatchOnly;
+use activator::WatchOnly;
 use activator::{Activator, ActivatorConfig};
 use crds::contract::{
     ADMIN_PORT, APP_NAME_LABEL, APP_NAME_VALUE, COMPONENT_LABEL, COMPONENT_VALUE, DATA_PORT,
@@ -583,7 +583,7 @@ impl SimCluster {
     }
 
     /// An activator's watches and reads ahead for `node`, without the activator
-    /// (`activator::cache::watch_only`): configured as [`SimCluster::start_activator`]
+    /// (`activator::WatchOnly`): configured as [`SimCluster::start_activator`]
     /// configures a real one, through the same client.
     pub fn watch_only(&self, node: &str) -> Result<WatchOnly, Error> {
         let cfg = self.activator_config(node)?;

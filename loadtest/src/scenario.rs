@@ -154,7 +154,7 @@ pub struct Knobs {
     #[arg(long)]
     pub subsetter_concurrency: Option<u16>,
     /// Every node without a real activator runs an activator's watches and reads ahead
-    /// (`activator::cache::watch_only`), so the API server carries a whole DaemonSet's
+    /// (`activator::WatchOnly`), so the API server carries a whole DaemonSet's
     /// (scale; on by default against a real API server, off on kubesim).
     #[arg(long)]
     pub stand_in_activators: Option<bool>,

@@ -11,8 +11,6 @@
 //! - [`pods`]: app pods on this node (a `spec.nodeName` field-selected watch).
 //! - [`read`]: reads by name from the API server's cache first, not from etcd.
 //! - [`trim`]: what the caches drop from each object they keep (its field-manager trees).
-//! - [`watch_only`]: the watches and reads ahead of [`endpoints`], [`pods`] and [`revisions`]
-//!   for one node, without serving: load tests run it for nodes with no whole activator.
 
 pub mod api_health;
 pub mod directory;
@@ -24,7 +22,6 @@ pub(crate) mod read;
 pub(crate) mod revisions;
 pub(crate) mod seeded;
 mod trim;
-pub mod watch_only;
 
 /// How many objects the caches hold now: what an activator costs grows with these, not with
 /// the cluster (load tests report them; an operator sizing memory can compare).

@@ -10,6 +10,7 @@
 use kube::Client;
 use tokio_util::sync::CancellationToken;
 
+use super::caches::Watches;
 use crate::cache::directory::Directory;
 use crate::cache::endpoints::{EndpointsCache, MemberEvent};
 use crate::cache::pods::PodCache;
@@ -28,21 +29,16 @@ pub struct WatchOnly {
 
 impl WatchOnly {
     /// Starts the watches `cfg` (its node, its subset TTL, its directory source) asks for, as
-    /// [`crate::Activator::start`] does.
+    /// [`super::Activator::start`] does ([`Watches::start`]).
     pub fn start(cfg: &ActivatorConfig, client: Client) -> Self {
         let stop = CancellationToken::new();
-        let revisions = RevisionCache::new(client.clone());
-        let (member_of_tx, mut member_of) = tokio::sync::mpsc::unbounded_channel();
-        let directory = Directory::start(&cfg.directory, client.clone(), stop.child_token());
-        let endpoints = EndpointsCache::start(
-            client.clone(),
-            &cfg.node_name,
-            cfg.endpoints_ttl,
-            stop.child_token(),
-            member_of_tx,
-            directory.clone().filter(|_| cfg.members_from_directory),
-        );
-        let pods = PodCache::start(client, &cfg.node_name, stop.child_token());
+        let (watches, mut member_of) = Watches::start(cfg, &client, &stop);
+        let Watches {
+            revisions,
+            endpoints,
+            pods,
+            directory,
+        } = watches;
         // What `node::warm::keep_members_warm` reads for each membership, at its pace,
         // without the pools a minScale share would start.
         let mut ahead = ReadAhead::new(revisions.clone(), cfg.read_ahead, None, None);

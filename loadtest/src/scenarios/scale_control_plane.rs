@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use activator::cache::watch_only::WatchOnly;
+use activator::WatchOnly;
 use serde_json::json;
 
 use crate::Error;
