@@ -36,7 +36,7 @@ pub struct Args {
     /// After an API server or etcd outage, an activator whose Node turns NotReady within this
     /// many seconds is kept as a member until then (its kubelet has not renewed its lease
     /// since the outage yet), and moved only if still NotReady; 0: moved as any lost node.
-    #[arg(long, default_value_t = crate::cluster::usable_activators::OUTAGE_HOLD.as_secs())]
+    #[arg(long, default_value_t = crate::pure::settle::OUTAGE_HOLD.as_secs())]
     pub outage_hold_seconds: u64,
     /// An activator lost while its Node is Ready (a DaemonSet rolling update, a restart) stays
     /// a member this many seconds after its old pod is gone (held while that pod terminates,

@@ -66,7 +66,7 @@ impl Default for Config {
             concurrency: DEFAULT_CONCURRENCY,
             settings_config_map: None,
             image_locality: true,
-            outage_hold: crate::cluster::usable_activators::OUTAGE_HOLD,
+            outage_hold: crate::pure::settle::OUTAGE_HOLD,
             replacement_hold: crate::pure::replacements::REPLACEMENT_HOLD,
             endpoint_slices: false,
             rebalance_interval: Duration::from_secs(60),

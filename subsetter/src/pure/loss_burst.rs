@@ -9,9 +9,7 @@
 //! losses wait `LOSS_SETTLE` to show which of the two it is, as every loss did before.
 
 use std::collections::VecDeque;
-use std::time::Duration;
-
-use tokio::time::Instant;
+use std::time::{Duration, Instant};
 
 /// How far back the NotReady nodes are counted: two passes of kube-controller-manager's node
 /// monitor (`--node-monitor-period`, 5 s), over which one disruption's marks arrive.

@@ -24,6 +24,7 @@ pub mod ring;
 pub mod route_index;
 pub mod route_plan;
 pub mod settings;
+pub mod settle;
 pub mod shares;
 pub mod size;
 pub mod store;

@@ -1,5 +1,5 @@
 //! Activators lost on a node that is still Ready, held as members while their replacement
-//! comes (pure, no IO).
+//! comes (pure, no IO; times are passed in, on the caller's clock).
 //!
 //! A DaemonSet rolling update (maxUnavailable, no surge: the data port is a hostPort) deletes
 //! a node's activator pod and creates the new one only once the old one is gone: the shutdown
@@ -23,9 +23,7 @@
 //! removal, repaired as such. An activator not replaced within the hold is repaired then.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
-
-use tokio::time::Instant;
+use std::time::{Duration, Instant};
 
 /// How long an activator lost on a Ready node is held by default, from when its old pod is
 /// gone (a terminating pod is held through its grace period first): the new pod's creation,
