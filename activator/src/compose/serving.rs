@@ -17,6 +17,7 @@ use crate::fast::FastLane;
 use crate::node::pools::Pools;
 use crate::ops::admin::Admin;
 use crate::ops::metrics::Metrics;
+use crate::pipeline::core::Core;
 use crate::pipeline::handler::Handler;
 use crate::pipeline::suspects::Suspects;
 use crate::threads::{placement, serving_threads};
@@ -91,32 +92,39 @@ pub(super) struct Serving<'a> {
 
 impl Serving<'_> {
     /// One handler per serving thread: each has its own connection pool to pods and peers,
-    /// so a request and its upstream connection stay on one thread.
+    /// so a request and its upstream connection stay on one thread. Its core is the
+    /// thread's fast lane's too.
     fn handler(&self) -> Arc<Handler> {
         let (cfg, caches) = (self.cfg, self.caches);
-        Arc::new(Handler {
+        let upstream = cfg.upstream();
+        let core = Arc::new(Core {
             node: cfg.node_name.clone(),
-            node_header: self.node_header.clone(),
             revisions: caches.revisions.clone(),
             hosts: caches.hosts.clone(),
             endpoints: caches.endpoints.clone(),
             pools: self.pools.clone(),
-            upstream: Upstream::new(&cfg.upstream()),
             metrics: self.metrics.clone(),
             draining: self.stop.child_token(),
-            hop: cfg.hop.clone(),
             api: self.api.clone(),
             directory: caches.directory.clone(),
+            pod_retries: upstream.connect_retries,
+        });
+        Arc::new(Handler {
+            core,
+            node_header: self.node_header.clone(),
+            upstream: Upstream::new(&upstream),
+            hop: cfg.hop.clone(),
             suspects: self.suspects.clone(),
         })
     }
 
-    /// The fast lane of a serving thread (off: hyper serves every request).
+    /// The fast lane of a serving thread, on its handler's core (off: hyper serves every
+    /// request).
     fn fast(&self, h: &Arc<Handler>, stop: &CancellationToken) -> Option<Arc<FastLane>> {
         let cfg = self.cfg;
         cfg.fast_lane.then(|| {
             FastLane::new(
-                h.clone(),
+                h.core.clone(),
                 cfg.connect_timeout,
                 cfg.pool_idle_timeout,
                 cfg.body_idle_timeout,

@@ -16,7 +16,7 @@
 //! HTTP/1.1, and while spans are off. Until a request's first byte goes to a pod, nothing is consumed, so a hand-over can
 //! happen at any point before that: an unknown revision, a subset to read, a request to
 //! forward, a full node or a drain go to hyper's path as they are. The stages are the same
-//! (resolve, route, admit, proxy, account); admit is the very same code ([`Handler::admit`]),
+//! (resolve, route, admit, proxy, account); admit is the very same code ([`Core::admit`]),
 //! so buffering, throttling and scaling are shared.
 //!
 //! Once a request went out, failures are answered here: 502 for a pod that failed, 408 for a
@@ -40,11 +40,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::node::pool::{Lease, NoSlot, Spec};
-use crate::ops::metrics::{Outcome, Phase, Route};
+use crate::ops::metrics::{Phase, Route};
 use crate::ops::telemetry;
-use crate::pipeline::decide::{Resolved, RouteTo};
-use crate::pipeline::handler::Handler;
-use crate::pipeline::retries::PodRetries;
+use crate::pipeline::core::{Core, Resolved, RouteTo};
 use crate::pipeline::routing::Named;
 use crate::pipeline::rules::{can_start, request_timeout, too_late, upstream_protocol};
 use crate::threads::serving_threads::Mover;
@@ -67,7 +65,7 @@ const HEAD_ROOM: usize = 2 * 1024;
 
 /// What the fast lane shares across its connections (one per serving thread).
 pub struct FastLane {
-    handler: Arc<Handler>,
+    core: Arc<Core>,
     pods: Arc<PodConns>,
     body_idle_timeout: Duration,
     /// Cancelled when the activator stops accepting: idle connections close, busy ones after
@@ -100,15 +98,15 @@ enum Next {
 
 impl FastLane {
     pub fn new(
-        handler: Arc<Handler>,
+        core: Arc<Core>,
         connect_timeout: Duration,
         pool_idle_timeout: Duration,
         body_idle_timeout: Duration,
         stop: CancellationToken,
     ) -> Arc<Self> {
-        let served_by = Bytes::copy_from_slice(handler.node.as_bytes());
+        let served_by = Bytes::copy_from_slice(core.node.as_bytes());
         Arc::new(Self {
-            handler,
+            core,
             pods: PodConns::new(connect_timeout, pool_idle_timeout),
             body_idle_timeout,
             stop,
@@ -165,7 +163,7 @@ impl FastLane {
         stream: TcpStream,
     ) -> Option<(Bytes, TcpStream)> {
         tracing::trace!(reason = why, "to hyper");
-        self.handler.metrics.fast_lane_handovers.inc();
+        self.core.metrics.fast_lane_handovers.inc();
         Some((buf.freeze(), stream))
     }
 
@@ -254,7 +252,7 @@ impl FastLane {
         arrived: Instant,
         scratch: &mut Scratch,
     ) -> Result<ServeHere, &'static str> {
-        let h = &*self.handler;
+        let h = &*self.core;
         let name = std::mem::replace(&mut head.name, Named::Host(String::new()));
         // A Host split between revisions is picked here, once per request, as on hyper's path
         // (a hand-over decides again: hyper's path may pick another, which is as random).
@@ -298,9 +296,9 @@ impl FastLane {
         scratch: &mut Scratch,
         req: &ServeHere,
     ) -> Result<(Lease, PodConn), Next> {
-        let h = &*self.handler;
+        let h = &*self.core;
         let (key, deadline) = (&req.key, req.deadline);
-        let mut retries = PodRetries::new(h.upstream.retries(), &h.metrics);
+        let mut retries = h.pod_retries();
         loop {
             let admitted = tokio::select! {
                 biased;
@@ -353,7 +351,7 @@ impl FastLane {
         req: &ServeHere,
         scratch: &mut Scratch,
     ) -> Ended {
-        let h = &*self.handler;
+        let h = &*self.core;
         let (arrived, head) = (req.arrived, &req.head);
         let (cold, first_of_cold) = (lease.cold, lease.first_of_cold);
         let timings = lease.timings.take();
@@ -422,17 +420,7 @@ impl FastLane {
     }
 
     fn count(&self, scratch: &mut Scratch, route: Route, code: u16) {
-        let outcome = Outcome { route, code };
-        match &scratch.counted {
-            Some((last, counter)) if *last == outcome => {
-                counter.inc();
-            }
-            _ => {
-                let counter = self.handler.metrics.requests.get_or_create_owned(&outcome);
-                counter.inc();
-                scratch.counted = Some((outcome, counter));
-            }
-        }
+        self.core.account_on(&mut scratch.counted, route, code);
     }
 }
 

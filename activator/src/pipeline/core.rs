@@ -1,8 +1,17 @@
-//! Stages 1 and 2 of the request path, for both transports: resolve (the revision a request
-//! names, and the Revision) and route (serve here, with the members ahead of this one, or
-//! forward to other members). hyper's adapter (`crate::pipeline::handler`) answers every outcome; the
-//! fast lane (`crate::fast`) carries a request only when the route is "here, nobody ahead"
-//! and hands everything else to hyper's adapter, which decides again from warm caches.
+//! The transport-neutral core of the request path: the state it needs ([`Core`]) and its
+//! stages, top to bottom, each one function below — hyper's adapter
+//! (`crate::pipeline::handler`) and the fast lane (`crate::fast`) both hold a [`Core`] and
+//! differ only in how they carry bytes (stage 4, proxy, is theirs):
+//!
+//! 1. **resolve** ([`Core::resolve`]): the revision a request names, and the Revision;
+//! 2. **route** ([`Core::route`]): serve here, with the members ahead of this one, or forward
+//!    to other members;
+//! 3. **admit** ([`Core::admit`], [`Core::no_slot`]): a slot on a pod of the revision here,
+//!    or why there is none; a pod that refuses the connection is retried ([`Core::pod_retries`]);
+//! 5. **account** ([`Core::account`]): one count per request by route and status.
+//!
+//! The fast lane carries a request only when the route is "here, nobody ahead" and hands
+//! everything else to hyper's adapter, which decides again from warm caches.
 
 use std::sync::Arc;
 
@@ -12,15 +21,43 @@ use crds::{ActivatorMember, Revision};
 use rand::RngExt;
 use tokio::time::Instant;
 
+use prometheus_client::metrics::counter::Counter;
+use tokio_util::sync::CancellationToken;
+
+use super::retries::PodRetries;
 use super::rules::{API_READ_LIMIT, SUBSET_WAIT, can_start};
-use crate::cache::endpoints::Membership;
+use crate::cache::api_health::ApiHealth;
+use crate::cache::directory::Directory;
+use crate::cache::endpoints::{EndpointsCache, Membership};
 use crate::cache::host_route::Target;
 use crate::cache::hosts::HostCache;
-use crate::node::pool::Spec;
-use crate::ops::metrics::HostRefresh;
-use crate::pipeline::handler::Handler;
+use crate::cache::revisions::RevisionCache;
+use crate::node::pool::{Lease, NoSlot, Spec};
+use crate::node::pools::Pools;
+use crate::ops::metrics::{HostRefresh, Metrics, Outcome, Route};
 use crate::pipeline::routing::{Named, RevisionKey, Unnamed};
 use crate::wire::answer::Refusal;
+
+/// What the request path's stages need, whatever carries the request: the caches, this
+/// node's pools, the metrics. One per serving thread, shared by its hyper adapter and its
+/// fast lane.
+pub struct Core {
+    pub node: String,
+    pub revisions: RevisionCache,
+    /// Host lookups; None when Host routing is off (`--host-routing=false`).
+    pub hosts: Option<HostCache>,
+    pub endpoints: EndpointsCache,
+    pub pools: Pools,
+    pub metrics: Arc<Metrics>,
+    /// Cancelled when the activator starts draining.
+    pub draining: CancellationToken,
+    /// Whether the API server answers: a read it does not is given up at once.
+    pub api: ApiHealth,
+    /// Where lookups the API server does not answer are asked (None: nowhere).
+    pub directory: Option<Directory>,
+    /// How often a request is tried on another pod after a refused connection.
+    pub pod_retries: u32,
+}
 
 /// Where stage 2 sends the request.
 pub(crate) enum RouteTo {
@@ -97,7 +134,7 @@ fn no_share(key: &RevisionKey) -> Refusal {
     ))
 }
 
-impl Handler {
+impl Core {
     /// Stage 1: the revision a request names (`named`, from its headers or its Host), and
     /// the Revision itself. Cached answers come without a timer; what the API server does not
     /// answer is asked of the directory (`cache::directory`). A Host split between revisions
@@ -462,6 +499,78 @@ impl Handler {
             Err(_) => Err(Refusal::unavailable(format!(
                 "reading the activators of revision {key}: the API server did not answer"
             ))),
+        }
+    }
+
+    /// Stage 3: a slot, from the revision's pool (a fresh one if it retired meanwhile).
+    pub(crate) async fn admit(
+        &self,
+        key: &RevisionKey,
+        spec: &Spec,
+        arrived: Instant,
+        can_forward: bool,
+    ) -> Result<Lease, NoSlot> {
+        for _ in 0..3 {
+            let pool = self.pools.get(key, &spec.rev, &spec.me);
+            match pool.acquire(spec, arrived, can_forward).await {
+                Err(NoSlot::Retired) => {}
+                r => return r,
+            }
+        }
+        Err(NoSlot::Retired)
+    }
+
+    /// The answer to a request no slot can be found for here (and that is not forwarded):
+    /// 503 for a full buffer (counted), a node that cannot serve it, or a pod that cannot be
+    /// made now (the API server does not answer); 502 for a revision whose pods cannot be
+    /// made at all. Both request paths answer with it.
+    pub(crate) fn no_slot(&self, key: &RevisionKey, no: NoSlot) -> Refusal {
+        match no {
+            NoSlot::Full(why) => {
+                self.metrics.buffer_full.inc();
+                Refusal::unavailable(why)
+            }
+            NoSlot::Elsewhere(why) => Refusal::unavailable(why),
+            NoSlot::Retired => Refusal::unavailable(format!(
+                "revision {key}: no pool on this node took the request"
+            )),
+            NoSlot::Failed(why) => Refusal::bad_gateway(why),
+            NoSlot::Unavailable(why) => Refusal::unavailable(why),
+        }
+    }
+
+    /// Stage 3, after a pod refused the connection: the request takes another slot as it
+    /// is, a bounded number of times ([`PodRetries`]).
+    pub(crate) fn pod_retries(&self) -> PodRetries<'_> {
+        PodRetries::new(self.pod_retries, &self.metrics)
+    }
+
+    /// Stage 5: one count per request, by route and status.
+    pub(crate) fn account(&self, route: Route, code: u16) {
+        self.metrics
+            .requests
+            .get_or_create(&Outcome { route, code })
+            .inc();
+    }
+
+    /// Stage 5 on a connection that counts request after request: the counter of the last
+    /// outcome is kept in `last`, so a run of like requests looks the family up once.
+    pub(crate) fn account_on(
+        &self,
+        last: &mut Option<(Outcome, Counter)>,
+        route: Route,
+        code: u16,
+    ) {
+        let outcome = Outcome { route, code };
+        match last {
+            Some((was, counter)) if *was == outcome => {
+                counter.inc();
+            }
+            _ => {
+                let counter = self.metrics.requests.get_or_create_owned(&outcome);
+                counter.inc();
+                *last = Some((outcome, counter));
+            }
         }
     }
 }

@@ -24,20 +24,14 @@ use http::{HeaderValue, Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::{Body as _, Frame, Incoming, SizeHint};
 use tokio::time::{Instant, Sleep};
-use tokio_util::sync::CancellationToken;
 use tracing::instrument::Instrumented;
 use tracing::{Instrument, Span};
 
-use crate::cache::endpoints::EndpointsCache;
-use crate::cache::hosts::HostCache;
-use crate::cache::revisions::RevisionCache;
 use crate::node::pool::{Lease, NoSlot, Spec};
-use crate::node::pools::Pools;
-use crate::ops::metrics::{HostRefresh, Metrics, Outcome, Phase, Route};
+use crate::ops::metrics::{HostRefresh, Phase, Route};
 use crate::ops::telemetry;
-use crate::pipeline::decide::{HostPick, Resolved, RouteTo};
+use crate::pipeline::core::{Core, HostPick, Resolved, RouteTo};
 use crate::pipeline::hop;
-use crate::pipeline::retries::PodRetries;
 use crate::pipeline::routing::{Named, RevisionKey, named};
 use crate::pipeline::rules::{can_start, request_timeout, too_late, upstream_protocol};
 use crate::upstream::proxy::{Upstream, UpstreamProtocol};
@@ -48,25 +42,14 @@ use crate::wire::names::{CLIENT_GONE, HEADER_COLD_START, HOST_STALE, SERVED_BY, 
 
 // Header names parsed once, not on every request.
 
-/// What the request path needs; shared by all connections.
+/// hyper's adapter of the request path: carries out every decision of the [`Core`] it holds
+/// (one per serving thread, shared with the thread's fast lane) over hyper's connections.
 pub struct Handler {
-    pub node: String,
+    pub core: Arc<Core>,
     pub node_header: HeaderValue,
-    pub revisions: RevisionCache,
-    /// Host lookups; None when Host routing is off (`--host-routing=false`).
-    pub hosts: Option<HostCache>,
-    pub endpoints: EndpointsCache,
-    pub pools: Pools,
     pub upstream: Upstream,
-    pub metrics: Arc<Metrics>,
-    /// Cancelled when the activator starts draining.
-    pub draining: CancellationToken,
     /// Which forwarded requests are a peer's ([`crate::pipeline::hop`]).
     pub hop: crate::pipeline::hop::HopAuth,
-    /// Whether the API server answers: a read it does not is given up at once.
-    pub api: crate::cache::api_health::ApiHealth,
-    /// Where lookups the API server does not answer are asked (None: nowhere).
-    pub directory: Option<crate::cache::directory::Directory>,
     /// Members whose connect failed lately, shared by the serving threads: tried last.
     pub suspects: Arc<crate::pipeline::suspects::Suspects>,
 }
@@ -105,7 +88,7 @@ impl Handler {
             Span::none()
         };
         // Counted as 499 if the client leaves first (the connection drops this future).
-        let mut unanswered = Unanswered(Some(&self.metrics));
+        let mut unanswered = Unanswered(Some(&self.core));
         let served = self.serve(req.map(|b| b.map_err(box_error).boxed()), arrived, hopped);
         let served = in_span(span, served);
         let served = served.await;
@@ -118,13 +101,7 @@ impl Handler {
             }
         };
         // 5. account
-        self.metrics
-            .requests
-            .get_or_create(&Outcome {
-                route,
-                code: resp.status().as_u16(),
-            })
-            .inc();
+        self.core.account(route, resp.status().as_u16());
         let h = resp.headers_mut();
         h.entry(SERVED_BY)
             .or_insert_with(|| self.node_header.clone());
@@ -133,7 +110,7 @@ impl Handler {
         // app must not make entries read hosts again.
         h.remove(HOST_STALE);
         if stale {
-            self.metrics.hosts.stale_answers.inc();
+            self.core.metrics.hosts.stale_answers.inc();
             h.insert(HOST_STALE, HeaderValue::from_static("1"));
         }
         resp
@@ -147,7 +124,7 @@ impl Handler {
         else {
             return false;
         };
-        self.endpoints.subset_newer_than(&key, theirs)
+        self.core.endpoints.subset_newer_than(&key, theirs)
     }
 
     async fn serve(
@@ -171,13 +148,13 @@ impl Handler {
             Some(key) => Ok(Named::Revision(key)),
             None => named(req.headers(), req.uri().authority().map(|a| a.as_str())),
         };
-        let resolved = in_span(stage("resolve"), self.resolve(named, arrived)).await?;
+        let resolved = in_span(stage("resolve"), self.core.resolve(named, arrived)).await?;
         let (key, rev) = (&resolved.key, &resolved.rev);
         let timeout = request_timeout(rev);
         let deadline = arrived + timeout;
         let late = || too_late(key, timeout);
         // 2. route
-        let routed = self.route(key, rev, hopped, deadline);
+        let routed = self.core.route(key, rev, hopped, deadline);
         let (spec, peers, req) = match in_span(stage("route"), routed).await? {
             RouteTo::Here { spec, peers, ahead } if ahead.is_empty() => (spec, peers, req),
             // Not the primary, no pod here: the members ahead first; this node serves what
@@ -194,7 +171,7 @@ impl Handler {
                 {
                     Ok(resp) => return Ok((Route::Forwarded, resp)),
                     Err((_, Some(req))) => {
-                        self.metrics.primary_refused.inc();
+                        self.core.metrics.primary_refused.inc();
                         (spec, rest, req)
                     }
                     Err((refusal, None)) => return Err(refusal),
@@ -264,7 +241,7 @@ impl Handler {
                 .cloned()
                 .collect()
         };
-        let mut retries = PodRetries::new(self.upstream.retries(), &self.metrics);
+        let mut retries = self.core.pod_retries();
         let protocol = upstream_protocol(&spec.rev);
         loop {
             // 3. admit
@@ -291,7 +268,7 @@ impl Handler {
                 Err(refusal) if spill => {
                     return Err(Refusal::unavailable(format!(
                         "revision {key}: no pod on node {} took the connection ({})",
-                        self.node, refusal.reason
+                        self.core.node, refusal.reason
                     )));
                 }
                 Err(refusal) => return Err(of_revision(key, refusal)),
@@ -309,7 +286,7 @@ impl Handler {
                 Err(refusal) if spill && refusal.retry_elsewhere => {
                     Err(Refusal::unavailable(format!(
                         "revision {key}: no pod on node {} took the connection ({})",
-                        self.node, refusal.reason
+                        self.core.node, refusal.reason
                     )))
                 }
                 Err(refusal) => Err(of_revision(key, refusal)),
@@ -332,16 +309,16 @@ impl Handler {
         // refused (503) back to the peer that forwarded it and has another member to try.
         let may_go_elsewhere = can_forward || spill;
         let admitted = tokio::select! {
-            l = in_span(stage("admit"), self.admit(key, spec, arrived, may_go_elsewhere)) => l,
+            l = in_span(stage("admit"), self.core.admit(key, spec, arrived, may_go_elsewhere)) => l,
             // Draining, and the peer that forwarded it can try another member.
-            _ = self.draining.cancelled(), if spill => {
+            _ = self.core.draining.cancelled(), if spill => {
                 return Err(NotHere::Refused(Refusal::unavailable(format!(
-                    "revision {key}: node {} is draining", self.node
+                    "revision {key}: node {} is draining", self.core.node
                 ))));
             }
             // Draining (SIGTERM) while the request waits: a peer member serves it.
-            _ = self.draining.cancelled(), if can_forward => {
-                self.metrics.drained_to_peers.inc();
+            _ = self.core.draining.cancelled(), if can_forward => {
+                self.core.metrics.drained_to_peers.inc();
                 return Err(NotHere::Forward);
             }
         };
@@ -355,7 +332,7 @@ impl Handler {
                 tracing::debug!(revision = %key, reason = %why, "refused to the forwarding peer: cannot serve here at once");
                 Err(NotHere::Refused(Refusal::unavailable(why)))
             }
-            Err(no) => Err(NotHere::Refused(self.no_slot(key, no))),
+            Err(no) => Err(NotHere::Refused(self.core.no_slot(key, no))),
         }
     }
 
@@ -371,7 +348,7 @@ impl Handler {
         let route = if lease.cold {
             let waited = arrived.elapsed();
             if lease.first_of_cold {
-                self.metrics.observe_phase(Phase::FirstByte, waited);
+                self.core.metrics.observe_phase(Phase::FirstByte, waited);
             }
             let h = resp.headers_mut();
             h.insert(HEADER_COLD_START, HeaderValue::from_static("true"));
@@ -407,43 +384,6 @@ impl Handler {
         )
     }
 
-    /// Stage 3: a slot, from the revision's pool (a fresh one if it retired meanwhile).
-    pub(crate) async fn admit(
-        &self,
-        key: &RevisionKey,
-        spec: &Spec,
-        arrived: Instant,
-        can_forward: bool,
-    ) -> Result<Lease, NoSlot> {
-        for _ in 0..3 {
-            let pool = self.pools.get(key, &spec.rev, &spec.me);
-            match pool.acquire(spec, arrived, can_forward).await {
-                Err(NoSlot::Retired) => {}
-                r => return r,
-            }
-        }
-        Err(NoSlot::Retired)
-    }
-
-    /// The answer to a request no slot can be found for here (and that is not forwarded):
-    /// 503 for a full buffer (counted), a node that cannot serve it, or a pod that cannot be
-    /// made now (the API server does not answer); 502 for a revision whose pods cannot be
-    /// made at all. Both request paths answer with it.
-    pub(crate) fn no_slot(&self, key: &RevisionKey, no: NoSlot) -> Refusal {
-        match no {
-            NoSlot::Full(why) => {
-                self.metrics.buffer_full.inc();
-                Refusal::unavailable(why)
-            }
-            NoSlot::Elsewhere(why) => Refusal::unavailable(why),
-            NoSlot::Retired => Refusal::unavailable(format!(
-                "revision {key}: no pool on this node took the request"
-            )),
-            NoSlot::Failed(why) => Refusal::bad_gateway(why),
-            NoSlot::Unavailable(why) => Refusal::unavailable(why),
-        }
-    }
-
     /// Stage 2b: forward to the members in their ranked order (the revision's primary
     /// first, [`crate::pipeline::primary`]), trying the next one when a member is unreachable or, for a
     /// request that can be replayed, answers 503 (e.g. it is no longer a member, its node is
@@ -465,7 +405,7 @@ impl Handler {
                 Some(req),
             ));
         }
-        self.metrics.forwards.inc();
+        self.core.metrics.forwards.inc();
         // Every entry tries the members in the same order, so a trickle wakes one pod; one
         // that did not take a connection lately goes last (`suspects`).
         let members = self.suspects.reorder(
@@ -523,9 +463,9 @@ impl Handler {
             }
             Err(e) => {
                 self.suspects.failed(&m.address, std::time::Instant::now());
-                self.endpoints.invalidate(key);
+                self.core.endpoints.invalidate(key);
                 if more {
-                    self.metrics.retries.inc();
+                    self.core.metrics.retries.inc();
                 }
                 return Err((Refusal::unavailable(e.reason), Some(r)));
             }
@@ -535,7 +475,7 @@ impl Handler {
         // serves what every member refused (`fall_back`).
         let replay = ((more || fall_back) && r.body().is_end_stream()).then(|| replay_of(&r));
         // Someone else can take it: the member may refuse what it cannot serve at once.
-        let mut extra = self.hop.forward_headers(&self.node, replay.is_some());
+        let mut extra = self.hop.forward_headers(&self.core.node, replay.is_some());
         if let Some(p) = pick {
             extra.extend(hop::pick_headers(key, p.version.as_deref()));
         }
@@ -550,15 +490,15 @@ impl Handler {
             Ok(resp)
                 if resp.status() == http::StatusCode::SERVICE_UNAVAILABLE && replay.is_some() =>
             {
-                self.endpoints.invalidate(key);
-                self.metrics.retries.inc();
+                self.core.endpoints.invalidate(key);
+                self.core.metrics.retries.inc();
                 Err((Refusal::unavailable(format!("{what} answered 503")), replay))
             }
             Ok(resp) => Ok(resp),
             Err(e) => {
-                self.endpoints.invalidate(key);
+                self.core.endpoints.invalidate(key);
                 if replay.is_some() {
-                    self.metrics.retries.inc();
+                    self.core.metrics.retries.inc();
                 }
                 Err((e, replay))
             }
@@ -574,7 +514,7 @@ impl Handler {
         resp.headers_mut().remove(HOST_STALE);
         if stale
             && let Some(p) = pick
-            && let Some(hosts) = &self.hosts
+            && let Some(hosts) = &self.core.hosts
         {
             hosts.refresh(&p.host, HostRefresh::StaleHint);
         }
@@ -592,17 +532,12 @@ struct Turn<'a> {
 
 /// Counts a request whose answer never came because its client left (its future was
 /// dropped by the connection): `activator_requests_total{route="refused",code="499"}`.
-struct Unanswered<'a>(Option<&'a Metrics>);
+struct Unanswered<'a>(Option<&'a Core>);
 
 impl Drop for Unanswered<'_> {
     fn drop(&mut self) {
-        if let Some(m) = self.0 {
-            m.requests
-                .get_or_create(&Outcome {
-                    route: Route::Refused,
-                    code: CLIENT_GONE,
-                })
-                .inc();
+        if let Some(core) = self.0 {
+            core.account(Route::Refused, CLIENT_GONE);
         }
     }
 }
@@ -768,8 +703,8 @@ mod future_sizes {
             )
         });
         let route = size_of_future(|| {
-            let h: &Handler = unreachable!();
-            h.route(unreachable!(), unreachable!(), false, unreachable!())
+            let c: &Core = unreachable!();
+            c.route(unreachable!(), unreachable!(), false, unreachable!())
         });
         // 3,816 bytes before the send's connection and the subset reads were boxed.
         assert!(

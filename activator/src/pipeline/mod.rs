@@ -1,12 +1,11 @@
-//! The request path: which revision a request names (`routing`), the transport-neutral
-//! decision — resolve, then route ([`decide`]) by the rules in [`rules`] — the members'
-//! ranking (`primary`), hops between activators (`hop`, `suspects`), the activator's own
-//! answers (`answer`), and hyper's adapter (`handler`), which carries out every decision.
-//! Admission (`Handler::admit`, `Handler::no_slot`) and pod retries ([`retries`]) are shared
-//! with the fast lane (`crate::fast`); what differs between the transports is only how bytes
-//! are carried.
+//! The request path: which revision a request names (`routing`), the transport-neutral core
+//! — resolve, route, admit, account ([`core`], by the rules in [`rules`]), with pod retries
+//! ([`retries`]) — the members' ranking (`primary`), hops between activators (`hop`,
+//! `suspects`), and hyper's adapter (`handler`), which carries out every decision over
+//! hyper's connections. The fast lane (`crate::fast`) holds the same [`core::Core`]: what
+//! differs between the transports is only how bytes are carried.
 
-pub(crate) mod decide;
+pub(crate) mod core;
 pub(crate) mod handler;
 pub mod hop;
 pub mod primary;

@@ -1,5 +1,5 @@
 //! A pod that refused the connection never saw the request, so the request takes another slot
-//! as it is, body and all — at most `Upstream::retries` times. Both transports count and bound
+//! as it is, body and all — at most `Core::pod_retries` times (`crate::pipeline::core`). Both transports count and bound
 //! it here.
 
 use crate::node::pool::Lease;
