@@ -1,27 +1,36 @@
 //! What one reconcile should write, computed without IO from the revision, its current
 //! ActivationEndpoints, the available activators and a policy. The reconciler only performs
 //! the writes this plan says are needed, so an unchanged world costs no API write.
+//!
+//! [`subset`] runs its steps in order: choose the members (`frame.rs`), give them their
+//! shares (`members.rs`), say what the subset's conditions are and what changed
+//! (`report.rs`), and label it (`labels.rs`).
 
-use std::cell::RefCell;
+mod frame;
+mod labels;
+mod members;
+mod report;
+
 use std::collections::BTreeMap;
 
 use foldhash::HashSet as FastSet;
 
-use crds::contract::{HOST_LABEL_PREFIX, MEMBER_LABEL_PREFIX, host_label, member_label};
-use crds::{
-    ActivationEndpoints, ActivationEndpointsStatus, ActivatorMember, ImageMembers, Revision,
-};
+use crds::{ActivationEndpoints, ActivationEndpointsStatus, Revision};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
-use serde_json::{Map, Value, json};
+use serde_json::Value;
 
 use crate::pure::activators::{Activator, Available};
 use crate::pure::conditions;
 use crate::pure::eligibility::Placement;
 use crate::pure::hosts::Conflict;
 use crate::pure::load_index::LoadIndex;
-use crate::pure::policy::{Candidate, IndexedRequest, SubsetPolicy, SubsetRequest};
-use crate::pure::shares;
+use crate::pure::policy::SubsetPolicy;
+use frame::Frame;
+pub use labels::label_patch;
+use labels::labels;
+use members::members;
+use report::newly_degraded;
 
 /// The wanted N of `revision` ([`crate::pure::size::wanted`]).
 pub fn wanted(revision: &Revision, max_node_selection: usize) -> usize {
@@ -95,6 +104,8 @@ pub struct SubsetInputs<'a> {
     pub now: Timestamp,
 }
 
+/// What one reconcile should write for `inp`'s subset: the members the policy chooses, their
+/// shares, the conditions, the labels, and what changed against the current object.
 pub fn subset(inp: &SubsetInputs<'_>) -> SubsetPlan {
     let n = wanted(inp.revision, inp.default_n);
     let current_status = inp.current.and_then(|ae| ae.status.as_ref());
@@ -102,202 +113,27 @@ pub fn subset(inp: &SubsetInputs<'_>) -> SubsetPlan {
         .map(|s| s.activators.iter().map(|m| m.node.clone()).collect())
         .unwrap_or_default();
     let current_set: FastSet<&str> = current_nodes.iter().map(String::as_str).collect();
-    // The activators the policy found usable, by node: building the members then does not look
-    // each one up again in `available` (a tree of every activator: a dozen string compares).
-    let found: RefCell<Vec<(&str, &Activator)>> = RefCell::new(Vec::new());
-    // Only activators on nodes where the revision's pod could run are candidates; a member
-    // whose node stopped being one (tainted, cordoned, relabelled) loses its slot.
-    let placement = Placement::of(&inp.revision.spec.template);
-    let evicted = |node: &str| inp.evict == Some(node);
-    // The images the pod pulls (empty with locality off): the policy prefers nodes holding
-    // them when locality is on, and the status counts the members that do.
-    let images = inp.images;
-    let locality: &[u64] = if inp.image_locality { images } else { &[] };
-    let holds = |a: &Activator| {
-        !images.is_empty() && a.facts.as_ref().is_some_and(|f| f.images.holds_all(images))
-    };
-    let indexed = inp.loads.and_then(|loads| {
-        let usable = |node: &str| {
-            !evicted(node)
-                && match inp.available.get_key_value(node) {
-                    Some((k, a)) if eligible(&placement, a) => {
-                        found.borrow_mut().push((k, a));
-                        true
-                    }
-                    _ => false,
-                }
-        };
-        // Most templates constrain nothing: their eligible nodes are the clean ones, counted
-        // when the index was built. Others are counted here (a scan, for them only).
-        let eligible_count = if placement.is_unconstrained() {
-            let evicted_clean = inp
-                .evict
-                .and_then(|n| inp.available.get(n))
-                .is_some_and(|a| {
-                    a.facts
-                        .as_ref()
-                        .is_none_or(|f| !f.unschedulable && f.taints.is_empty())
-                });
-            loads.clean - usize::from(evicted_clean && loads.clean > 0)
-        } else {
-            inp.available
-                .values()
-                .filter(|a| !evicted(&a.node) && eligible(&placement, a))
-                .count()
-        };
-        inp.policy.choose_indexed(&IndexedRequest {
-            revision: inp.key,
-            index: loads,
-            eligible: &usable,
-            eligible_count,
-            current: &current_nodes,
-            wanted: n,
-            images: locality,
-        })
-    });
-    let chosen = indexed.unwrap_or_else(|| {
-        let candidates: Vec<Candidate> = inp
-            .available
-            .iter()
-            .filter(|(node, a)| !evicted(node) && eligible(&placement, a))
-            .map(|(node, a)| Candidate {
-                node: node.clone(),
-                load: (inp.load)(node)
-                    .saturating_sub(usize::from(current_set.contains(node.as_str()))),
-                holds: !locality.is_empty() && holds(a),
-            })
-            .collect();
-        inp.policy.choose(&SubsetRequest {
-            revision: inp.key,
-            available: &candidates,
-            current: &current_nodes,
-            wanted: n,
-        })
-    });
-    let found = found.into_inner();
-    // Few members (the usual N): a scan of those found; many: the tree.
-    let activator_of = |node: &str| match found.len() {
-        0..=32 => found
-            .iter()
-            .find(|(k, _)| *k == node)
-            .map(|(_, a)| *a)
-            .or_else(|| inp.available.get(node)),
-        _ => inp.available.get(node),
-    };
-    let spec = &inp.revision.spec;
-    let mut shares = shares::split(spec.max_scale, spec.min_scale, chosen.len());
-    // While a hand-over waits, the members keep the pods it waits for started (`minPods`),
-    // the primary first: that is where every entry sends the traffic once the host moves.
-    shares::add_warm(&mut shares, &warm_order(inp, &chosen), inp.warm_pods);
-    let activators: Vec<ActivatorMember> = chosen
-        .iter()
-        .zip(shares)
-        .filter_map(|(node, share)| {
-            let a = activator_of(node)?;
-            Some(ActivatorMember {
-                node: a.node.clone(),
-                address: a.address.clone(),
-                pod: a.pod.clone(),
-                max_pods: share.max_pods,
-                min_pods: share.min_pods,
-            })
-        })
-        .collect();
+    let frame = Frame::new(inp);
+    let (chosen, found) = frame.choose(n, &current_nodes, &current_set);
+    let activators = members(inp, &chosen, &found);
     let existing: &[Condition] = current_status
         .map(|s| s.conditions.as_slice())
         .unwrap_or(&[]);
     let generation = inp.revision.metadata.generation;
-    // No member: say whether no activator is Ready or none is on a node that can run the
-    // template (a scan of every activator, only for such a revision).
-    let no_members = activators.is_empty().then(|| {
-        let ineligible: Vec<String> = inp
-            .available
-            .values()
-            .filter_map(|a| placement.allows(a.facts.as_ref()?).err())
-            .map(|why| why.to_string())
-            .collect();
-        conditions::NoMembers::new(inp.available.len(), &ineligible)
-    });
-    let mut desired = conditions::subset(
-        activators.len(),
-        n,
-        no_members.as_ref().unwrap_or(&Default::default()),
-    );
-    desired.extend(conditions::host_conflict(inp.host_conflicts));
-    desired.extend(conditions::custom_scheduler(
-        placement.custom_scheduler.as_deref(),
-    ));
-    // Known only where a member's node has a Node object (its images).
-    let image_members = (!images.is_empty()).then(|| {
-        let (mut known, mut holding) = (false, 0);
-        for m in &activators {
-            if let Some(a) = activator_of(&m.node) {
-                known |= a.facts.is_some();
-                holding += i32::from(holds(a));
-            }
-        }
-        known.then(|| ImageMembers {
-            holding,
-            of: i32::try_from(activators.len()).unwrap_or(i32::MAX),
-        })
-    });
+    let no_members = activators.is_empty().then(|| frame.no_members());
+    let desired = frame.desired_conditions(activators.len(), n, no_members.as_ref());
     let status = ActivationEndpointsStatus {
         conditions: conditions::merge(existing, &desired, generation, inp.now),
-        image_members: image_members.flatten(),
+        image_members: frame.image_members(&activators, &found),
         routes: inp.routes.to_vec(),
         activators,
         policy: Some(inp.policy.name().to_owned()),
         observed_generation: generation,
     };
     let status_changed = current_status != Some(&status);
-    let chosen_set: FastSet<&str> = chosen.iter().map(String::as_str).collect();
-    let joined = chosen_set.difference(&current_set).count();
-    let left = current_set.difference(&chosen_set).count();
-    let (mut left_lost, mut left_ineligible, mut left_rebalanced) = (0, 0, 0);
-    for node in current_set.difference(&chosen_set) {
-        match inp.available.get(node) {
-            None => left_lost += 1,
-            Some(a) if !eligible(&placement, a) => left_ineligible += 1,
-            Some(_) if evicted(node) => left_rebalanced += 1,
-            Some(_) => {}
-        }
-    }
-    let was_degraded = existing
-        .iter()
-        .find(|c| c.type_ == conditions::DEGRADED && c.status == "True")
-        .map(|c| c.reason.as_str());
-    let degraded = status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == conditions::DEGRADED && c.status == "True")
-        .filter(|c| was_degraded != Some(c.reason.as_str()))
-        .map(|c| (c.reason.clone(), c.message.clone()));
-    // A revision keeps the labels of the hosts it loses: readers skip it by its HostConflict
-    // condition, and the label is what lets them see that there is a conflict at all.
-    // Any string hashes to a valid label key, so an odd host cannot make the write fail.
-    // A host whose hand-over waits gets no label yet: no reader finds this revision for it.
-    let pending: Option<FastSet<String>> = (!inp.pending_hosts.is_empty()).then(|| {
-        inp.pending_hosts
-            .iter()
-            .map(|h| crate::pure::hosts::label_of_normalized(h))
-            .collect()
-    });
-    let labels: BTreeMap<String, String> = chosen
-        .iter()
-        .map(|node| member_label(node))
-        .chain(
-            spec.hosts
-                .iter()
-                .map(|h| host_label(h))
-                .filter(|l| pending.as_ref().is_none_or(|p| !p.contains(l))),
-        )
-        .chain(
-            inp.routes
-                .iter()
-                .map(|r| crate::pure::hosts::label_of_normalized(&r.host)),
-        )
-        .map(|k| (k, String::new()))
-        .collect();
+    let churn = frame.churn(&current_set, &chosen);
+    let degraded = newly_degraded(existing, &status.conditions);
+    let labels = labels(inp, &chosen);
     let label_patch = inp.current.and_then(|ae| {
         label_patch(
             ae.metadata.labels.as_ref().unwrap_or(&BTreeMap::new()),
@@ -310,58 +146,14 @@ pub fn subset(inp: &SubsetInputs<'_>) -> SubsetPlan {
         label_patch,
         labels,
         status_changed,
-        joined,
-        left,
-        left_lost,
-        left_ineligible,
-        left_rebalanced,
+        joined: churn.joined,
+        left: churn.left,
+        left_lost: churn.left_lost,
+        left_ineligible: churn.left_ineligible,
+        left_rebalanced: churn.left_rebalanced,
         degraded,
         no_members,
     }
-}
-
-/// The slots of `chosen` in the order entries try them for this revision (the primary first,
-/// `crds::contract::member_weight`).
-fn warm_order(inp: &SubsetInputs<'_>, chosen: &[String]) -> Vec<usize> {
-    if inp.warm_pods <= 0 {
-        return Vec::new();
-    }
-    let ns = inp
-        .revision
-        .metadata
-        .namespace
-        .as_deref()
-        .unwrap_or_default();
-    let name = inp.revision.metadata.name.as_deref().unwrap_or_default();
-    let mut order: Vec<usize> = (0..chosen.len()).collect();
-    order.sort_by_cached_key(|&i| {
-        (
-            std::cmp::Reverse(crds::contract::member_weight(ns, name, &chosen[i])),
-            chosen[i].clone(),
-        )
-    });
-    order
-}
-
-/// The merge patch that makes the member and host labels of `current` equal to `wanted` (null
-/// removes a label), leaving labels outside those prefixes alone; None when nothing differs.
-pub fn label_patch(
-    current: &BTreeMap<String, String>,
-    wanted: &BTreeMap<String, String>,
-) -> Option<Value> {
-    let mut patch = Map::new();
-    for (k, v) in wanted {
-        if current.get(k) != Some(v) {
-            patch.insert(k.clone(), Value::String(v.clone()));
-        }
-    }
-    for k in current.keys() {
-        let ours = k.starts_with(MEMBER_LABEL_PREFIX) || k.starts_with(HOST_LABEL_PREFIX);
-        if ours && !wanted.contains_key(k) {
-            patch.insert(k.clone(), Value::Null);
-        }
-    }
-    (!patch.is_empty()).then(|| json!({ "metadata": { "labels": patch } }))
 }
 
 /// The Revision status conditions to write, or None when the current ones already say it.
@@ -388,9 +180,12 @@ pub fn revision_conditions(
 mod tests {
     use super::*;
     use crate::pure::policy::LeastLoaded;
+    use crds::ActivatorMember;
     use crds::RevisionSpec;
+    use crds::contract::{HOST_LABEL_PREFIX, host_label, member_label};
     use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
     use proptest::prelude::*;
+    use serde_json::json;
 
     fn revision(max: i32, min: i32, n: Option<i32>) -> Revision {
         let mut r = Revision::new(
