@@ -19,7 +19,6 @@ pub mod contract;
 pub mod crdgen;
 pub mod directory;
 pub mod key;
-pub mod pod_ready;
 pub mod pod_template;
 pub mod revision;
 pub mod route;
@@ -30,6 +29,9 @@ pub use activation_endpoints::{
     HostShare, ImageMembers,
 };
 pub use key::ObjectKey;
+// Its own crate so that kubesim reads pods the same way without depending on the product;
+// re-exported here so the product's parts keep reading it as `crds::pod_ready`.
+pub use kube_readings::pod_ready;
 pub use revision::{PodTemplate, Revision, RevisionSpec, RevisionStatus};
 pub use route::{Route, RouteSpec, RouteStatus, ServedTarget, TrafficTarget};
 

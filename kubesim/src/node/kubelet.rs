@@ -178,7 +178,7 @@ impl NodeInner {
                         let external = rt.external;
                         rt.task = Some(self.spawn_start(pod, uid, ip, external, true));
                     } else if rt.stage == PodStage::Running
-                        && objects::marked_unready_by_the_node_controller(&pod)
+                        && kube_readings::pod_ready::marked_by_the_node_controller(&pod)
                     {
                         // The node lifecycle controller marked a running pod unready (its
                         // lease was late: an API server too busy to take the renewals). A

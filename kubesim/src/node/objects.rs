@@ -168,26 +168,6 @@ pub fn node_status(
     }
 }
 
-/// Whether a pod's Ready=False is the node lifecycle controller's mark (`MarkPodsNotReady`
-/// flips that condition alone) and not its kubelet's: every container it reported is ready
-/// and running. (kubesim does not depend on the product's crate, which reads the same.)
-pub fn marked_unready_by_the_node_controller(pod: &Pod) -> bool {
-    let Some(status) = pod.status.as_ref() else {
-        return false;
-    };
-    let ready_false = status
-        .conditions
-        .iter()
-        .flatten()
-        .any(|c| c.type_ == "Ready" && c.status == "False");
-    let containers = status.container_statuses.as_deref().unwrap_or_default();
-    ready_false
-        && !containers.is_empty()
-        && containers
-            .iter()
-            .all(|c| c.ready && c.state.as_ref().is_some_and(|s| s.running.is_some()))
-}
-
 pub fn status_patch<T: serde::Serialize>(status: &T) -> Value {
     json!({ "status": status })
 }

@@ -1,6 +1,7 @@
 //! Whether a pod is ready as its kubelet last said, which is what the activator (proxying to
 //! its node's app pods, and to the replicas in its directory) and the subsetter (choosing
-//! members among the activator pods) both need.
+//! members among the activator pods) both need; kubesim's simulated kubelet reads the node
+//! lifecycle controller's mark the same way to write its own status back, as a real one does.
 //!
 //! When a node's lease goes stale — its kubelet, or the API server, out of reach for longer
 //! than the node-monitor grace period — the controller-manager flips the Ready condition of
