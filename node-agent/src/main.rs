@@ -141,7 +141,7 @@ async fn main() -> anyhow::Result<()> {
     tracing::info!(socket = %args.listen.display(), ?cfg, "serving");
     let stop = CancellationToken::new();
     let server = tokio::spawn(serve(listener, Arc::new(backend), cfg, stop.clone()));
-    shutdown_signal().await?;
+    keep_serving::shutdown_signal().await;
     tracing::info!("stopping");
     stop.cancel();
     let _ = server.await;
@@ -174,15 +174,4 @@ fn bind(path: &Path) -> anyhow::Result<UnixListener> {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))
         .with_context(|| format!("setting the mode of {}", path.display()))?;
     Ok(listener)
-}
-
-async fn shutdown_signal() -> anyhow::Result<()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
-    Ok(())
 }
