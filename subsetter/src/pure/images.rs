@@ -249,6 +249,53 @@ pub fn wanted(template: &Value) -> Vec<u64> {
     v
 }
 
+/// [`wanted`] read straight from the template's JSON text, which a revision keeps
+/// ([`crds::PodTemplate::json`]): only the containers' `image` fields are decoded, where
+/// [`wanted`] needs the whole template built as a tree first (the tree was most of the first
+/// plan of each revision). Any text the narrow reading refuses (a field of another type, a
+/// repeated key) is read the whole way, so both give the same answer for every template.
+pub fn wanted_json(template: &str) -> Vec<u64> {
+    use std::borrow::Cow;
+
+    #[derive(serde::Deserialize)]
+    struct Template<'a> {
+        #[serde(borrow, default)]
+        spec: Option<Spec<'a>>,
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Spec<'a> {
+        #[serde(borrow, default)]
+        init_containers: Option<Vec<Container<'a>>>,
+        #[serde(borrow, default)]
+        containers: Option<Vec<Container<'a>>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Container<'a> {
+        #[serde(borrow, default)]
+        image: Option<Cow<'a, str>>,
+    }
+
+    let Ok(t) = serde_json::from_str::<Template<'_>>(template) else {
+        return serde_json::from_str::<Value>(template).map_or_else(|_| Vec::new(), |v| wanted(&v));
+    };
+    let Some(spec) = t.spec else {
+        return Vec::new();
+    };
+    let mut v: Vec<u64> = [spec.init_containers, spec.containers]
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|c| c.image)
+        .filter_map(|i| Reference::parse(&i))
+        .filter_map(|r| r.match_key())
+        .map(|k| fingerprint(&k))
+        .collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
 /// Entries [`WantedCache`] keeps before it starts over: a revision deleted leaves its entry
 /// behind, and clearing now and then (each live revision then parses once more) bounds that
 /// without a hook on deletes. 2^18 entries are about 16 MB at most.
@@ -278,7 +325,7 @@ impl WantedCache {
         template: &crds::PodTemplate,
     ) -> std::sync::Arc<[u64]> {
         let Some(uid) = uid else {
-            return wanted(&template.value()).into();
+            return wanted_json(template.json()).into();
         };
         let key = fingerprint(uid);
         let mut map = self
@@ -293,7 +340,7 @@ impl WantedCache {
         if map.len() >= WANTED_CACHE_ENTRIES {
             map.clear();
         }
-        let w: std::sync::Arc<[u64]> = wanted(&template.value()).into();
+        let w: std::sync::Arc<[u64]> = wanted_json(template.json()).into();
         map.insert(key, (generation, std::sync::Arc::clone(&w)));
         w
     }
@@ -315,6 +362,87 @@ impl WantedCache {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    mod narrow_reading {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// A JSON value of a kind a template's field could hold, or should not.
+        fn field() -> impl Strategy<Value = Value> {
+            prop_oneof![
+                Just(Value::Null),
+                Just(json!(7)),
+                Just(json!(true)),
+                prop::sample::select(vec![
+                    "nginx", "app:v1", "registry:5000/app@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+                    // Escaped characters: the text then holds no borrowable string.
+                    "Bad Name", "", "localhost/x", "quay.io/a/b:c", "a\"b:1", "tab\there",
+                ])
+                .prop_map(|s| Value::String(s.to_owned())),
+            ]
+        }
+
+        fn container() -> impl Strategy<Value = Value> {
+            prop_oneof![
+                4 => (field(), any::<bool>()).prop_map(|(image, named)| if named {
+                    json!({"name": "c", "image": image})
+                } else {
+                    json!({"image": image})
+                }),
+                1 => Just(json!({"name": "no-image"})),
+                1 => Just(json!("not an object")),
+            ]
+        }
+
+        fn list() -> impl Strategy<Value = Value> {
+            prop_oneof![
+                4 => prop::collection::vec(container(), 0..4).prop_map(Value::Array),
+                1 => Just(Value::Null),
+                1 => Just(json!({"not": "a list"})),
+            ]
+        }
+
+        fn template() -> impl Strategy<Value = Value> {
+            prop_oneof![
+                8 => (list(), list(), any::<bool>()).prop_map(|(c, i, with_init)| {
+                    let mut spec = json!({"containers": c});
+                    if with_init {
+                        spec["initContainers"] = i;
+                    }
+                    json!({"metadata": {"labels": {"a": "b"}}, "spec": spec})
+                }),
+                1 => Just(json!({"spec": null})),
+                1 => Just(json!({"spec": "text"})),
+                1 => Just(json!({})),
+                1 => Just(json!([1, 2])),
+            ]
+        }
+
+        proptest! {
+            /// The narrow reading of the text and the whole tree agree on every template,
+            /// the odd ones included.
+            #[test]
+            fn the_text_read_narrowly_gives_what_the_tree_gives(t in template()) {
+                let text = t.to_string();
+                prop_assert_eq!(wanted_json(&text), wanted(&t));
+            }
+        }
+
+        /// A repeated key: serde's derive refuses it where a tree keeps the last, so the
+        /// narrow reading falls back and still answers as the tree does.
+        #[test]
+        fn a_repeated_key_is_read_as_the_tree_reads_it() {
+            for text in [
+                r#"{"spec":{"containers":[{"image":"a:1","image":"b:2"}]}}"#,
+                r#"{"spec":{"containers":[{"image":"a:1"}]},"spec":{"containers":[{"image":"c:3"}]}}"#,
+                r#"{"spec":{"containers":[{"image":"a:1"}],"containers":[]}}"#,
+            ] {
+                let tree: Value = serde_json::from_str(text).unwrap();
+                assert_eq!(wanted_json(text), wanted(&tree), "{text}");
+            }
+            assert_eq!(wanted_json("not json"), Vec::<u64>::new());
+        }
+    }
 
     const D: &str = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
 
