@@ -15,6 +15,7 @@ mod compose;
 pub mod config;
 pub mod error;
 pub mod fast;
+pub mod http1;
 mod locks;
 pub mod node;
 pub mod ops;

@@ -16,7 +16,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use crate::anatomy::ColdPhases;
 
 /// Response header set by the activator when the request waited for a pod start.
-const COLD_HEADER: &str = activator::wire::names::HEADER_COLD_START;
+const COLD_HEADER: &str = activator::http1::names::HEADER_COLD_START;
 
 /// What sits in front of the activators, as far as retries go.
 #[derive(
@@ -236,7 +236,7 @@ impl Driver {
                     .map(str::to_string);
                 // The member's metrics and, after a forward, the entry's: one list.
                 let timing: Vec<&str> = h
-                    .get_all(activator::wire::names::HEADER_SERVER_TIMING)
+                    .get_all(activator::http1::names::HEADER_SERVER_TIMING)
                     .iter()
                     .filter_map(|v| v.to_str().ok())
                     .collect();

@@ -1,7 +1,7 @@
 //! Accepting connections (HTTP/1.1 and h2c, with upgrades) until told to stop, then letting
 //! in-flight requests finish. Each request carries its client's address ([`ClientAddr`]) for
 //! the forwarding headers, and requests hyper cannot parse are answered with a short body
-//! ([`crate::accept::parse_errors`]).
+//! ([`crate::http1::parse_errors`]).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -19,15 +19,15 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
-use crate::accept::parse_errors::{ActiveGuard, ConnState, ErrorBodies};
 use crate::accept::write_stall::WriteStall;
 use crate::fast::FastLane;
 use crate::fast::prefixed::Prefixed;
+use crate::http1::forwarded::ClientAddr;
+use crate::http1::framing::HEADER_READ_TIMEOUT;
+use crate::http1::parse_errors::{ActiveGuard, ConnState, ErrorBodies};
 use crate::threads::placement::Placed;
 use crate::threads::serving_threads::{Threaded, moved_in};
 use crate::wire::answer::Body;
-use crate::wire::forwarded::ClientAddr;
-use crate::wire::framing::HEADER_READ_TIMEOUT;
 
 /// How long a client of [`serve`] (the admin port) may take no bytes of a response.
 const WRITE_STALL: Duration = Duration::from_secs(30);

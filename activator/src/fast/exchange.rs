@@ -1,5 +1,5 @@
 //! One request and its response, moved as bytes between the client's connection and a pod's:
-//! the request head rewritten ([`super::head::write_request`]), the body copied as it comes,
+//! the request head rewritten ([`crate::http1::head::write_request`]), the body copied as it comes,
 //! the response head rewritten and its body relayed as it is, up to where its framing says it
 //! ends — so that both connections can carry the next message.
 
@@ -14,9 +14,9 @@ use tokio::net::TcpStream;
 
 use tokio::time::{Instant, Sleep};
 
-use super::chunked::ChunkedEnd;
-use super::head::{self, Additions, BodyFraming, RequestHead, ResponseHead};
 use super::pod_conns::{PodConn, PodConns};
+use crate::http1::body_end::BodyEnd;
+use crate::http1::head::{self, Additions, BodyFraming, RequestHead, ResponseHead};
 use crate::wire::answer::Refusal;
 
 /// A response head larger than this is refused (502): hyper's client allows about as much.
@@ -476,7 +476,7 @@ fn final_head(
     rh: &ResponseHead,
     req: &Request<'_>,
     close: bool,
-) -> Result<Body, ()> {
+) -> Result<BodyEnd, ()> {
     let timing = req.cold.map(|f| f());
     out.clear();
     head::write_response(
@@ -490,7 +490,7 @@ fn final_head(
         },
     );
     resp.advance(rh.len);
-    let mut body = Body::new(rh.framing);
+    let mut body = BodyEnd::new(rh.framing);
     let n = body.take(resp)?;
     out.extend_from_slice(&resp[..n]);
     resp.advance(n);
@@ -504,7 +504,7 @@ async fn relay_body<C>(
     client: &mut C,
     stream: &mut TcpStream,
     resp: &mut BytesMut,
-    body: &mut Body,
+    body: &mut BodyEnd,
     req: &Request<'_>,
     streaming: bool,
     mut deadline: Pin<&mut Sleep>,
@@ -529,7 +529,7 @@ where
             }
         };
         match read {
-            Ok(0) if body.framing == BodyFraming::UntilClose => break,
+            Ok(0) if body.until_close() => break,
             Ok(0) | Err(_) => return Err(()),
             Ok(_) => {}
         }
@@ -567,81 +567,8 @@ where
     }
 }
 
-/// Where a response body ends, by its framing.
-struct Body {
-    framing: BodyFraming,
-    left: u64,
-    chunks: ChunkedEnd,
-    done: bool,
-}
-
-impl Body {
-    fn new(framing: BodyFraming) -> Self {
-        let left = match framing {
-            BodyFraming::Length(n) => n,
-            _ => 0,
-        };
-        Self {
-            framing,
-            left,
-            chunks: ChunkedEnd::default(),
-            done: framing == BodyFraming::Empty,
-        }
-    }
-
-    fn done(&self) -> bool {
-        self.done
-    }
-
-    /// How many of the bytes at the start of `resp` belong to the body.
-    fn take(&mut self, resp: &[u8]) -> Result<usize, ()> {
-        let n = match self.framing {
-            BodyFraming::Empty => 0,
-            BodyFraming::Length(_) => {
-                let n = self.left.min(resp.len() as u64);
-                self.left -= n;
-                self.done = self.left == 0;
-                n as usize
-            }
-            BodyFraming::Chunked => {
-                let n = self.chunks.feed(resp).map_err(|_| ())?;
-                self.done = self.chunks.done();
-                n
-            }
-            BodyFraming::UntilClose => resp.len(),
-        };
-        Ok(n)
-    }
-}
-
 fn pod_failed(target: SocketAddr, e: &io::Error) -> Refusal {
     Refusal::bad_gateway(format!("pod at {target} failed: {e}"))
-}
-
-/// The answer the activator makes itself, for a client connection that closes after it
-/// (the request's body may not have been read).
-pub fn refusal_bytes(out: &mut Vec<u8>, r: &Refusal, served_by: &[u8]) {
-    use std::fmt::Write as _;
-    let body = r.body_text();
-    let mut s = String::with_capacity(160 + body.len());
-    let _ = write!(
-        s,
-        "HTTP/1.1 {} {}\r\ncontent-type: {}\r\ncontent-length: {}\r\n",
-        r.status.as_u16(),
-        r.status.canonical_reason().unwrap_or(""),
-        crate::wire::answer::CONTENT_TYPE,
-        body.len()
-    );
-    if let Some(secs) = r.retry_after_secs {
-        let _ = write!(s, "retry-after: {secs}\r\n");
-    }
-    out.clear();
-    out.extend_from_slice(s.as_bytes());
-    out.extend_from_slice(crate::wire::names::HEADER_SERVED_BY.as_bytes());
-    out.extend_from_slice(b": ");
-    out.extend_from_slice(served_by);
-    out.extend_from_slice(b"\r\nconnection: close\r\n\r\n");
-    out.extend_from_slice(body.as_bytes());
 }
 
 #[cfg(test)]
@@ -649,7 +576,7 @@ mod tests {
     use super::*;
     use tokio::net::TcpListener;
 
-    use super::super::head::{Classified, classify_request};
+    use crate::http1::head::{Classified, classify_request};
 
     const REV: &str = "x-revision-namespace: ns\r\nx-revision-name: r\r\n";
 
@@ -832,16 +759,5 @@ mod tests {
             assert_eq!(refusal.status, 504);
         }
         held.abort();
-    }
-
-    #[test]
-    fn a_refusal_says_why_and_closes() {
-        let mut out = Vec::new();
-        refusal_bytes(&mut out, &Refusal::unavailable("full"), b"n1");
-        assert_eq!(
-            String::from_utf8(out).unwrap(),
-            "HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n\
-             content-length: 5\r\nretry-after: 1\r\nx-activator-node: n1\r\nconnection: close\r\n\r\nfull\n"
-        );
     }
 }

@@ -22,9 +22,7 @@
 //! Once a request went out, failures are answered here: 502 for a pod that failed, 408 for a
 //! body that stalls, 504 past the revision's timeout, each closing the client connection.
 
-pub mod chunked;
 pub mod exchange;
-pub mod head;
 pub mod pod_conns;
 pub mod prefixed;
 
@@ -39,20 +37,21 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::http1::framing::HEADER_READ_TIMEOUT;
+use crate::http1::names::CLIENT_GONE;
 use crate::node::pool::{Lease, NoSlot, Spec};
 use crate::ops::metrics::{Phase, Route};
 use crate::ops::telemetry;
 use crate::pipeline::core::{Core, Resolved, RouteTo};
-use crate::pipeline::routing::Named;
 use crate::pipeline::rules::{can_start, request_timeout, too_late, upstream_protocol};
 use crate::threads::serving_threads::Mover;
 use crate::upstream::proxy::UpstreamProtocol;
 use crate::wire::answer::Refusal;
-use crate::wire::framing::HEADER_READ_TIMEOUT;
-use crate::wire::names::CLIENT_GONE;
+use crate::wire::naming::Named;
 
+use crate::http1::head::{self, Classified, RequestHead};
+use crate::http1::refusal::refusal_bytes;
 use exchange::{Ended, Scratch};
-use head::{Classified, RequestHead};
 use pod_conns::{PodConn, PodConns};
 
 /// A request head larger than this goes to hyper (which answers 431 past its own limit).
@@ -414,7 +413,7 @@ impl FastLane {
     async fn refuse(&self, stream: &mut TcpStream, scratch: &mut Scratch, r: Refusal) -> Next {
         tracing::debug!(status = %r.status, reason = %r.reason, "refused");
         self.count(scratch, Route::Refused, r.status.as_u16());
-        exchange::refusal_bytes(&mut scratch.out, &r, &self.served_by);
+        refusal_bytes(&mut scratch.out, &r, &self.served_by);
         let _ = stream.write_all(&scratch.out).await;
         Next::Close
     }

@@ -25,9 +25,9 @@ use crds::contract::{
     HEADER_KNATIVE_REVISION, HEADER_REVISION_NAME, HEADER_REVISION_NAMESPACE,
 };
 
-use crate::pipeline::routing::{Named, RevisionKey, is_dns_label, is_dns_subdomain};
-use crate::wire::forwarded;
-use crate::wire::framing::content_length;
+use crate::http1::forwarded;
+use crate::http1::framing::content_length;
+use crate::wire::naming::{Named, RevisionKey, is_dns_label, is_dns_subdomain};
 
 /// Headers httparse reads per message (as many as hyper's default): a request with more is
 /// left to hyper.
@@ -247,7 +247,7 @@ impl<'a> Parsed<'a> {
         Ok(())
     }
 
-    /// The revision the headers name, by the rules of [`crate::pipeline::routing::named`]: None for
+    /// The revision the headers name, by the rules of [`crate::wire::naming::named`]: None for
     /// no pair, Err for an invalid one (hyper answers those 400).
     fn key(&self) -> Result<Option<RevisionKey>, ()> {
         let Some((ns, name)) = self
@@ -290,7 +290,7 @@ pub fn has_bare_lf(head: &[u8]) -> bool {
 
 /// Writes the request head to send to the pod into `out`: the client's head without its
 /// hop-by-hop headers, with `x-forwarded-*` and `forwarded` added when this is the first
-/// activator (as [`crate::wire::forwarded::add`] does on hyper's path), and a `Host` naming the
+/// activator (as [`crate::http1::forwarded::add`] does on hyper's path), and a `Host` naming the
 /// target when the client sent none. `head` is the client's head, as classified.
 pub fn write_request(
     out: &mut Vec<u8>,
@@ -347,7 +347,7 @@ pub fn write_request(
     out.extend_from_slice(b"\r\n");
 }
 
-/// The forwarding headers of the first activator (as [`crate::wire::forwarded::add`] writes them).
+/// The forwarding headers of the first activator (as [`crate::http1::forwarded::add`] writes them).
 fn add_forwarding(
     out: &mut Vec<u8>,
     xff: Option<String>,
@@ -462,7 +462,7 @@ pub struct ResponseHead {
     /// HTTP/1.1 with no header to drop and no `x-activator-node`: it goes to the client as it
     /// is, with headers only added.
     pub plain: bool,
-    /// Streaming by design ([`crate::wire::streaming`]): not bounded by the revision's timeout,
+    /// Streaming by design ([`crate::http1::streaming`]): not bounded by the revision's timeout,
     /// only by the body idle timeout.
     pub streaming: bool,
 }
@@ -570,13 +570,13 @@ impl Seen {
                     }
                 }
             } else if is("content-type") {
-                seen.streaming = crate::wire::streaming::is_streaming_type(h.value);
+                seen.streaming = crate::http1::streaming::is_streaming_type(h.value);
             } else if is("keep-alive")
                 || is("proxy-connection")
                 || is("te")
                 || is("trailer")
                 || is("upgrade")
-                || is(crate::wire::names::HEADER_SERVED_BY)
+                || is(crate::http1::names::HEADER_SERVED_BY)
                 || is(HEADER_ACTIVATOR_HOST_STALE)
             {
                 seen.plain = false;
@@ -631,7 +631,7 @@ pub fn write_response(out: &mut Vec<u8>, head: &[u8], plain: bool, add: &Additio
     out.extend_from_slice(&head[..head.len() - 2]);
     header(
         out,
-        crate::wire::names::HEADER_SERVED_BY.as_bytes(),
+        crate::http1::names::HEADER_SERVED_BY.as_bytes(),
         add.served_by,
     );
     add_to_response(out, add);
@@ -642,13 +642,13 @@ fn add_to_response(out: &mut Vec<u8>, add: &Additions<'_>) {
     if let Some(timing) = add.cold {
         header(
             out,
-            crate::wire::names::HEADER_COLD_START.as_bytes(),
+            crate::http1::names::HEADER_COLD_START.as_bytes(),
             b"true",
         );
         if !timing.is_empty() {
             header(
                 out,
-                crate::wire::names::HEADER_SERVER_TIMING.as_bytes(),
+                crate::http1::names::HEADER_SERVER_TIMING.as_bytes(),
                 timing.as_bytes(),
             );
         }
@@ -710,13 +710,13 @@ fn write_response_reparsed(out: &mut Vec<u8>, head: &[u8], add: &Additions<'_>) 
         {
             continue;
         }
-        served_by |= is(crate::wire::names::HEADER_SERVED_BY);
+        served_by |= is(crate::http1::names::HEADER_SERVED_BY);
         header(out, h.name.as_bytes(), h.value);
     }
     if !served_by {
         header(
             out,
-            crate::wire::names::HEADER_SERVED_BY.as_bytes(),
+            crate::http1::names::HEADER_SERVED_BY.as_bytes(),
             add.served_by,
         );
     }

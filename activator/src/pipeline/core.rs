@@ -35,8 +35,8 @@ use crate::cache::revisions::RevisionCache;
 use crate::node::pool::{Lease, NoSlot, Spec};
 use crate::node::pools::Pools;
 use crate::ops::metrics::{HostRefresh, Metrics, Outcome, Route};
-use crate::pipeline::routing::{Named, RevisionKey, Unnamed};
 use crate::wire::answer::Refusal;
+use crate::wire::naming::{Named, RevisionKey, Unnamed};
 
 /// What the request path's stages need, whatever carries the request: the caches, this
 /// node's pools, the metrics. One per serving thread, shared by its hyper adapter and its

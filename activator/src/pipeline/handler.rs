@@ -27,18 +27,18 @@ use tokio::time::{Instant, Sleep};
 use tracing::instrument::Instrumented;
 use tracing::{Instrument, Span};
 
+use crate::http1::framing::framing_problem;
+use crate::http1::names::{CLIENT_GONE, HEADER_COLD_START, HOST_STALE, SERVED_BY, SERVER_TIMING};
 use crate::node::pool::{Lease, NoSlot, Spec};
 use crate::ops::metrics::{HostRefresh, Phase, Route};
 use crate::ops::telemetry;
 use crate::pipeline::core::{Core, HostPick, Resolved, RouteTo};
 use crate::pipeline::hop;
-use crate::pipeline::routing::{Named, RevisionKey, named};
 use crate::pipeline::rules::{can_start, request_timeout, too_late, upstream_protocol};
 use crate::upstream::proxy::{Upstream, UpstreamProtocol};
 use crate::upstream::upgrade;
 use crate::wire::answer::{Body, BodyError, Refusal, box_error, full};
-use crate::wire::framing::framing_problem;
-use crate::wire::names::{CLIENT_GONE, HEADER_COLD_START, HOST_STALE, SERVED_BY, SERVER_TIMING};
+use crate::wire::naming::{Named, RevisionKey, named};
 
 // Header names parsed once, not on every request.
 
@@ -375,7 +375,7 @@ impl Handler {
         let streaming = resp
             .headers()
             .get(http::header::CONTENT_TYPE)
-            .is_some_and(|v| crate::wire::streaming::is_streaming_type(v.as_bytes()));
+            .is_some_and(|v| crate::http1::streaming::is_streaming_type(v.as_bytes()));
         let deadline = (!streaming).then_some(arrived + request_timeout(&spec.rev));
         let idle = self.upstream.body_idle_timeout();
         (
@@ -585,7 +585,7 @@ fn replay_of(r: &Request<Body>) -> Request<Body> {
 }
 
 /// A response body that holds its slot until it has been sent, and is bounded: past the
-/// revision's timeout (unless it streams by design, [`crate::wire::streaming`]) or after the body
+/// revision's timeout (unless it streams by design, [`crate::http1::streaming`]) or after the body
 /// idle timeout with nothing from the app, it fails — so hyper closes the client connection
 /// instead of ending the message as if it were whole. Its timers are made only once the app
 /// keeps the body waiting: a body that is already there costs none.

@@ -19,9 +19,9 @@
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::error::Error;
-use crate::pipeline::routing::{RevisionKey, is_dns_label, is_dns_subdomain};
+use crate::wire::naming::{RevisionKey, is_dns_label, is_dns_subdomain};
 
-pub use crate::wire::names::{HOP, HOP_REVISION, HOST_STALE, PROOF, SPILL, SUBSET_VERSION};
+pub use crate::http1::names::{HOP, HOP_REVISION, HOST_STALE, PROOF, SPILL, SUBSET_VERSION};
 
 /// The cluster's hop secret, if this activator has one.
 #[derive(Clone, Default)]
@@ -138,7 +138,7 @@ pub fn says_stale(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.as_bytes() == b"1")
 }
 
-pub use crate::wire::hop_by_hop::strip_activator_hops as strip;
+pub use crate::http1::hop_by_hop::strip_activator_hops as strip;
 
 /// Equality whose time does not depend on where the first difference is (the length of the
 /// secret is not hidden; it is not the secret).

@@ -10,6 +10,7 @@ pub(crate) mod handler;
 pub mod hop;
 pub mod primary;
 pub(crate) mod retries;
-pub mod routing;
+/// Which revision a request names: `crate::wire::naming`, under its old name.
+pub use crate::wire::naming as routing;
 pub(crate) mod rules;
 pub(crate) mod suspects;

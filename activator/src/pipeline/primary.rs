@@ -17,7 +17,7 @@
 
 use crds::ActivatorMember;
 
-use crate::pipeline::routing::RevisionKey;
+use crate::wire::naming::RevisionKey;
 
 /// The weight of `node` for `key`: the highest weight is the primary
 /// (`crds::contract::member_weight`, which the subsetter uses too).

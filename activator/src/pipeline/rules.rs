@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use crds::{ActivatorMember, Revision};
 
-use crate::pipeline::routing::RevisionKey;
 use crate::upstream::proxy::UpstreamProtocol;
 use crate::wire::answer::Refusal;
+use crate::wire::naming::RevisionKey;
 
 /// How long a request waits for a new revision's subset to be published before a 503.
 pub(crate) const SUBSET_WAIT: Duration = Duration::from_secs(10);

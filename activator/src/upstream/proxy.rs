@@ -6,7 +6,7 @@
 //!   survive;
 //! - hop-by-hop headers stripped (RFC 9110 §7.6.1), except an upgrade's own, which
 //!   [`crate::upstream::upgrade`] passes on and tunnels after a 101;
-//! - `x-forwarded-*` and `forwarded` added by the first activator ([`crate::wire::forwarded`]);
+//! - `x-forwarded-*` and `forwarded` added by the first activator ([`crate::http1::forwarded`]);
 //! - a request body that stops arriving fails after `body_idle_timeout`
 //!   ([`crate::upstream::body_timeout`]), answered 408.
 //!
@@ -25,14 +25,14 @@ use hyper::body::Body as _;
 use hyper::upgrade::OnUpgrade;
 use tokio::sync::oneshot;
 
+use crate::http1::forwarded::{self, ClientAddr};
+use crate::http1::hop_by_hop;
 use crate::upstream::body_timeout::{BodyIdle, IdleTimeout};
 use crate::upstream::h1::{H1Conn, H1Pool, Returning};
 use crate::upstream::h2c::{H2Pool, UpBody};
 use crate::upstream::upgrade;
 use crate::wire::answer::{Body, Refusal, box_error};
 use crate::wire::connect::ConnectError;
-use crate::wire::forwarded::{self, ClientAddr};
-use crate::wire::hop_by_hop;
 
 /// Which protocol to speak to the pod (or peer).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -304,7 +304,7 @@ impl Upstream {
             .headers()
             .get_all(CONTENT_LENGTH)
             .iter()
-            .any(|v| crate::wire::framing::content_length(v.as_bytes()).is_none());
+            .any(|v| crate::http1::framing::content_length(v.as_bytes()).is_none());
         if bad_length {
             return Err(Refusal::bad_gateway(format!(
                 "{what} at {target} sent an invalid content-length"

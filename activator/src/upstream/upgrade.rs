@@ -3,7 +3,7 @@
 //! `101 Switching Protocols`, the 101 goes back to the client and a task copies bytes both ways
 //! between the two upgraded connections until either side closes.
 
-use crate::wire::hop_by_hop::has_token;
+use crate::http1::hop_by_hop::has_token;
 use http::header::{CONNECTION, UPGRADE};
 use http::{HeaderMap, HeaderValue, Version};
 use hyper::upgrade::OnUpgrade;
