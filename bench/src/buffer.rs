@@ -15,7 +15,7 @@ use kubesim::node::{Delay, StartDelays};
 use crate::Error;
 use crate::cluster::{BenchCluster, ClusterOptions, NAMESPACE, create_revision};
 use crate::http::{Conn, revision_headers};
-use crate::process::{ActivatorProcess, activator_binary, mib, raise_nofile};
+use crate::process::{activator_binary, mib, raise_nofile, spawn_activator};
 use crate::prom;
 
 /// The queue-depth gauge the activator exposes (when it does).
@@ -131,7 +131,7 @@ pub async fn run(opts: &BufferOptions) -> Result<BufferReport, Error> {
         r.spec.timeout_seconds = (wait_secs + 300).clamp(300, 3600);
     })
     .await?;
-    let mut activator = ActivatorProcess::spawn(
+    let mut activator = spawn_activator(
         &bin,
         &cluster.kubeconfig,
         cluster.node_name(),
@@ -144,7 +144,8 @@ pub async fn run(opts: &BufferOptions) -> Result<BufferReport, Error> {
     // No figure rather than a wrong one: an unreadable RSS read as 0 would report 0 KiB per
     // request (or a negative growth clamped to 0).
     let idle_rss = activator
-        .rss_bytes()
+        .memory()
+        .map(|m| m.rss)
         .ok_or_else(|| rss_unreadable(activator.pid()))?;
     tracing::info!(idle_rss_mib = mib(idle_rss), m, "opening connections");
 
@@ -227,7 +228,8 @@ pub async fn run(opts: &BufferOptions) -> Result<BufferReport, Error> {
     };
     tokio::time::sleep(opts.settle).await;
     let waiting_rss = activator
-        .rss_bytes()
+        .memory()
+        .map(|m| m.rss)
         .ok_or_else(|| rss_unreadable(activator.pid()))?;
     let early_answers = answered.load(Ordering::Relaxed);
     let read_at = Instant::now();

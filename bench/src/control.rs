@@ -18,7 +18,7 @@ use kubesim::node::Delay;
 use crate::Error;
 use crate::cluster::{BenchCluster, ClusterOptions, NAMESPACE, create_revision};
 use crate::http::{get, revision_headers};
-use crate::process::{ActivatorProcess, activator_binary};
+use crate::process::{activator_binary, spawn_activator};
 use crate::prom;
 
 /// The activator's phase histogram and its phases, in path order.
@@ -111,7 +111,7 @@ pub async fn run(opts: &ControlOptions) -> Result<ControlReport, Error> {
         .await
         .into_iter()
         .collect::<Result<Vec<()>, Error>>()?;
-    let mut activator = ActivatorProcess::spawn(
+    let mut activator = spawn_activator(
         &bin,
         &cluster.kubeconfig,
         cluster.node_name(),
@@ -168,7 +168,10 @@ pub async fn run(opts: &ControlOptions) -> Result<ControlReport, Error> {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let api_after = cluster.api_requests_by_verb();
     watch.abort();
-    let metrics = activator.metrics().await?;
+    let metrics = activator.metrics().await.ok_or_else(|| Error::Http {
+        target: format!("{admin}/metrics"),
+        message: "no 200 answer within 5 s".into(),
+    })?;
     activator.stop().await;
     let api = cluster.api_description();
     cluster.shutdown().await;

@@ -8,7 +8,9 @@ pub enum Error {
     Kube(#[from] kube::Error),
     #[error("kubesim: {0}")]
     Kubesim(#[from] kubesim::Error),
-    #[error("setting up the cluster: {0}")]
+    /// The harness's errors say what they were doing (setting up the cluster, starting nginx
+    /// or the activator process).
+    #[error(transparent)]
     Loadtest(#[from] loadtest::Error),
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
@@ -18,8 +20,6 @@ pub enum Error {
         path.display()
     )]
     ActivatorMissing { path: PathBuf },
-    #[error("the activator process exited early ({status}); its log: {}", log.display())]
-    ActivatorExited { status: String, log: PathBuf },
     #[error("starting {what}: {message}")]
     Start { what: String, message: String },
     #[error("timed out after {secs}s waiting for {what}")]

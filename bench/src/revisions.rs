@@ -13,7 +13,7 @@ use futures::StreamExt;
 use crate::Error;
 use crate::cluster::{BenchCluster, ClusterOptions, NAMESPACE, create_revision};
 use crate::http::{get, revision_headers};
-use crate::process::{ActivatorProcess, activator_binary, mib};
+use crate::process::{activator_binary, mib, spawn_activator};
 
 /// `bench revisions`' knobs.
 #[derive(Debug, Clone)]
@@ -129,7 +129,7 @@ pub async fn run(opts: &RevisionsOptions) -> Result<RevisionsReport, Error> {
     );
 
     let before = cluster.api.stats().requests;
-    let mut activator = ActivatorProcess::spawn(
+    let mut activator = spawn_activator(
         &bin,
         &cluster.kubeconfig,
         cluster.node_name(),
@@ -147,7 +147,7 @@ pub async fn run(opts: &RevisionsOptions) -> Result<RevisionsReport, Error> {
         })
         .collect();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let rss_ready = activator.rss_bytes().unwrap_or(0);
+    let rss_ready = activator.memory().map(|m| m.rss).unwrap_or(0);
 
     let mut answers = Vec::new();
     for &i in own.iter().take(opts.requests) {
@@ -167,7 +167,7 @@ pub async fn run(opts: &RevisionsOptions) -> Result<RevisionsReport, Error> {
         answers.push((what, t.elapsed()));
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let rss_after = activator.rss_bytes().unwrap_or(0);
+    let rss_after = activator.memory().map(|m| m.rss).unwrap_or(0);
     activator.stop().await;
     cluster.shutdown().await;
     Ok(RevisionsReport {

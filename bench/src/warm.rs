@@ -122,7 +122,7 @@ pub async fn run(opts: &WarmOptions) -> Result<WarmReport, Error> {
     let admin = SocketAddr::from((ip, crate::cluster::free_port(ip)?));
     let name = "warm";
     create_revision(&cluster.client, name, &[cluster.member(data)], |_| {}).await?;
-    let mut activator = crate::process::ActivatorProcess::spawn(
+    let mut activator = crate::process::spawn_activator(
         &bin,
         &cluster.kubeconfig,
         cluster.node_name(),
@@ -139,7 +139,7 @@ pub async fn run(opts: &WarmOptions) -> Result<WarmReport, Error> {
             let ip = cluster.spare_ip();
             let data = SocketAddr::from((ip, crate::cluster::free_port(ip)?));
             let admin = SocketAddr::from((ip, crate::cluster::free_port(ip)?));
-            Some(crate::process::ActivatorProcess::spawn(
+            Some(crate::process::spawn_activator(
                 b,
                 &cluster.kubeconfig,
                 cluster.node_name(),
@@ -160,10 +160,11 @@ pub async fn run(opts: &WarmOptions) -> Result<WarmReport, Error> {
     let pod = SocketAddr::from((pod_ip, crds::revision::DEFAULT_PORT as u16));
     // The baseline must be measured on the same pod, not on one it started for itself.
     if let Some(b) = &baseline {
-        let via_baseline = answering_pod(b.data, &headers, "the baseline's first request").await?;
+        let via_baseline =
+            answering_pod(b.data(), &headers, "the baseline's first request").await?;
         if via_baseline != pod_ip {
             return Err(Error::Http {
-                target: format!("{BASELINE} at {}", b.data),
+                target: format!("{BASELINE} at {}", b.data()),
                 message: format!(
                     "answered from pod {via_baseline}, not the warm pod {pod_ip}: the two \
                      builds would not be measured on the same pod"
@@ -209,7 +210,7 @@ pub async fn run(opts: &WarmOptions) -> Result<WarmReport, Error> {
     targets.push((ACTIVATOR, data, Some(activator.pid())));
     // Last, so that it sits beside the activator in every round and the two swap places.
     if let Some(b) = &baseline {
-        targets.push((BASELINE, b.data, Some(b.pid())));
+        targets.push((BASELINE, b.data(), Some(b.pid())));
     }
 
     let mut rows = Vec::new();
@@ -267,7 +268,7 @@ pub async fn run(opts: &WarmOptions) -> Result<WarmReport, Error> {
     activator.stop().await;
     let baseline = match baseline {
         Some(b) => {
-            let data = b.data;
+            let data = b.data();
             b.stop().await;
             baseline_bin.map(|bin| (data, bin))
         }

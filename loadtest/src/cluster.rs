@@ -606,15 +606,22 @@ impl SimCluster {
         std::fs::create_dir_all(dir)?;
         let kubeconfig = dir.join("kubeconfig");
         api.write_kubeconfig(&kubeconfig)?;
-        Ok(Some(crate::activator_process::ProcessSpec {
-            binary: binary.to_path_buf(),
-            node: node.to_string(),
-            pod_name: cfg.pod_name.clone(),
-            pod_namespace: cfg.pod_namespace.clone(),
-            data: cfg.data_addr,
-            admin: cfg.admin_addr,
+        let mut spec = crate::activator_process::ProcessSpec::new(
+            binary.to_path_buf(),
+            node.to_string(),
+            cfg.data_addr,
+            cfg.admin_addr,
             kubeconfig,
-        }))
+        );
+        spec.pod_name = Some(cfg.pod_name.clone());
+        spec.pod_namespace = Some(cfg.pod_namespace.clone());
+        spec.flags = vec![
+            // One small data-path thread: the process is measured idle, not under load.
+            "--io-threads=1".into(),
+            // No node agent beside it: nothing to pull through.
+            "--prepull=false".into(),
+        ];
+        Ok(Some(spec))
     }
 
     /// The configuration of `node`'s activator: its node's addresses and node agent, this

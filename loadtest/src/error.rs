@@ -20,6 +20,8 @@ pub enum Error {
     Io(#[from] std::io::Error),
     #[error("starting {what}: {message}")]
     Start { what: String, message: String },
+    #[error("the activator process for {node} exited: {message}")]
+    ActivatorExited { node: String, message: String },
     #[error("drawing a plot: {0}")]
     Plot(String),
     #[error("invalid options: {0}")]

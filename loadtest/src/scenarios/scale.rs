@@ -844,7 +844,7 @@ async fn start_process(
     let binary = k
         .activator_binary
         .clone()
-        .or_else(crate::activator_process::beside_this_program)?;
+        .or_else(|| crate::activator_process::beside_this_program().filter(|p| p.is_file()))?;
     let node = nodes.last()?;
     let dir = std::env::temp_dir().join(format!("la-scale-{}", std::process::id()));
     let spec = match cluster.process_spec(node, &binary, &dir) {
