@@ -1,7 +1,14 @@
 //! The subsetter's command line. In the library so that the deploy manifests can be checked
-//! against it (a test parses the Deployment's args and env with it).
+//! against it (a test parses the Deployment's args and env with it). The flags become the
+//! controller's [`Config`] and the Lease's [`LeaseConfig`] here, in one place each.
+
+use std::time::Duration;
 
 use clap::Parser;
+
+use crate::cluster::config::Config;
+use crate::cluster::leader::{DEFAULT_RELEASE_TIMEOUT, LeaseConfig};
+use crate::pure::rebalance;
 
 /// Environment variables the binary reads outside these flags.
 pub const OTHER_ENV: &[&str] = &["RUST_LOG", "KUBECONFIG"];
@@ -94,6 +101,53 @@ pub struct Args {
     /// cannot reach the API server, answered from this replica's caches.
     #[arg(long, env = "DIRECTORY_ADDR", default_value = "0.0.0.0:9092")]
     pub directory_addr: std::net::SocketAddr,
+}
+
+impl Args {
+    /// The controller's configuration: every flag it takes, the rest its defaults.
+    /// `pod_name` (`POD_NAME`, read once by the binary) names this replica in its Events.
+    pub fn config(&self, pod_name: Option<String>) -> Config {
+        Config {
+            namespace: self.namespace.clone(),
+            namespace_selector: self.namespace_selector.clone(),
+            activator_namespace: self.activator_namespace.clone(),
+            default_activators: usize::from(self.default_activators),
+            write_qps: self.write_qps,
+            write_burst: self.write_burst,
+            concurrency: self.concurrency,
+            endpoint_slices: self.endpoint_slices,
+            image_locality: self.image_locality,
+            outage_hold: Duration::from_secs(self.outage_hold_seconds),
+            replacement_hold: Duration::from_secs(self.replacement_hold_seconds),
+            rebalance_interval: Duration::from_secs(self.rebalance_interval_seconds),
+            rebalance: rebalance::Limits {
+                threshold: self.rebalance_threshold,
+                max_moves: self.rebalance_max_moves,
+            },
+            settings_config_map: self
+                .settings_config_map
+                .clone()
+                .map(|name| (name, self.lease_namespace.clone())),
+            event_instance: pod_name,
+            ..Config::default()
+        }
+    }
+
+    /// The Lease this replica competes for, under its identity (`--identity`, `POD_NAME`, or
+    /// one made of the process id).
+    pub fn lease(&self) -> LeaseConfig {
+        LeaseConfig {
+            name: self.lease_name.clone(),
+            namespace: self.lease_namespace.clone(),
+            identity: self
+                .identity
+                .clone()
+                .unwrap_or_else(|| format!("subsetter-{}", std::process::id())),
+            duration_seconds: self.lease_duration_seconds,
+            grace_seconds: self.lease_grace_seconds,
+            release_timeout: DEFAULT_RELEASE_TIMEOUT,
+        }
+    }
 }
 
 #[derive(clap::Subcommand, Debug)]

@@ -50,6 +50,9 @@ pub struct Config {
     /// subset it is in moving (`replacements.rs`); no more than the 3 s settle: moved after
     /// the settle.
     pub replacement_hold: Duration,
+    /// The instance named in this replica's Events (the binary passes its `POD_NAME`); None:
+    /// none named.
+    pub event_instance: Option<String>,
 }
 
 impl Default for Config {
@@ -68,6 +71,7 @@ impl Default for Config {
             image_locality: true,
             outage_hold: crate::pure::settle::OUTAGE_HOLD,
             replacement_hold: crate::pure::replacements::REPLACEMENT_HOLD,
+            event_instance: None,
             endpoint_slices: false,
             rebalance_interval: Duration::from_secs(60),
             rebalance: crate::pure::rebalance::Limits {

@@ -132,7 +132,7 @@ impl Context {
             self.client.clone(),
             Reporter {
                 controller: self.config.field_manager.clone(),
-                instance: std::env::var("POD_NAME").ok(),
+                instance: self.config.event_instance.clone(),
             },
         );
         let event = Event {

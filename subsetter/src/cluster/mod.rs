@@ -6,7 +6,7 @@
 pub mod admin;
 pub mod caches;
 
-mod config;
+pub mod config;
 mod context;
 pub mod contract;
 mod control_plane;
@@ -21,6 +21,7 @@ mod rebalancer;
 pub mod reconciler;
 mod routes;
 mod shared;
+pub mod shutdown;
 mod synced;
 mod triggers;
 pub mod usable_activators;

@@ -22,7 +22,8 @@ use tokio::sync::Notify;
 use tracing::{debug, info, warn};
 
 use crate::cluster::context::Context;
-use crate::cluster::triggers::Triggers;
+use crate::cluster::triggers::{Triggers, trigger};
+use crate::cluster::write_limit::Lane;
 use crate::pure::hosts::label_of_normalized;
 use crate::pure::key::Key;
 use crate::pure::locks::{lock, read};
@@ -100,7 +101,7 @@ pub(crate) async fn watch_routes(
                 }
             }
         };
-        crate::cluster::triggers::trigger(&triggers, changed);
+        trigger(&triggers, changed);
         wake.notify_one();
     }
 }
@@ -163,56 +164,88 @@ async fn pass_one(
             bound_seconds: r.spec.hand_over_bound(),
         })
     };
-    let (latest, serving_now, problems) = {
-        let hix = lock(&ctx.caches.hosts);
-        let rix = lock(&ctx.caches.routes);
-        let ae = read(&ctx.caches.ae_store);
-        let mut latest: Option<(i64, Key)> = None;
-        let mut serving: Option<String> = None;
-        let mut problems = Vec::new();
-        for h in &hosts {
-            if let Some(owner) = rix.owner(h).filter(|o| **o != key) {
-                problems.push(format!("host {h} is routed by Route {owner}"));
-            }
-            for c in hix.claimants(h) {
-                if c.namespace != ns || facts(&c.name).is_none() {
-                    continue;
-                }
-                let at = rev(&c.name)
-                    .and_then(|r| r.metadata.creation_timestamp.clone())
-                    .map_or(0, |t| t.0.as_second());
-                if latest.as_ref().is_none_or(|(t, k)| (at, &c) > (*t, k)) {
-                    latest = Some((at, c.clone()));
-                }
-                break;
-            }
-            if serving.is_none() {
-                serving = hix
-                    .claimants(h)
-                    .into_iter()
-                    .find(|c| ae.has_label(c, &label_of_normalized(h)))
-                    .filter(|c| c.namespace == ns)
-                    .map(|c| c.name);
-            }
-        }
-        (latest.map(|(_, k)| k.name), serving, problems)
-    };
+    let claims = host_claims(ctx, &key, &hosts, &facts, &rev);
     let now = Timestamp::now();
     let d = route_plan::decide(&route_plan::Inputs {
         spec: &route.spec,
         generation: route.metadata.generation,
         status: route.status.as_ref(),
-        latest,
+        latest: claims.latest,
         facts: &facts,
-        serving_now,
-        problems,
+        serving_now: claims.serving_now,
+        problems: claims.problems,
         now,
     });
-    // Pods to keep started for the revisions a move waits on; they wake the pass when ready.
-    let warm: Vec<(Key, i32)> = d
-        .warm
+    keep_warm(ctx, &key, &d.warm, triggers);
+    if route.status.as_ref() != Some(&d.status) {
+        write_status(ctx, route, &key, &d, triggers).await?;
+    }
+    Ok(d.requeue)
+}
+
+/// What the claims on a Route's hosts tell its decision.
+struct Claims {
+    /// The revision `latestRevision` follows: the newest valid claimant of the route's
+    /// namespace, over its hosts.
+    latest: Option<String>,
+    /// What serves the hosts by the claim rule (in the route's namespace).
+    serving_now: Option<String>,
+    /// Hosts another Route routes.
+    problems: Vec<String>,
+}
+
+/// The claims on `hosts` of the Route `key`, from the host and route indexes and the store.
+fn host_claims(
+    ctx: &Context,
+    key: &Key,
+    hosts: &[String],
+    facts: &dyn Fn(&str) -> Option<Facts>,
+    rev: &dyn Fn(&str) -> Option<Arc<Revision>>,
+) -> Claims {
+    let ns = &key.namespace;
+    let hix = lock(&ctx.caches.hosts);
+    let rix = lock(&ctx.caches.routes);
+    let ae = read(&ctx.caches.ae_store);
+    let mut latest: Option<(i64, Key)> = None;
+    let mut serving: Option<String> = None;
+    let mut problems = Vec::new();
+    for h in hosts {
+        if let Some(owner) = rix.owner(h).filter(|o| *o != key) {
+            problems.push(format!("host {h} is routed by Route {owner}"));
+        }
+        for c in hix.claimants(h) {
+            if c.namespace != *ns || facts(&c.name).is_none() {
+                continue;
+            }
+            let at = rev(&c.name)
+                .and_then(|r| r.metadata.creation_timestamp.clone())
+                .map_or(0, |t| t.0.as_second());
+            if latest.as_ref().is_none_or(|(t, k)| (at, &c) > (*t, k)) {
+                latest = Some((at, c.clone()));
+            }
+            break;
+        }
+        if serving.is_none() {
+            serving = hix
+                .claimants(h)
+                .into_iter()
+                .find(|c| ae.has_label(c, &label_of_normalized(h)))
+                .filter(|c| c.namespace == *ns)
+                .map(|c| c.name);
+        }
+    }
+    Claims {
+        latest: latest.map(|(_, k)| k.name),
+        serving_now: serving,
+        problems,
+    }
+}
+
+/// Pods to keep started for the revisions a move waits on; they wake the pass when ready.
+fn keep_warm(ctx: &Context, key: &Key, warm: &[(String, i32)], triggers: &Triggers) {
+    let warm: Vec<(Key, i32)> = warm
         .iter()
-        .map(|(n, p)| (Key::new(ns.clone(), n.clone()), *p))
+        .map(|(n, p)| (Key::new(key.namespace.clone(), n.clone()), *p))
         .collect();
     {
         let mut rp = lock(&ctx.caches.ready_pods);
@@ -220,45 +253,49 @@ async fn pass_one(
             rp.watch(k, true);
         }
     }
-    let warm_changed = lock(&ctx.caches.routes).set_warm(&key, &warm);
-    crate::cluster::triggers::trigger(triggers, warm_changed);
-    if route.status.as_ref() != Some(&d.status) {
-        let api: Api<Route> = Api::namespaced(ctx.client.clone(), &ns);
-        ctx.write_turn(crate::cluster::write_limit::Lane::Urgent)
-            .await;
-        let patch = Patch::Merge(json!({ "status": d.status }));
-        api.patch_status(&key.name, &ctx.patch_params(), &patch)
-            .await?;
-        ctx.metrics.writes.inc();
-        // Ahead of the watch: the revisions' plans read the new shares at once.
-        let changed = lock(&ctx.caches.routes).upsert(
-            &key,
-            created(route),
-            &route.spec.hosts,
-            &d.status.traffic,
-        );
-        let gaining = |k: &Key| {
-            d.status
-                .traffic
-                .iter()
-                .any(|t| t.revision_name == k.name && t.percent > 0)
-        };
-        let (first, then): (BTreeSet<Key>, BTreeSet<Key>) =
-            changed.into_iter().partition(|k| gaining(k));
-        crate::cluster::triggers::trigger(triggers, first);
-        crate::cluster::triggers::trigger(triggers, then);
-        if let Some(moved) = &d.moved {
-            info!(route = %key, %moved, "route moved");
-            ctx.metrics.route_moves.inc();
-            ctx.publish_event(
-                &route.object_ref(&()),
-                EventType::Normal,
-                "TrafficMoved",
-                moved,
-                "RouteTraffic",
-            )
-            .await;
-        }
+    let warm_changed = lock(&ctx.caches.routes).set_warm(key, &warm);
+    trigger(triggers, warm_changed);
+}
+
+/// Writes the Route's new status, takes its shares into the route index ahead of the watch
+/// (the revisions' plans read them at once, the gaining ones triggered first), and tells of
+/// a move in an Event.
+async fn write_status(
+    ctx: &Context,
+    route: &Route,
+    key: &Key,
+    d: &route_plan::Decision,
+    triggers: &Triggers,
+) -> Result<(), kube::Error> {
+    let api: Api<Route> = Api::namespaced(ctx.client.clone(), &key.namespace);
+    ctx.write_turn(Lane::Urgent).await;
+    let patch = Patch::Merge(json!({ "status": d.status }));
+    api.patch_status(&key.name, &ctx.patch_params(), &patch)
+        .await?;
+    ctx.metrics.writes.inc();
+    let changed =
+        lock(&ctx.caches.routes).upsert(key, created(route), &route.spec.hosts, &d.status.traffic);
+    let gaining = |k: &Key| {
+        d.status
+            .traffic
+            .iter()
+            .any(|t| t.revision_name == k.name && t.percent > 0)
+    };
+    let (first, then): (BTreeSet<Key>, BTreeSet<Key>) =
+        changed.into_iter().partition(|k| gaining(k));
+    trigger(triggers, first);
+    trigger(triggers, then);
+    if let Some(moved) = &d.moved {
+        info!(route = %key, %moved, "route moved");
+        ctx.metrics.route_moves.inc();
+        ctx.publish_event(
+            &route.object_ref(&()),
+            EventType::Normal,
+            "TrafficMoved",
+            moved,
+            "RouteTraffic",
+        )
+        .await;
     }
-    Ok(d.requeue)
+    Ok(())
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crds::route::{ServedTarget, summary};
 use crds::{RouteSpec, RouteStatus};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use crate::pure::conditions::{self, Desired};
@@ -69,13 +69,41 @@ fn shares(t: &[ServedTarget]) -> Shares {
     s
 }
 
+/// What `inp`'s Route serves now and what to write: its status, the pods to keep warm, when
+/// to look again, and whether the served split moved.
 pub fn decide(inp: &Inputs<'_>) -> Decision {
     let old = inp.status.cloned().unwrap_or_default();
-    let existing = old.conditions.as_slice();
     let mut problems = inp.spec.problems();
     problems.extend(inp.problems.iter().cloned());
     let desired = resolve(inp, &mut problems);
-    let served: Vec<ServedTarget> = if !old.traffic.is_empty() {
+    let served = served_now(inp, &old);
+    if !problems.is_empty() {
+        return invalid(inp, &old, &problems);
+    }
+    let existing = old.conditions.as_slice();
+    let want = shares(&desired);
+    let have = shares(&served);
+    // Nobody serves the hosts yet: no cold start to save.
+    if served.is_empty() || want == have {
+        return settled(inp, existing, &desired, &served);
+    }
+    let mv = Move::of(inp, &old, &have, &want);
+    let waits = mv.waits(inp, &have);
+    if !waits.waiting.is_empty() {
+        return mv.wait(inp, existing, &served, waits);
+    }
+    if mv.target == want {
+        let mut d = settled(inp, existing, &desired, &served);
+        d.moved = Some(format!("{} -> {}", summary(&served), summary(&desired)));
+        return d;
+    }
+    mv.step(inp, existing, (&served, &desired), (&want, &have))
+}
+
+/// What the hosts are served by now: the Route's last traffic, else (a new Route) whoever
+/// serves them by the claim rule.
+fn served_now(inp: &Inputs<'_>, old: &RouteStatus) -> Vec<ServedTarget> {
+    if !old.traffic.is_empty() {
         old.traffic.clone()
     } else if let Some(w) = &inp.serving_now {
         vec![ServedTarget {
@@ -85,146 +113,204 @@ pub fn decide(inp: &Inputs<'_>) -> Decision {
         }]
     } else {
         Vec::new()
-    };
-    let keep = |conds: Vec<Desired>, requeue| Decision {
+    }
+}
+
+/// An invalid Route: whatever is served stays served (an invalid route never leaves a host
+/// without one), and it says why.
+fn invalid(inp: &Inputs<'_>, old: &RouteStatus, problems: &[String]) -> Decision {
+    let conds = [Desired {
+        type_: conditions::READY,
+        status: false,
+        reason: "InvalidRoute",
+        message: problems.join("; "),
+    }];
+    Decision {
         status: RouteStatus {
             observed_generation: inp.generation,
-            conditions: conditions::merge(existing, &conds, inp.generation, inp.now),
+            conditions: conditions::merge(&old.conditions, &conds, inp.generation, inp.now),
             ..old.clone()
         },
         warm: Vec::new(),
-        requeue,
+        requeue: None,
         moved: None,
-    };
-    if !problems.is_empty() {
-        // Whatever is served stays served: an invalid route never leaves a host without one.
-        return keep(
-            vec![Desired {
-                type_: conditions::READY,
-                status: false,
-                reason: "InvalidRoute",
-                message: problems.join("; "),
-            }],
-            None,
-        );
     }
-    let want = shares(&desired);
-    let have = shares(&served);
-    // Nobody serves the hosts yet: no cold start to save.
-    if served.is_empty() || want == have {
-        return settled(inp, existing, &desired, &served);
-    }
-    // A move: from what was served when it began (a changed spec starts a new one).
-    let same_move = old.moving_since.is_some() && old.observed_generation == inp.generation;
-    let (since, from) = if same_move {
-        (
-            old.moving_since.as_ref().map_or(inp.now, |t| t.0),
-            shares(&old.moving_from),
-        )
-    } else {
-        (inp.now, have.clone())
-    };
-    let duration = inp.spec.rollout_duration_seconds.max(0);
-    let (step, step_start) = if duration == 0 {
-        (STEPS, since)
-    } else {
-        let elapsed = inp.now.duration_since(since).as_secs().max(0);
-        let k = (elapsed * STEPS / duration).clamp(1, STEPS);
-        let start = since
-            .checked_add(SignedDuration::from_secs(duration * (k - 1) / STEPS))
-            .unwrap_or(since);
-        (k, start)
-    };
-    let target = interpolate(&from, &want, step);
-    let mut waiting = Vec::new();
-    let mut warm = Vec::new();
-    let mut next_deadline: Option<Timestamp> = None;
-    for (name, &p) in &target {
-        if p <= have.get(name).copied().unwrap_or(0) {
-            continue;
-        }
-        let f = (inp.facts)(name).unwrap_or(Facts {
-            ready: 0,
-            max_scale: 0,
-            bound_seconds: 0,
-        });
-        // The pods the others serve their share of the traffic with, scaled to this one's new
-        // share (its own pods do not count: they would raise what it needs as they come).
-        let had = have.get(name).copied().unwrap_or(0);
-        let others: u64 = have
-            .keys()
-            .filter(|n| *n != name)
-            .filter_map(|n| (inp.facts)(n).map(|f| u64::from(f.ready)))
-            .sum();
-        let denom = u64::try_from(100 - had).unwrap_or(100).max(1);
-        // Rounded up, but never more than the others have in all (2 pods serving 90 % make
-        // 2.2 for 100 %: 2, not 3, is what the revision it takes over from had).
-        let share = (others * u64::try_from(p).unwrap_or(0))
-            .div_ceil(denom)
-            .min(others);
-        let need = needed(u32::try_from(share).unwrap_or(u32::MAX), f.max_scale);
-        let deadline = step_start
-            .checked_add(SignedDuration::from_secs(f.bound_seconds))
-            .unwrap_or(step_start);
-        if i64::from(f.ready) < i64::from(need) && inp.now < deadline {
-            waiting.push(format!("{name}: {} of {need} pods Ready", f.ready));
-            warm.push((name.clone(), need));
-            next_deadline = Some(next_deadline.map_or(deadline, |d| d.min(deadline)));
+}
+
+/// A move under way: from what was served when it began (a changed spec starts a new one),
+/// at which step, toward which split.
+struct Move {
+    since: Timestamp,
+    from: Shares,
+    /// `rolloutDurationSeconds` (0: one step).
+    duration: i64,
+    step: i64,
+    step_start: Timestamp,
+    /// The split of this step.
+    target: Shares,
+}
+
+/// The gaining revisions still short of pods at this step.
+struct Waits {
+    waiting: Vec<String>,
+    warm: Vec<(String, i32)>,
+    next_deadline: Option<Timestamp>,
+}
+
+impl Move {
+    fn of(inp: &Inputs<'_>, old: &RouteStatus, have: &Shares, want: &Shares) -> Self {
+        let same_move = old.moving_since.is_some() && old.observed_generation == inp.generation;
+        let (since, from) = if same_move {
+            (
+                old.moving_since.as_ref().map_or(inp.now, |t| t.0),
+                shares(&old.moving_from),
+            )
+        } else {
+            (inp.now, have.clone())
+        };
+        let duration = inp.spec.rollout_duration_seconds.max(0);
+        let (step, step_start) = if duration == 0 {
+            (STEPS, since)
+        } else {
+            let elapsed = inp.now.duration_since(since).as_secs().max(0);
+            let k = (elapsed * STEPS / duration).clamp(1, STEPS);
+            let start = since
+                .checked_add(SignedDuration::from_secs(duration * (k - 1) / STEPS))
+                .unwrap_or(since);
+            (k, start)
+        };
+        Self {
+            target: interpolate(&from, want, step),
+            since,
+            from,
+            duration,
+            step,
+            step_start,
         }
     }
-    let moving = |traffic: Vec<ServedTarget>| RouteStatus {
-        observed_generation: inp.generation,
-        summary: Some(summary(&traffic)),
-        traffic,
-        moving_since: Some(Time(since)),
-        moving_from: from
-            .iter()
-            .map(|(n, p)| ServedTarget {
-                revision_name: n.clone(),
-                percent: *p,
-                tag: None,
-            })
-            .collect(),
-        conditions: Vec::new(),
-    };
-    if !waiting.is_empty() {
-        let mut status = moving(served.clone());
+
+    /// Which gaining revisions wait for pods: each needs the pods the others serve their
+    /// share of the traffic with, scaled to its new share, until its hand-over bound.
+    fn waits(&self, inp: &Inputs<'_>, have: &Shares) -> Waits {
+        let mut w = Waits {
+            waiting: Vec::new(),
+            warm: Vec::new(),
+            next_deadline: None,
+        };
+        for (name, &p) in &self.target {
+            if p <= have.get(name).copied().unwrap_or(0) {
+                continue;
+            }
+            let f = (inp.facts)(name).unwrap_or(Facts {
+                ready: 0,
+                max_scale: 0,
+                bound_seconds: 0,
+            });
+            let need = needed(pods_for_share(inp, have, name, p), f.max_scale);
+            let deadline = self
+                .step_start
+                .checked_add(SignedDuration::from_secs(f.bound_seconds))
+                .unwrap_or(self.step_start);
+            if i64::from(f.ready) < i64::from(need) && inp.now < deadline {
+                w.waiting
+                    .push(format!("{name}: {} of {need} pods Ready", f.ready));
+                w.warm.push((name.clone(), need));
+                w.next_deadline = Some(w.next_deadline.map_or(deadline, |d| d.min(deadline)));
+            }
+        }
+        w
+    }
+
+    /// The Route's status while moving, serving `traffic`.
+    fn status(&self, inp: &Inputs<'_>, traffic: Vec<ServedTarget>) -> RouteStatus {
+        RouteStatus {
+            observed_generation: inp.generation,
+            summary: Some(summary(&traffic)),
+            traffic,
+            moving_since: Some(Time(self.since)),
+            moving_from: self
+                .from
+                .iter()
+                .map(|(n, p)| ServedTarget {
+                    revision_name: n.clone(),
+                    percent: *p,
+                    tag: None,
+                })
+                .collect(),
+            conditions: Vec::new(),
+        }
+    }
+
+    /// The step waits for pods: what is served stays, the gainers' pods are kept warm.
+    fn wait(
+        &self,
+        inp: &Inputs<'_>,
+        existing: &[Condition],
+        served: &[ServedTarget],
+        waits: Waits,
+    ) -> Decision {
+        let mut status = self.status(inp, served.to_vec());
         let why = format!(
             "moving to {}: {}",
-            summary(&targets_of(&target)),
-            waiting.join(", ")
+            summary(&targets_of(&self.target)),
+            waits.waiting.join(", ")
         );
         status.conditions = under_way(inp, existing, "WaitingForPods", why);
-        return Decision {
+        Decision {
             status,
-            warm,
-            requeue: next_deadline.map(|d| until(inp.now, d)),
+            warm: waits.warm,
+            requeue: waits.next_deadline.map(|d| until(inp.now, d)),
             moved: None,
-        };
+        }
     }
-    if target == want {
-        let mut d = settled(inp, existing, &desired, &served);
-        d.moved = Some(format!("{} -> {}", summary(&served), summary(&desired)));
-        return d;
+
+    /// A step of a gradual rollout: taken; the next one is due at its share of the duration.
+    fn step(
+        &self,
+        inp: &Inputs<'_>,
+        existing: &[Condition],
+        (served, desired): (&[ServedTarget], &[ServedTarget]),
+        (want, have): (&Shares, &Shares),
+    ) -> Decision {
+        let step = self.step;
+        let traffic = with_tags(&self.target, desired);
+        let mut status = self.status(inp, traffic.clone());
+        let why = format!(
+            "step {step} of {STEPS} toward {}",
+            summary(&targets_of(want))
+        );
+        status.conditions = under_way(inp, existing, "RollingOut", why);
+        let next = self
+            .since
+            .checked_add(SignedDuration::from_secs(self.duration * step / STEPS))
+            .unwrap_or(inp.now);
+        Decision {
+            moved: (shares(&traffic) != *have)
+                .then(|| format!("{} -> {}", summary(served), summary(&traffic))),
+            status,
+            warm: Vec::new(),
+            requeue: Some(until(inp.now, next)),
+        }
     }
-    // A step of a gradual rollout: taken; the next one is due at its share of the duration.
-    let traffic = with_tags(&target, &desired);
-    let mut status = moving(traffic.clone());
-    let why = format!(
-        "step {step} of {STEPS} toward {}",
-        summary(&targets_of(&want))
-    );
-    status.conditions = under_way(inp, existing, "RollingOut", why);
-    let next = since
-        .checked_add(SignedDuration::from_secs(duration * step / STEPS))
-        .unwrap_or(inp.now);
-    Decision {
-        moved: (shares(&traffic) != have)
-            .then(|| format!("{} -> {}", summary(&served), summary(&traffic))),
-        status,
-        warm: Vec::new(),
-        requeue: Some(until(inp.now, next)),
-    }
+}
+
+/// The pods `name` needs for `percent`: the pods the others serve their share of the traffic
+/// with, scaled to this one's new share (its own pods do not count: they would raise what it
+/// needs as they come).
+fn pods_for_share(inp: &Inputs<'_>, have: &Shares, name: &str, percent: i32) -> u32 {
+    let had = have.get(name).copied().unwrap_or(0);
+    let others: u64 = have
+        .keys()
+        .filter(|n| *n != name)
+        .filter_map(|n| (inp.facts)(n).map(|f| u64::from(f.ready)))
+        .sum();
+    let denom = u64::try_from(100 - had).unwrap_or(100).max(1);
+    // Rounded up, but never more than the others have in all (2 pods serving 90 % make
+    // 2.2 for 100 %: 2, not 3, is what the revision it takes over from had).
+    let share = (others * u64::try_from(percent).unwrap_or(0))
+        .div_ceil(denom)
+        .min(others);
+    u32::try_from(share).unwrap_or(u32::MAX)
 }
 
 /// The condition type that says whether a route (or a revision's hosts) are where they
