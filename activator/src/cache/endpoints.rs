@@ -77,6 +77,52 @@ pub struct EndpointsCache {
     ttl: Duration,
 }
 
+/// Tells `member_of` what one event of the subset watch says of `me`'s memberships: a subset
+/// listing it (with whether it came from a list), or one that no longer does.
+fn tell_member_of(
+    ev: watcher::Event<ActivationEndpoints>,
+    me: &str,
+    member_of: &mpsc::UnboundedSender<MemberEvent>,
+) {
+    let key_of = |aep: &ActivationEndpoints| {
+        let ns = aep.metadata.namespace.clone()?;
+        Some(RevisionKey::new(ns, aep.metadata.name.clone()?))
+    };
+    let listed = matches!(ev, watcher::Event::InitApply(_));
+    match ev {
+        watcher::Event::Apply(aep) | watcher::Event::InitApply(aep) => {
+            let status = aep.status.as_ref();
+            match (key_of(&aep), status.and_then(|s| s.member(me))) {
+                (Some(key), Some(m)) => {
+                    let _ = member_of.send(MemberEvent::Member {
+                        key,
+                        me: m.clone(),
+                        of: SubsetOf {
+                            generation: status.and_then(|s| s.observed_generation),
+                            uid: aep
+                                .owner_references()
+                                .iter()
+                                .find(|o| o.controller == Some(true))
+                                .map(|o| o.uid.clone()),
+                        },
+                        listed,
+                    });
+                }
+                (Some(key), None) => {
+                    let _ = member_of.send(MemberEvent::Left(key));
+                }
+                _ => {}
+            }
+        }
+        watcher::Event::Delete(aep) => {
+            if let Some(key) = key_of(&aep) {
+                let _ = member_of.send(MemberEvent::Left(key));
+            }
+        }
+        _ => {}
+    }
+}
+
 impl EndpointsCache {
     /// Starts the label-selected watch of the subsets listing `node`. Each subset that lists
     /// this node is sent to `member_of` as it is seen (its Revision is read ahead of the first
@@ -117,43 +163,7 @@ impl EndpointsCache {
             // watch holds this node's subsets only, so events are few).
             epoch_w.fetch_add(1, Ordering::AcqRel);
             memo_w.clear();
-            let key_of = |aep: &ActivationEndpoints| {
-                let ns = aep.metadata.namespace.clone()?;
-                Some(RevisionKey::new(ns, aep.metadata.name.clone()?))
-            };
-            let listed = matches!(ev, watcher::Event::InitApply(_));
-            match ev {
-                watcher::Event::Apply(aep) | watcher::Event::InitApply(aep) => {
-                    let status = aep.status.as_ref();
-                    match (key_of(&aep), status.and_then(|s| s.member(&me))) {
-                        (Some(key), Some(m)) => {
-                            let _ = member_of.send(MemberEvent::Member {
-                                key,
-                                me: m.clone(),
-                                of: SubsetOf {
-                                    generation: status.and_then(|s| s.observed_generation),
-                                    uid: aep
-                                        .owner_references()
-                                        .iter()
-                                        .find(|o| o.controller == Some(true))
-                                        .map(|o| o.uid.clone()),
-                                },
-                                listed,
-                            });
-                        }
-                        (Some(key), None) => {
-                            let _ = member_of.send(MemberEvent::Left(key));
-                        }
-                        _ => {}
-                    }
-                }
-                watcher::Event::Delete(aep) => {
-                    if let Some(key) = key_of(&aep) {
-                        let _ = member_of.send(MemberEvent::Left(key));
-                    }
-                }
-                _ => {}
-            }
+            tell_member_of(ev, &me, &member_of);
         });
         Self {
             node: node.to_string(),
