@@ -1,5 +1,5 @@
 //! One request and its response, moved as bytes between the client's connection and a pod's:
-//! the request head rewritten ([`crate::http1::head::write_request`]), the body copied as it comes,
+//! the request head rewritten ([`crate::http1::request_head::write_request`]), the body copied as it comes,
 //! the response head rewritten and its body relayed as it is, up to where its framing says it
 //! ends — so that both connections can carry the next message.
 
@@ -16,7 +16,8 @@ use tokio::time::{Instant, Sleep};
 
 use super::pod_conns::{PodConn, PodConns};
 use crate::http1::body_end::BodyEnd;
-use crate::http1::head::{self, Additions, BodyFraming, RequestHead, ResponseHead};
+use crate::http1::request_head::{self, RequestHead};
+use crate::http1::response_head::{self, Additions, BodyFraming, ResponseHead};
 use crate::wire::answer::Refusal;
 
 /// A response head larger than this is refused (502): hyper's client allows about as much.
@@ -67,7 +68,7 @@ impl Default for Scratch {
 /// What the exchange needs besides the two connections.
 pub struct Request<'a> {
     pub head: &'a RequestHead,
-    pub client: &'a head::Client,
+    pub client: &'a request_head::Client,
     pub target: SocketAddr,
     /// The response head must arrive by then (the revision's timeoutSeconds).
     pub deadline: Instant,
@@ -228,8 +229,8 @@ fn load_request(
 ) -> Outgoing {
     let h = req.head;
     out.clear();
-    head::write_request(out, &buf[..h.len], h, req.client, req.target);
-    let body = head::body_in(buf.len(), h);
+    request_head::write_request(out, &buf[..h.len], h, req.client, req.target);
+    let body = request_head::body_in(buf.len(), h);
     out.extend_from_slice(&buf[body.clone()]);
     let body_left = h.body_len - (body.end - body.start) as u64;
     buf.advance(body.end);
@@ -342,7 +343,7 @@ async fn read_head(
 ) -> Result<ResponseHead, HeadError> {
     loop {
         if !resp.is_empty() {
-            match head::parse_response(resp, to_head) {
+            match response_head::parse_response(resp, to_head) {
                 Ok(Some(rh)) => return Ok(rh),
                 Ok(None) if resp.len() >= MAX_RESPONSE_HEAD => {
                     return Err(HeadError::Bad("a response head over 64 KiB"));
@@ -442,7 +443,7 @@ where
 {
     while rh.informational() {
         out.clear();
-        head::write_response(
+        response_head::write_response(
             out,
             &resp[..rh.len],
             rh.plain,
@@ -479,7 +480,7 @@ fn final_head(
 ) -> Result<BodyEnd, ()> {
     let timing = req.cold.map(|f| f());
     out.clear();
-    head::write_response(
+    response_head::write_response(
         out,
         &resp[..rh.len],
         rh.plain,
@@ -576,7 +577,7 @@ mod tests {
     use super::*;
     use tokio::net::TcpListener;
 
-    use crate::http1::head::{Classified, classify_request};
+    use crate::http1::request_head::{Classified, classify_request};
 
     const REV: &str = "x-revision-namespace: ns\r\nx-revision-name: r\r\n";
 
@@ -613,7 +614,7 @@ mod tests {
         let conn = pods.get(target).await.unwrap();
         let r = Request {
             head: &head,
-            client: &head::Client::new("127.0.0.9".parse().unwrap()),
+            client: &request_head::Client::new("127.0.0.9".parse().unwrap()),
             target,
             deadline: Instant::now() + Duration::from_secs(5),
             body_idle_timeout: Duration::from_secs(5),
@@ -734,7 +735,7 @@ mod tests {
         let Classified::Fast(head) = classify_request(req.as_bytes()) else {
             panic!("not fast")
         };
-        let client_addr = head::Client::new("127.0.0.9".parse().unwrap());
+        let client_addr = request_head::Client::new("127.0.0.9".parse().unwrap());
         let mut scratch = Scratch::default();
         // Twice on one connection's scratch: the deadline timer is moved, not made again.
         for _ in 0..2 {

@@ -49,8 +49,8 @@ use crate::upstream::proxy::UpstreamProtocol;
 use crate::wire::answer::Refusal;
 use crate::wire::naming::Named;
 
-use crate::http1::head::{self, Classified, RequestHead};
 use crate::http1::refusal::refusal_bytes;
+use crate::http1::request_head::{self, Classified, RequestHead};
 use exchange::{Ended, Scratch};
 use pod_conns::{PodConn, PodConns};
 
@@ -125,7 +125,7 @@ impl FastLane {
     ) -> Option<(Bytes, TcpStream)> {
         let mut buf = BytesMut::new();
         let mut scratch = Scratch::default();
-        let client = head::Client::new(peer.ip());
+        let client = request_head::Client::new(peer.ip());
         loop {
             let head = match self.next_head(&mut stream, &mut buf, &mut scratch).await {
                 Ok(Some(head)) => head,
@@ -179,7 +179,7 @@ impl FastLane {
         timeout.as_mut().reset(Instant::now() + HEADER_READ_TIMEOUT);
         loop {
             if !buf.is_empty() {
-                match head::classify_request(buf) {
+                match request_head::classify_request(buf) {
                     Classified::Fast(h) => return Ok(Some(h)),
                     Classified::Fallback(why) => return Err(why),
                     Classified::Partial if buf.len() >= MAX_HEAD => return Err("large head"),
@@ -214,7 +214,7 @@ impl FastLane {
         stream: &mut TcpStream,
         buf: &mut BytesMut,
         head: RequestHead,
-        client: &head::Client,
+        client: &request_head::Client,
         scratch: &mut Scratch,
     ) -> Next {
         let arrived = Instant::now();
@@ -345,7 +345,7 @@ impl FastLane {
         &self,
         stream: &mut TcpStream,
         buf: &mut BytesMut,
-        client: &head::Client,
+        client: &request_head::Client,
         (mut lease, conn): (Lease, PodConn),
         req: &ServeHere,
         scratch: &mut Scratch,

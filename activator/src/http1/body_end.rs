@@ -3,7 +3,7 @@
 //! can carry the next one. Pure: no IO.
 
 use super::chunked::ChunkedEnd;
-use super::head::BodyFraming;
+use super::response_head::BodyFraming;
 
 /// Where a response body ends, by its framing.
 pub(crate) struct BodyEnd {

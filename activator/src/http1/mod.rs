@@ -6,8 +6,9 @@
 //! - framing and bodies: `Content-Length`, duplicate Host, chunked twice ([`framing`]), where
 //!   a chunked body ends ([`chunked`]) and where a response body ends by its framing
 //!   ([`body_end`]), which responses stream by design ([`streaming`]);
-//! - heads as bytes, for the fast lane ([`head`]): which requests it may carry and the request
-//!   head it sends (server side), the response head it reads and sends back (client side);
+//! - heads as bytes, for the fast lane: which requests it may carry and the request head it
+//!   sends ([`request_head`], the server side), the response head it reads and sends back
+//!   ([`response_head`], the client side);
 //!   and the activator's own answer as bytes ([`refusal`]);
 //! - server side on hyper's path: a short body for the answers hyper makes to what it cannot
 //!   parse ([`parse_errors`]).
@@ -21,9 +22,10 @@ pub mod body_end;
 pub mod chunked;
 pub mod forwarded;
 pub mod framing;
-pub mod head;
 pub mod hop_by_hop;
 pub mod names;
 pub mod parse_errors;
 pub mod refusal;
+pub mod request_head;
+pub mod response_head;
 pub mod streaming;
