@@ -5,9 +5,11 @@
 //! process. Start one with [`Activator::start`] (the composition root, `compose/`); the request
 //! path is in [`pipeline`].
 
-// The activator's rooms, from the bottom up: the wire (names, framing, connections), the
-// upstream pools, the node's pods, the caches of the API, the decision and hyper's adapter,
-// the fast lane, accepting connections, and operations.
+// The activator's rooms, from the bottom up (hack/structure.layers): error and locks; the wire
+// (answers, naming, connections); the HTTP/1 rules (http1); operations (metrics, Events,
+// tracing, the admin port); the upstream pools and the serving threads; the caches of the API;
+// the node's pods; the request path (its transport-neutral core, and hyper's adapter); the fast
+// lane and accepting connections; the settings; and the composition root (compose).
 pub(crate) mod accept;
 pub mod cache;
 pub mod cli;
