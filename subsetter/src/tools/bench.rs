@@ -172,6 +172,34 @@ struct World {
 }
 
 impl World {
+    /// The synthetic cluster of `opts`: its revisions (none assigned yet) and its activators,
+    /// each on a node holding the images of `sets`.
+    fn new(
+        opts: &BenchOptions,
+        policy: Box<dyn SubsetPolicy>,
+        sets: &[ImageSet],
+    ) -> Result<Self, String> {
+        Ok(World {
+            names: (0..opts.revisions)
+                .map(|i| format!("bench/rev-{i:06}"))
+                .collect(),
+            revs: (0..opts.images.min(opts.revisions))
+                .map(|i| revision(opts.members, i))
+                .collect::<Result<_, _>>()?,
+            store: AeStore::default(),
+            ix: MembershipIndex::default(),
+            available: (0..opts.activators)
+                .map(|i| activator(i, &sets[i]))
+                .collect(),
+            policy,
+            image_locality: opts.image_locality,
+            wanted: images::WantedCache::default(),
+            default_n: opts.members,
+            now: Timestamp::now(),
+            version: 0,
+        })
+    }
+
     /// Plans `keys` again (in order), as the reconciler does, updating the index and the
     /// current subsets; the members that joined, in all.
     fn plan_all(&mut self, keys: &[usize]) -> usize {
@@ -281,30 +309,11 @@ fn peak_rss_mib() -> Option<f64> {
     Some(kb / 1024.0)
 }
 
+/// Builds the synthetic cluster, assigns every revision, then loses an activator and adds
+/// one, timing each and counting what moved.
 pub fn run(opts: &BenchOptions) -> Result<BenchReport, String> {
-    if opts.activators < 2 || opts.revisions == 0 || opts.members == 0 || opts.images == 0 {
-        return Err(
-            "--activators must be at least 2, --revisions, --members and --images at least 1"
-                .into(),
-        );
-    }
-    if !(0.0..=1.0).contains(&opts.image_share) {
-        return Err("--image-share must be within 0-1".into());
-    }
-    let policy: Box<dyn SubsetPolicy> = match opts.policy.as_str() {
-        "random" => Box::new(policy::Random::seeded(opts.seed)),
-        knative_hash::NAME if opts.activators + 1 > knative_hash::UNIVERSE as usize => {
-            return Err(format!(
-                "knative-hash places at most {} activators (its buckets); with more, Knative's \
-                 own loop never returns",
-                knative_hash::UNIVERSE
-            ));
-        }
-        knative_hash::NAME => Box::new(knative_hash::KnativeHash),
-        other => policy::by_name(other).ok_or_else(|| {
-            format!("unknown policy {other:?} (random, least-loaded, knative-hash)")
-        })?,
-    };
+    check(opts)?;
+    let policy = policy_of(opts)?;
     // Knative's subsets are recomputed from the whole activator set: any change may move
     // any revision's members, so every revision is planned again (and its churn counted).
     let stateless = opts.policy == knative_hash::NAME;
@@ -312,25 +321,7 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, String> {
     let sets: Vec<ImageSet> = (0..=opts.activators)
         .map(|_| node_images(opts, &mut rng))
         .collect();
-    let mut w = World {
-        names: (0..opts.revisions)
-            .map(|i| format!("bench/rev-{i:06}"))
-            .collect(),
-        revs: (0..opts.images.min(opts.revisions))
-            .map(|i| revision(opts.members, i))
-            .collect::<Result<_, _>>()?,
-        store: AeStore::default(),
-        ix: MembershipIndex::default(),
-        available: (0..opts.activators)
-            .map(|i| activator(i, &sets[i]))
-            .collect(),
-        policy,
-        image_locality: opts.image_locality,
-        wanted: images::WantedCache::default(),
-        default_n: opts.members,
-        now: Timestamp::now(),
-        version: 0,
-    };
+    let mut w = World::new(opts, policy, &sets)?;
     w.set_available();
     let all: Vec<usize> = (0..opts.revisions).collect();
 
@@ -341,38 +332,8 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, String> {
     let (max_over_mean, max_members, min_members) = balance(&w.ix, &w.available);
     let (directory_answer_us, directory_answer_max_us, directory_memberships, directory_scan_us) =
         directory(&w);
-
-    // Lose the activator in the middle of the list: the controller rebuilds the load index
-    // and plans the revisions that had it, nothing else.
-    let victim = format!("node-{:05}", opts.activators / 2);
-    let t = Instant::now();
-    w.available.remove(&victim);
-    w.set_available();
-    let touched = World::numbers(w.ix.revisions_on(&victim));
-    let before: Vec<Vec<String>> = touched.iter().map(|&i| w.members(i)).collect();
-    let churn_on_remove = w.plan_all(if stateless { &all } else { &touched });
-    // Of the members that replaced the lost one: how many hold their revision's image.
-    let mut replaced = (0usize, 0usize);
-    for (&i, old) in touched.iter().zip(&before) {
-        let new: Vec<String> = w
-            .members(i)
-            .into_iter()
-            .filter(|n| !old.contains(n))
-            .collect();
-        replaced.0 += new.len();
-        replaced.1 += w.holding(i, &new);
-    }
-    let repair_ms = ms(t);
-
-    // A new activator: only short subsets are planned again (none, with enough activators);
-    // nothing moves to it until new revisions arrive.
-    let (node, a) = activator(opts.activators, &sets[opts.activators]);
-    let t = Instant::now();
-    w.available.insert(node, a);
-    w.set_available();
-    let short = World::numbers(w.ix.short());
-    let churn_on_add = w.plan_all(if stateless { &all } else { &short });
-    let add_ms = ms(t);
+    let removal = remove_one(&mut w, opts, stateless, &all);
+    let addition = add_one(&mut w, opts, stateless, &all, &sets);
     let (max_over_mean_after, _, _) = balance(&w.ix, &w.available);
 
     Ok(BenchReport {
@@ -385,20 +346,20 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, String> {
         max_over_mean,
         max_members,
         min_members,
-        repair_ms,
-        revisions_touched_on_remove: touched.len(),
-        churn_on_remove,
+        repair_ms: removal.ms,
+        revisions_touched_on_remove: removal.touched,
+        churn_on_remove: removal.churn,
         // Each subset that had the lost activator must take one new member.
-        min_churn_on_remove: touched.len(),
-        add_ms,
-        churn_on_add,
+        min_churn_on_remove: removal.touched,
+        add_ms: addition.ms,
+        churn_on_add: addition.churn,
         min_churn_on_add: 0,
         max_over_mean_after,
         image_locality: opts.image_locality,
         images: opts.images,
         image_share: opts.image_share,
         members_holding_image: holding as f64 / (opts.revisions * opts.members) as f64,
-        replacements_holding_image: replaced.1 as f64 / replaced.0.max(1) as f64,
+        replacements_holding_image: removal.replaced.1 as f64 / removal.replaced.0.max(1) as f64,
         node_image_fingerprints: sets.iter().map(|s| s.fingerprints().len()).sum(),
         node_image_bytes: sets.iter().map(ImageSet::heap_bytes).sum(),
         holder_entries: w.ix.loads().image_entries().1,
@@ -408,6 +369,100 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, String> {
         directory_scan_us,
         peak_rss_mib: peak_rss_mib(),
     })
+}
+
+/// The options a run refuses.
+fn check(opts: &BenchOptions) -> Result<(), String> {
+    if opts.activators < 2 || opts.revisions == 0 || opts.members == 0 || opts.images == 0 {
+        return Err(
+            "--activators must be at least 2, --revisions, --members and --images at least 1"
+                .into(),
+        );
+    }
+    if !(0.0..=1.0).contains(&opts.image_share) {
+        return Err("--image-share must be within 0-1".into());
+    }
+    Ok(())
+}
+
+/// The policy named by `--policy`, Knative's hash included.
+fn policy_of(opts: &BenchOptions) -> Result<Box<dyn SubsetPolicy>, String> {
+    Ok(match opts.policy.as_str() {
+        "random" => Box::new(policy::Random::seeded(opts.seed)),
+        knative_hash::NAME if opts.activators + 1 > knative_hash::UNIVERSE as usize => {
+            return Err(format!(
+                "knative-hash places at most {} activators (its buckets); with more, Knative's \
+                 own loop never returns",
+                knative_hash::UNIVERSE
+            ));
+        }
+        knative_hash::NAME => Box::new(knative_hash::KnativeHash),
+        other => policy::by_name(other).ok_or_else(|| {
+            format!("unknown policy {other:?} (random, least-loaded, knative-hash)")
+        })?,
+    })
+}
+
+/// What losing one activator cost: the time, the revisions it touched, the members that
+/// moved, and of those that replaced it (how many, how many hold their revision's image).
+struct Removal {
+    ms: f64,
+    touched: usize,
+    churn: usize,
+    replaced: (usize, usize),
+}
+
+/// Lose the activator in the middle of the list: the controller rebuilds the load index and
+/// plans the revisions that had it, nothing else.
+fn remove_one(w: &mut World, opts: &BenchOptions, stateless: bool, all: &[usize]) -> Removal {
+    let victim = format!("node-{:05}", opts.activators / 2);
+    let t = Instant::now();
+    w.available.remove(&victim);
+    w.set_available();
+    let touched = World::numbers(w.ix.revisions_on(&victim));
+    let before: Vec<Vec<String>> = touched.iter().map(|&i| w.members(i)).collect();
+    let churn = w.plan_all(if stateless { all } else { &touched });
+    // Of the members that replaced the lost one: how many hold their revision's image.
+    let mut replaced = (0usize, 0usize);
+    for (&i, old) in touched.iter().zip(&before) {
+        let new: Vec<String> = w
+            .members(i)
+            .into_iter()
+            .filter(|n| !old.contains(n))
+            .collect();
+        replaced.0 += new.len();
+        replaced.1 += w.holding(i, &new);
+    }
+    Removal {
+        ms: ms(t),
+        touched: touched.len(),
+        churn,
+        replaced,
+    }
+}
+
+/// What adding one activator cost: the time and the members that moved.
+struct Addition {
+    ms: f64,
+    churn: usize,
+}
+
+/// A new activator: only short subsets are planned again (none, with enough activators);
+/// nothing moves to it until new revisions arrive.
+fn add_one(
+    w: &mut World,
+    opts: &BenchOptions,
+    stateless: bool,
+    all: &[usize],
+    sets: &[ImageSet],
+) -> Addition {
+    let (node, a) = activator(opts.activators, &sets[opts.activators]);
+    let t = Instant::now();
+    w.available.insert(node, a);
+    w.set_available();
+    let short = World::numbers(w.ix.short());
+    let churn = w.plan_all(if stateless { all } else { &short });
+    Addition { ms: ms(t), churn }
 }
 
 /// Every activator's memberships as the directory answers them (mean, max, in microseconds;

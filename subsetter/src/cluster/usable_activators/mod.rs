@@ -16,7 +16,7 @@ use crds::contract::ACTIVATOR_SELECTOR;
 use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::watcher;
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 
@@ -27,13 +27,7 @@ use crate::cluster::triggers::Triggers;
 use crate::pure::activators::Available;
 use crate::pure::index::MembershipIndex;
 pub use crate::pure::settle::{LOSS_SETTLE, OUTAGE_HOLD, RECOVERY_SETTLE};
-use state::ActivatorWatch;
-
-/// An event of the activator pod watch or of the Node watch.
-enum Watched {
-    Pod(Box<Event<Pod>>),
-    Node(Box<Event<Node>>),
-}
+use state::{ActivatorWatch, Outputs, Watched};
 
 /// What [`watch_activators`] watches, and the outage aftermath within which it reads a Node
 /// NotReady as the outage's, not the node's (`Config::outage_hold`).
@@ -50,16 +44,6 @@ pub(crate) struct ActivatorSources {
     /// How long an activator lost on a Ready node stays a member, waiting for its replacement
     /// (`Config::replacement_hold`, `replacements.rs`).
     pub replacement_hold: std::time::Duration,
-}
-
-/// Where the watch publishes the set, and what it tells when.
-struct Outputs {
-    index: Arc<Mutex<MembershipIndex>>,
-    available: Arc<RwLock<Arc<Available>>>,
-    available_count: Arc<watch::Sender<usize>>,
-    synced: Arc<watch::Sender<Synced>>,
-    triggers: Triggers,
-    metrics: Arc<Metrics>,
 }
 
 /// What woke the loop.

@@ -4,21 +4,42 @@
 //! each deciding with the pure parts (`activators`, `replacements`, `loss_burst`).
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, RwLock};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
 use kube::runtime::watcher::{self, Event};
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::publish::publish;
-use super::{LOSS_SETTLE, Outputs, RECOVERY_SETTLE, Watched};
 use crate::cluster::control_plane::Aftermath;
+use crate::cluster::metrics::Metrics;
+use crate::cluster::synced::Synced;
+use crate::cluster::triggers::Triggers;
 use crate::pure::activators::{self, ActivatorSet, Available, Diff};
+use crate::pure::index::MembershipIndex;
 use crate::pure::locks::{lock, read, write};
 use crate::pure::loss_burst::LossBurst;
 use crate::pure::replacements::Replacements;
+use crate::pure::settle::{LOSS_SETTLE, RECOVERY_SETTLE};
+
+/// An event of the activator pod watch or of the Node watch.
+pub(super) enum Watched {
+    Pod(Box<Event<Pod>>),
+    Node(Box<Event<Node>>),
+}
+
+/// Where the watch publishes the set, and what it tells when.
+pub(super) struct Outputs {
+    pub(super) index: Arc<Mutex<MembershipIndex>>,
+    pub(super) available: Arc<RwLock<Arc<Available>>>,
+    pub(super) available_count: Arc<watch::Sender<usize>>,
+    pub(super) synced: Arc<watch::Sender<Synced>>,
+    pub(super) triggers: Triggers,
+    pub(super) metrics: Arc<Metrics>,
+}
 
 /// The state [`super::watch_activators`] keeps between events.
 pub(super) struct ActivatorWatch {

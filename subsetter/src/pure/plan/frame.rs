@@ -5,7 +5,7 @@ use std::cell::RefCell;
 
 use foldhash::HashSet as FastSet;
 
-use super::{SubsetInputs, eligible};
+use super::inputs::{SubsetInputs, eligible};
 use crate::pure::activators::{Activator, Available};
 use crate::pure::eligibility::Placement;
 use crate::pure::load_index::LoadIndex;

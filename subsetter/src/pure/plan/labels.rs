@@ -7,7 +7,7 @@ use crds::contract::{HOST_LABEL_PREFIX, MEMBER_LABEL_PREFIX, host_label, member_
 use foldhash::HashSet as FastSet;
 use serde_json::{Map, Value, json};
 
-use super::SubsetInputs;
+use super::inputs::SubsetInputs;
 use crate::pure::hosts::label_of_normalized;
 
 /// Every label the object should carry: its members', its hosts' (but those whose hand-over

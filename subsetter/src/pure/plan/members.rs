@@ -4,8 +4,8 @@
 
 use crds::{ActivatorMember, ImageMembers};
 
-use super::SubsetInputs;
 use super::frame::{Found, Frame};
+use super::inputs::SubsetInputs;
 use crate::pure::shares;
 
 /// The members for `chosen`, in its order, each with its share.

@@ -4,8 +4,8 @@
 use foldhash::HashSet as FastSet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
-use super::eligible;
 use super::frame::Frame;
+use super::inputs::eligible;
 use crate::pure::conditions::{self, Desired};
 
 /// Members that joined and left, and why those left did.
