@@ -5,9 +5,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Context as _;
 use clap::Parser;
+use keep_serving::shutdown_signal;
 use subsetter::Caches;
 use subsetter::cli::{Args, Command};
-use subsetter::cluster::shutdown::shutdown_signal;
 use subsetter::controller::Subsetter;
 use subsetter::leader::run_as_leader;
 use tracing_subscriber::EnvFilter;

@@ -25,8 +25,8 @@ use crate::cluster::watch::app_pods::watch_app_pods;
 use crate::cluster::watch::endpoints::watch_endpoints;
 use crate::cluster::watch::revisions::{HostClaims, watch_revisions};
 use crate::pure::key::Key;
-use crate::pure::locks::{lock, read};
 use crate::pure::queue::Queued;
+use keep_serving::{Locked, ReadWriteLocked};
 
 /// The watches and caches a replica keeps whether it leads or not (see
 /// [`crate::cluster::controller::Subsetter::start_caches`]).
@@ -76,7 +76,7 @@ impl Caches {
         let revision = self
             .rev_reader
             .get(&ObjectRef::new(&key.name).within(&key.namespace))?;
-        let endpoints = read(&self.shared.ae_store).current(&key);
+        let endpoints = self.shared.ae_store.read_locked().current(&key);
         Some(DirectoryAnswer {
             revision: (*revision).clone(),
             endpoints,
@@ -89,11 +89,11 @@ impl Caches {
     fn host_winner(&self, host: &str) -> Option<Key> {
         let h = crds::contract::normalize_host(host);
         let label = crate::pure::hosts::label_of_normalized(&h);
-        let claimants = lock(&self.shared.hosts).claimants(&h);
-        if let Some(k) = lock(&self.shared.routes).largest_share(&h) {
+        let claimants = self.shared.hosts.locked().claimants(&h);
+        if let Some(k) = self.shared.routes.locked().largest_share(&h) {
             return Some(k);
         }
-        let store = read(&self.shared.ae_store);
+        let store = self.shared.ae_store.read_locked();
         claimants.into_iter().find(|k| store.has_label(k, &label))
     }
 
@@ -109,7 +109,10 @@ impl Caches {
             return Err("this replica watches one namespace, not every subset");
         }
         let label = crds::contract::member_label(node);
-        let m = read(&self.shared.ae_store)
+        let m = self
+            .shared
+            .ae_store
+            .read_locked()
             .members(&label)
             .ok_or("no numeric resourceVersion seen yet")?;
         Ok(crds::directory::MembersAnswer {

@@ -19,8 +19,8 @@ use crate::cluster::metrics::Metrics;
 use crate::cluster::shared::SharedCaches;
 use crate::cluster::write_limit::{Lane, WriteLimiter};
 use crate::pure::key::Key;
-use crate::pure::locks::{lock, read, write};
 use crate::pure::policy::SubsetPolicy;
+use keep_serving::{Locked, ReadWriteLocked};
 
 /// Upper bound on writing one Event (the client has no timeout of its own).
 const EVENT_WRITE_LIMIT: Duration = Duration::from_secs(5);
@@ -88,13 +88,13 @@ impl Context {
 
     /// The policy and maxNodeSelection to plan with now.
     pub fn tuned(&self) -> Tuned {
-        read(&self.tuned).clone()
+        self.tuned.read_locked().clone()
     }
 
     /// Puts `s` in force: the next reconciles plan with it, the next writes take its rate.
     /// The policy object is kept when its name is unchanged (a seeded random stays seeded).
     pub fn apply(&self, s: &crate::pure::settings::Settings) {
-        let mut t = write(&self.tuned);
+        let mut t = self.tuned.write_locked();
         if t.policy.name() != s.policy
             && let Some(p) = crate::pure::policy::by_name(&s.policy)
         {
@@ -115,7 +115,7 @@ impl Context {
 
     /// `key`'s ActivationEndpoints as last seen or written (`store.rs`).
     pub(crate) fn current(&self, key: &Key) -> Option<ActivationEndpoints> {
-        read(&self.caches.ae_store).current(key)
+        self.caches.ae_store.read_locked().current(key)
     }
 
     /// Writes an Event about `regarding` under the write limit. Best effort, bounded: a
@@ -199,7 +199,7 @@ impl Context {
         rev: &Revision,
         members: &[ActivatorMember],
     ) -> Result<()> {
-        if lock(&self.slices).get(key).is_some_and(|m| m == members) {
+        if self.slices.locked().get(key).is_some_and(|m| m == members) {
             return Ok(());
         }
         let slice = crate::pure::endpoint_slice::build(rev, members);
@@ -213,7 +213,7 @@ impl Context {
         )
         .await?;
         self.metrics.writes.inc();
-        lock(&self.slices).insert(key.clone(), members.to_vec());
+        self.slices.locked().insert(key.clone(), members.to_vec());
         Ok(())
     }
 

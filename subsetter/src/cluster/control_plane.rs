@@ -17,7 +17,7 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use crate::pure::locks::lock;
+use keep_serving::Locked;
 
 /// How often `/readyz` is asked: one small request a second per replica, whatever the
 /// cluster's size.
@@ -47,13 +47,13 @@ impl Aftermath {
     /// A sign of an outage now: the aftermath lasts at least `hold` from here.
     pub(crate) fn sign(&self) {
         let end = Instant::now() + self.hold;
-        let mut until = lock(&self.until);
+        let mut until = self.until.locked();
         *until = Some(until.map_or(end, |t| t.max(end)));
     }
 
     /// When the aftermath ends, if it lasts now.
     pub(crate) fn ends(&self) -> Option<Instant> {
-        lock(&self.until).filter(|t| *t > Instant::now())
+        self.until.locked().filter(|t| *t > Instant::now())
     }
 }
 

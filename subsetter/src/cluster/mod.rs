@@ -21,7 +21,6 @@ mod rebalancer;
 pub mod reconciler;
 mod routes;
 mod shared;
-pub mod shutdown;
 mod synced;
 mod triggers;
 pub mod usable_activators;

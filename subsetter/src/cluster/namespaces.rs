@@ -19,7 +19,7 @@ use kube::{Api, ResourceExt};
 use tracing::{info, warn};
 
 use crate::cluster::error::{Error, Result};
-use crate::pure::locks::{read, write};
+use keep_serving::ReadWriteLocked;
 
 /// The namespaces selected, as the namespace watch last said.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,11 +81,11 @@ impl Selected {
     }
 
     pub fn allows(&self, namespace: &str) -> bool {
-        read(&self.0).allows(namespace)
+        self.0.read_locked().allows(namespace)
     }
 
     fn update<T>(&self, f: impl FnOnce(&mut Selection) -> T) -> T {
-        f(&mut write(&self.0))
+        f(&mut self.0.write_locked())
     }
 }
 

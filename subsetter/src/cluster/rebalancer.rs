@@ -9,8 +9,8 @@ use tracing::info;
 
 use crate::cluster::context::Context;
 use crate::cluster::triggers::Triggers;
-use crate::pure::locks::lock;
 use crate::pure::rebalance;
+use keep_serving::Locked;
 
 /// Every `every`, moves at most `limits.max_moves` members from the most to the least loaded
 /// activators while the load is uneven (`rebalance.rs`): each move is a reconcile of one
@@ -38,7 +38,7 @@ pub(crate) async fn rebalance_loop(
             continue;
         }
         let moves = {
-            let ix = lock(&ctx.caches.index);
+            let ix = ctx.caches.index.locked();
             let loads: BTreeMap<String, usize> = ix
                 .loads()
                 .nodes()
@@ -47,7 +47,7 @@ pub(crate) async fn rebalance_loop(
                 .collect();
             rebalance::moves(&loads, |n| ix.revisions_on(n), limits)
         };
-        let mut evictions = lock(&ctx.evictions);
+        let mut evictions = ctx.evictions.locked();
         // Moves not made since the last interval (a revision deleted meanwhile) are dropped.
         evictions.clear();
         if moves.is_empty() {

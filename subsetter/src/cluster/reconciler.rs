@@ -18,9 +18,9 @@ use crate::pure::conditions::{Desired, NoMembers};
 use crate::pure::handover::{self, HandOver};
 use crate::pure::hosts;
 use crate::pure::key::Key;
-use crate::pure::locks::{lock, read, write};
 use crate::pure::plan::{self, SubsetInputs, SubsetPlan};
 use crate::pure::route_plan;
+use keep_serving::{Locked, ReadWriteLocked};
 
 // Their paths from before they had files of their own.
 pub use crate::cluster::config::{Config, DEFAULT_CONCURRENCY};
@@ -141,8 +141,8 @@ fn routing(
     now: Timestamp,
 ) -> Routing {
     let (shares, route_warm, routed) = {
-        let rix = lock(&ctx.caches.routes);
-        let hosts = lock(&ctx.caches.hosts).hosts_of(key);
+        let rix = ctx.caches.routes.locked();
+        let hosts = ctx.caches.hosts.locked().hosts_of(key);
         let routed: Vec<String> = hosts
             .into_iter()
             .filter(|h| rix.owner(h).is_some())
@@ -159,7 +159,7 @@ fn routing(
                 .find(|c| c.type_ == route_plan::ROUTES_READY && c.status == "False")
         })
         .map(|c| c.last_transition_time.0);
-    let ready = lock(&ctx.caches.ready_pods).ready(key);
+    let ready = ctx.caches.ready_pods.locked().ready(key);
     let hand_over = handover::decide(&handover::Inputs {
         held: &held,
         ready,
@@ -169,7 +169,10 @@ fn routing(
         now,
     });
     let waits = matches!(hand_over, HandOver::Wait { .. });
-    lock(&ctx.caches.ready_pods).watch(key, waits || route_warm > 0);
+    ctx.caches
+        .ready_pods
+        .locked()
+        .watch(key, waits || route_warm > 0);
     let (pending, warm) = match &hand_over {
         HandOver::Wait { needed, .. } => (held.iter().map(|h| h.host.clone()).collect(), *needed),
         _ => (Vec::new(), 0),
@@ -191,7 +194,7 @@ fn held_hosts(
     routed: &[String],
 ) -> Vec<handover::Held> {
     let candidates: Vec<(String, Vec<Key>)> = {
-        let hix = lock(&ctx.caches.hosts);
+        let hix = ctx.caches.hosts.locked();
         hix.hosts_of(key)
             .into_iter()
             .filter(|h| !routed.contains(h))
@@ -209,11 +212,11 @@ fn held_hosts(
             continue;
         }
         let by = {
-            let ae = read(&ctx.caches.ae_store);
+            let ae = ctx.caches.ae_store.read_locked();
             older.into_iter().find(|k| ae.has_label(k, &label))
         };
         if let Some(by) = by {
-            let ready = lock(&ctx.caches.ready_pods).ready(&by);
+            let ready = ctx.caches.ready_pods.locked().ready(&by);
             held.push(handover::Held { host, by, ready });
         }
     }
@@ -304,7 +307,7 @@ impl Target {
 
 /// The reconcile of `key` is done: its next failure backs off from the start again.
 fn succeeded(ctx: &Context, key: &Key) -> Action {
-    lock(&ctx.failures).remove(key);
+    ctx.failures.locked().remove(key);
     Action::await_change()
 }
 
@@ -366,11 +369,11 @@ fn plan_and_reserve(
     now: Timestamp,
 ) -> SubsetPlan {
     let host_conflicts = host_conflicts(ctx, key);
-    let available = Arc::clone(&*read(&ctx.caches.activators));
+    let available = Arc::clone(&*ctx.caches.activators.read_locked());
     let key_str = key.to_string();
     let tuned = ctx.tuned();
-    let evict = lock(&ctx.evictions).remove(key);
-    let mut index = lock(&ctx.caches.index);
+    let evict = ctx.evictions.locked().remove(key);
+    let mut index = ctx.caches.index.locked();
     // Locality off, or no node reporting an image (kubelets listing none, kubesim without
     // images): nothing to prefer, and the template is not parsed (a plan costs what it did
     // before image locality; `status.imageMembers` is then left out).
@@ -522,7 +525,10 @@ async fn record_written(
     written: Written,
     plan: &SubsetPlan,
 ) {
-    write(&ctx.caches.ae_store).wrote(key, written.stale, &written.object);
+    ctx.caches
+        .ae_store
+        .write_locked()
+        .wrote(key, written.stale, &written.object);
     count_churn(&ctx.metrics, plan);
     if let Some((reason, message)) = &plan.degraded {
         ctx.degraded_event(rev, reason, message).await;
@@ -559,17 +565,20 @@ fn count_churn(metrics: &Metrics, plan: &SubsetPlan) {
 /// marking this revision would leave the host with no route. The AE watch triggers this
 /// revision again when the newer one's object changes.
 fn host_conflicts(ctx: &Context, key: &Key) -> Vec<hosts::Conflict> {
-    let mut newer = lock(&ctx.caches.hosts).newer_claimants(key);
+    let mut newer = ctx.caches.hosts.locked().newer_claimants(key);
     {
         // A host a Route owns is the Route's to split: claims do not conflict over it.
-        let rix = lock(&ctx.caches.routes);
+        let rix = ctx.caches.routes.locked();
         newer.retain(|(h, _)| rix.owner(h).is_none());
     }
     if newer.is_empty() {
         return Vec::new();
     }
     let conflicts = hosts::conflicts(&newer, |winner, host| {
-        read(&ctx.caches.ae_store).has_label(winner, &hosts::label_of_normalized(host))
+        ctx.caches
+            .ae_store
+            .read_locked()
+            .has_label(winner, &hosts::label_of_normalized(host))
     });
     if !conflicts.is_empty() {
         debug!(revision = %key, ?conflicts, "hosts claimed by newer revisions");
@@ -594,7 +603,12 @@ async fn write_revision_status(
     {
         let key = Key::new(rev.namespace().unwrap_or_default(), rev.name_any());
         let rv = rev.metadata.resource_version.as_deref();
-        if lock(&ctx.caches.written_statuses).repeats(&key, rv, generation, &conditions) {
+        if ctx
+            .caches
+            .written_statuses
+            .locked()
+            .repeats(&key, rv, generation, &conditions)
+        {
             debug!(revision = %key, "status written already, over the version planned from");
             return Ok(());
         }
@@ -606,7 +620,7 @@ async fn write_revision_status(
             .patch_status(&rev.name_any(), &ctx.patch_params(), &Patch::Merge(patch))
             .await?;
         ctx.metrics.writes.inc();
-        lock(&ctx.caches.written_statuses).wrote(
+        ctx.caches.written_statuses.locked().wrote(
             key,
             rv,
             made.metadata.resource_version.as_deref(),
@@ -623,13 +637,13 @@ pub fn error_policy(rev: Arc<Revision>, error: &Error, ctx: Arc<Context>) -> Act
     let key = Key::new(rev.namespace().unwrap_or_default(), rev.name_any());
     // What we believed we wrote may not have happened: trust the store again.
     let stored = {
-        let mut store = write(&ctx.caches.ae_store);
+        let mut store = ctx.caches.ae_store.write_locked();
         store.forget_written(&key);
-        lock(&ctx.caches.written_statuses).forget(&key);
+        ctx.caches.written_statuses.locked().forget(&key);
         store.stored(&key)
     };
     {
-        let mut index = lock(&ctx.caches.index);
+        let mut index = ctx.caches.index.locked();
         match stored {
             Some(ae) => {
                 let (nodes, short) = crate::pure::index::entry_of(&ae);
@@ -639,7 +653,7 @@ pub fn error_policy(rev: Arc<Revision>, error: &Error, ctx: Arc<Context>) -> Act
         }
     }
     let attempt = {
-        let mut failures = lock(&ctx.failures);
+        let mut failures = ctx.failures.locked();
         let n = failures.entry(key.clone()).or_insert(0);
         *n = n.saturating_add(1);
         *n

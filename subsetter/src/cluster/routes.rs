@@ -26,9 +26,9 @@ use crate::cluster::triggers::{Triggers, trigger};
 use crate::cluster::write_limit::Lane;
 use crate::pure::hosts::label_of_normalized;
 use crate::pure::key::Key;
-use crate::pure::locks::{lock, read};
 use crate::pure::route_index::RouteIndex;
 use crate::pure::route_plan::{self, Facts};
+use keep_serving::{Locked, ReadWriteLocked};
 
 /// A pass runs at least this often while leading: a Route's `latestRevision` follows new
 /// Revisions, and steps and bounds come due, without an event of the Route's own.
@@ -74,7 +74,7 @@ pub(crate) async fn watch_routes(
         }
         writer.apply_watcher_event(&event);
         let changed = {
-            let mut ix = lock(&index);
+            let mut ix = index.locked();
             match &event {
                 Event::Apply(r) | Event::InitApply(r) => {
                     listed.insert(key_of(r));
@@ -159,7 +159,7 @@ async fn pass_one(
             return None;
         }
         Some(Facts {
-            ready: lock(&ready).ready(&Key::new(ns.clone(), name.to_owned())),
+            ready: ready.locked().ready(&Key::new(ns.clone(), name.to_owned())),
             max_scale: r.spec.max_scale,
             bound_seconds: r.spec.hand_over_bound(),
         })
@@ -203,9 +203,9 @@ fn host_claims(
     rev: &dyn Fn(&str) -> Option<Arc<Revision>>,
 ) -> Claims {
     let ns = &key.namespace;
-    let hix = lock(&ctx.caches.hosts);
-    let rix = lock(&ctx.caches.routes);
-    let ae = read(&ctx.caches.ae_store);
+    let hix = ctx.caches.hosts.locked();
+    let rix = ctx.caches.routes.locked();
+    let ae = ctx.caches.ae_store.read_locked();
     let mut latest: Option<(i64, Key)> = None;
     let mut serving: Option<String> = None;
     let mut problems = Vec::new();
@@ -248,12 +248,12 @@ fn keep_warm(ctx: &Context, key: &Key, warm: &[(String, i32)], triggers: &Trigge
         .map(|(n, p)| (Key::new(key.namespace.clone(), n.clone()), *p))
         .collect();
     {
-        let mut rp = lock(&ctx.caches.ready_pods);
+        let mut rp = ctx.caches.ready_pods.locked();
         for (k, _) in &warm {
             rp.watch(k, true);
         }
     }
-    let warm_changed = lock(&ctx.caches.routes).set_warm(key, &warm);
+    let warm_changed = ctx.caches.routes.locked().set_warm(key, &warm);
     trigger(triggers, warm_changed);
 }
 
@@ -273,8 +273,12 @@ async fn write_status(
     api.patch_status(&key.name, &ctx.patch_params(), &patch)
         .await?;
     ctx.metrics.writes.inc();
-    let changed =
-        lock(&ctx.caches.routes).upsert(key, created(route), &route.spec.hosts, &d.status.traffic);
+    let changed = ctx.caches.routes.locked().upsert(
+        key,
+        created(route),
+        &route.spec.hosts,
+        &d.status.traffic,
+    );
     let gaining = |k: &Key| {
         d.status
             .traffic

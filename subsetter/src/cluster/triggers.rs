@@ -10,8 +10,8 @@ use kube::runtime::reflector::ObjectRef;
 
 use crate::cluster::namespaces::Selected;
 use crate::pure::key::Key;
-use crate::pure::locks::lock;
 use crate::pure::queue::Queued;
+use keep_serving::Locked;
 
 /// Where the caches send the revisions a change concerns: to the leading controller, or
 /// nowhere while this replica is a standby (taking the lead reconciles everything anyway).
@@ -40,7 +40,7 @@ impl Triggers {
         {
             return;
         }
-        if let Some(tx) = &*lock(&self.tx) {
+        if let Some(tx) = &*self.tx.locked() {
             // Counted before it is sent: the reconcile that takes it out may start at once.
             let key = Key::new(r.namespace.clone().unwrap_or_default(), r.name.clone());
             self.queued.entered(key.clone());
@@ -52,12 +52,12 @@ impl Triggers {
 
     /// This replica leads: triggers go to `tx`, the controller's.
     pub(crate) fn lead(&self, tx: UnboundedSender<ObjectRef<Revision>>) {
-        *lock(&self.tx) = Some(tx);
+        *self.tx.locked() = Some(tx);
     }
 
     /// The controller stopped: its queue is gone with it.
     pub(crate) fn follow(&self) {
-        let mut tx = lock(&self.tx);
+        let mut tx = self.tx.locked();
         *tx = None;
         self.queued.clear();
     }

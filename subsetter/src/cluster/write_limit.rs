@@ -14,7 +14,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::pure::locks::lock;
+use keep_serving::Locked;
 use tokio::time::Instant;
 
 /// `rate` tokens a second, at most `burst` saved up. Each write takes one; a write that
@@ -107,13 +107,13 @@ impl WriteLimiter {
 
     /// A new rate and burst (the ConfigMap changed); writes already waiting keep their turn.
     pub fn reconfigure(&self, qps: f64, burst: u32) {
-        *lock(&self.lanes) = Lanes::new(qps, burst, Instant::now());
+        *self.lanes.locked() = Lanes::new(qps, burst, Instant::now());
     }
 
     /// Waits for this write's turn in `lane`; returns how long it waited.
     pub async fn acquire(&self, lane: Lane) -> Duration {
         let wait = {
-            let mut lanes = lock(&self.lanes);
+            let mut lanes = self.lanes.locked();
             let now = Instant::now();
             if lane == Lane::Urgent
                 && let Some(urgent) = &mut lanes.urgent

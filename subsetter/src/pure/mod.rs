@@ -12,7 +12,6 @@ pub mod images;
 pub mod index;
 pub mod key;
 pub mod load_index;
-pub(crate) mod locks;
 pub mod loss_burst;
 pub mod plan;
 pub mod policy;

@@ -14,8 +14,8 @@ use foldhash::HashSet as FastSet;
 use rand::rngs::StdRng;
 
 use crate::pure::load_index::LoadIndex;
-use crate::pure::locks::lock;
 use crate::pure::ring::{ring_distance, ring_hash};
+use keep_serving::Locked;
 use rand::{RngExt, SeedableRng};
 
 /// One activator the policy may choose.
@@ -240,12 +240,12 @@ impl SubsetPolicy for Random {
         "random"
     }
     fn choose(&self, request: &SubsetRequest<'_>) -> Vec<String> {
-        let mut rng = lock(&self.rng);
+        let mut rng = self.rng.locked();
         keep_and_fill(request, |pool| rng.random_range(0..pool.len()))
     }
 
     fn choose_indexed(&self, request: &IndexedRequest<'_>) -> Option<Vec<String>> {
-        let mut rng = lock(&self.rng);
+        let mut rng = self.rng.locked();
         let nodes = request.index.nodes();
         Some(keep_and_fill_indexed(request, |skip| {
             // Uniform over the nodes not skipped: rejection while that is cheap (few are

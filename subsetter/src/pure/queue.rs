@@ -19,7 +19,7 @@ use foldhash::HashSet as FastSet;
 use prometheus_client::metrics::gauge::Gauge;
 
 use crate::pure::key::Key;
-use crate::pure::locks::lock;
+use keep_serving::Locked;
 
 /// The set of revisions waiting for a reconcile, mirrored in a gauge.
 #[derive(Debug, Default)]
@@ -40,14 +40,14 @@ impl Queued {
 
     /// `key` was sent to the controller.
     pub fn entered(&self, key: Key) {
-        let mut keys = lock(&self.keys);
+        let mut keys = self.keys.locked();
         keys.insert(key);
         self.gauge.set(keys.len() as i64);
     }
 
     /// `key`'s reconcile started (or the controller dropped it).
     pub fn left(&self, key: &Key) {
-        let mut keys = lock(&self.keys);
+        let mut keys = self.keys.locked();
         if keys.remove(key) {
             self.gauge.set(keys.len() as i64);
         }
@@ -55,13 +55,13 @@ impl Queued {
 
     /// The controller stopped: nothing waits any more.
     pub fn clear(&self) {
-        let mut keys = lock(&self.keys);
+        let mut keys = self.keys.locked();
         keys.clear();
         self.gauge.set(0);
     }
 
     pub fn len(&self) -> usize {
-        lock(&self.keys).len()
+        self.keys.locked().len()
     }
 
     pub fn is_empty(&self) -> bool {

@@ -285,9 +285,19 @@ impl World {
             .unwrap_or_default()
     }
 
-    /// The activator set changed: the controller rebuilds the load index.
+    /// The first activator set: the controller builds the load index from it.
     fn set_available(&mut self) {
         self.ix.set_available(&self.available);
+    }
+
+    /// One node's activator came (`Some`) or went (`None`): the controller's activator watch
+    /// changes the set and the load index for that node alone (`update_available`).
+    fn change_available(&mut self, node: &str, new: Option<Activator>) {
+        let old = match new.clone() {
+            Some(a) => self.available.insert(node.to_owned(), a),
+            None => self.available.remove(node),
+        };
+        self.ix.update_available(node, old.as_ref(), new.as_ref());
     }
 }
 
@@ -412,16 +422,20 @@ struct Removal {
     replaced: (usize, usize),
 }
 
-/// Lose the activator in the middle of the list: the controller rebuilds the load index and
-/// plans the revisions that had it, nothing else.
+/// Lose the activator in the middle of the list: the controller takes it out of the set and
+/// the load index, and plans the revisions that had it, nothing else. Timed: that work alone
+/// (the members before and after are read outside it, for the figures).
 fn remove_one(w: &mut World, opts: &BenchOptions, stateless: bool, all: &[usize]) -> Removal {
     let victim = format!("node-{:05}", opts.activators / 2);
+    let before: Vec<Vec<String>> = World::numbers(w.ix.revisions_on(&victim))
+        .iter()
+        .map(|&i| w.members(i))
+        .collect();
     let t = Instant::now();
-    w.available.remove(&victim);
-    w.set_available();
+    w.change_available(&victim, None);
     let touched = World::numbers(w.ix.revisions_on(&victim));
-    let before: Vec<Vec<String>> = touched.iter().map(|&i| w.members(i)).collect();
     let churn = w.plan_all(if stateless { all } else { &touched });
+    let elapsed = ms(t);
     // Of the members that replaced the lost one: how many hold their revision's image.
     let mut replaced = (0usize, 0usize);
     for (&i, old) in touched.iter().zip(&before) {
@@ -434,7 +448,7 @@ fn remove_one(w: &mut World, opts: &BenchOptions, stateless: bool, all: &[usize]
         replaced.1 += w.holding(i, &new);
     }
     Removal {
-        ms: ms(t),
+        ms: elapsed,
         touched: touched.len(),
         churn,
         replaced,
@@ -458,8 +472,7 @@ fn add_one(
 ) -> Addition {
     let (node, a) = activator(opts.activators, &sets[opts.activators]);
     let t = Instant::now();
-    w.available.insert(node, a);
-    w.set_available();
+    w.change_available(&node, Some(a));
     let short = World::numbers(w.ix.short());
     let churn = w.plan_all(if stateless { all } else { &short });
     Addition { ms: ms(t), churn }

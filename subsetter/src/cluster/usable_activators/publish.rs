@@ -12,7 +12,7 @@ use crate::cluster::triggers::{Triggers, trigger};
 use crate::pure::activators::{self, Activator, Available};
 use crate::pure::index::MembershipIndex;
 use crate::pure::key::Key;
-use crate::pure::locks::{lock, write};
+use keep_serving::{Locked, ReadWriteLocked};
 
 /// Whether two states of one node's activator differ in more than the node's images.
 fn same_placement(old: &Activator, new: &Activator) -> bool {
@@ -41,7 +41,7 @@ pub(super) fn publish(
     // Only the nodes that changed. A reconcile holding the previous map (planning with
     // it) makes this a copy; otherwise the map is changed in place.
     let changes: Vec<(&String, Option<Activator>, Option<&Activator>)> = {
-        let mut shared = write(available);
+        let mut shared = available.write_locked();
         let map = Arc::make_mut(&mut *shared);
         diff.lost
             .iter()
@@ -58,7 +58,7 @@ pub(super) fn publish(
             .collect()
     };
     let targets: BTreeSet<Key> = {
-        let mut ix = lock(index);
+        let mut ix = index.locked();
         for (node, old, new) in &changes {
             ix.update_available(node, old.as_ref(), *new);
         }

@@ -20,10 +20,10 @@ use crate::cluster::synced::Synced;
 use crate::cluster::triggers::Triggers;
 use crate::pure::activators::{self, ActivatorSet, Available, Diff};
 use crate::pure::index::MembershipIndex;
-use crate::pure::locks::{lock, read, write};
 use crate::pure::loss_burst::LossBurst;
 use crate::pure::replacements::Replacements;
 use crate::pure::settle::{LOSS_SETTLE, RECOVERY_SETTLE};
+use keep_serving::{Locked, ReadWriteLocked};
 
 /// An event of the activator pod watch or of the Node watch.
 pub(super) enum Watched {
@@ -129,7 +129,7 @@ impl ActivatorWatch {
             return;
         }
         self.settle = None;
-        let published = Arc::clone(&*read(&self.out.available));
+        let published = Arc::clone(&*self.out.available.read_locked());
         let mut diff = activators::diff(&published, self.set.available());
         // Still waiting for their replacement: not lost yet.
         diff.lost.retain(|n| !self.replacements.contains(n));
@@ -236,8 +236,8 @@ impl ActivatorWatch {
     /// flag (reconciles start only after it).
     fn publish_first(&mut self) {
         let next = self.set.available();
-        *write(&self.out.available) = Arc::new(Available::from(next.clone()));
-        lock(&self.out.index).set_available(next);
+        *self.out.available.write_locked() = Arc::new(Available::from(next.clone()));
+        self.out.index.locked().set_available(next);
         self.out.metrics.activators.set(next.len() as i64);
         self.out.available_count.send_replace(next.len());
         self.out.synced.send_modify(|s| {
@@ -354,7 +354,7 @@ impl ActivatorWatch {
         if back.is_empty() {
             return;
         }
-        let published = Arc::clone(&*read(&self.out.available));
+        let published = Arc::clone(&*self.out.available.read_locked());
         for node in back {
             self.replacements.end(&node);
             diff.added.remove(&node);
@@ -388,7 +388,7 @@ impl ActivatorWatch {
                 .filter(|n| self.set.node_not_ready(n))
                 .cloned()
                 .collect();
-            let nodes = read(&self.out.available).len();
+            let nodes = self.out.available.read_locked().len();
             if !failed.is_empty()
                 && self
                     .burst

@@ -20,8 +20,8 @@ use tracing::warn;
 
 use crate::cluster::triggers::Triggers;
 use crate::pure::key::Key;
-use crate::pure::locks::lock;
 use crate::pure::ready_pods::ReadyPods;
+use keep_serving::Locked;
 
 fn key_of(pod: &Pod) -> Option<Key> {
     let rev = pod.labels().get(REVISION_LABEL)?;
@@ -47,7 +47,7 @@ pub(crate) async fn watch_app_pods(
             }
         };
         let changed: Vec<Key> = {
-            let mut r = lock(&ready);
+            let mut r = ready.locked();
             match &event {
                 Event::Init => {
                     r.relist_start();

@@ -20,8 +20,8 @@ use crate::cluster::triggers::Triggers;
 use crate::cluster::watch::revisions::HostClaims;
 use crate::pure::index::MembershipIndex;
 use crate::pure::key::Key;
-use crate::pure::locks::{lock, read, write};
 use crate::pure::store::AeStore;
+use keep_serving::{Locked, ReadWriteLocked};
 
 /// Keeps `store` and `index` from the ActivationEndpoints events, and triggers the owners.
 pub(crate) async fn watch_endpoints(
@@ -45,7 +45,7 @@ pub(crate) async fn watch_endpoints(
         {
             // The store keeps what a reconcile reads of each object (`store.rs`), not the
             // objects whole.
-            let mut s = write(&store);
+            let mut s = store.write_locked();
             match &event {
                 Event::Apply(ae) => s.apply(ae),
                 Event::Delete(ae) => s.delete(ae),
@@ -57,7 +57,7 @@ pub(crate) async fn watch_endpoints(
         if let Event::Apply(ae) | Event::Delete(ae) | Event::InitApply(ae) = &event {
             claims.endpoints_changed(&key_of(ae));
         }
-        let mut ix = lock(&index);
+        let mut ix = index.locked();
         match event {
             Event::Apply(ae) => {
                 // A just-created object has no status yet (the status subresource is written
@@ -78,7 +78,7 @@ pub(crate) async fn watch_endpoints(
                 ix.set(&key_of(&ae), nodes, short);
             }
             Event::InitDone => {
-                let keys: HashSet<Key> = read(&store).keys().cloned().collect();
+                let keys: HashSet<Key> = store.read_locked().keys().cloned().collect();
                 ix.retain(&keys);
                 synced.send_modify(|s| s.endpoints = true);
             }

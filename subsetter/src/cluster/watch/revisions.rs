@@ -17,8 +17,8 @@ use tracing::{debug, warn};
 use crate::cluster::triggers::{Triggers, trigger};
 use crate::pure::hosts::HostIndex;
 use crate::pure::key::Key;
-use crate::pure::locks::lock;
 use crate::pure::written_status::WrittenStatuses;
+use keep_serving::Locked;
 
 /// The Revision watch: keeps the store, the host claims, and triggers a reconcile when a
 /// revision's generation changes (the subsetter's own status writes do not).
@@ -51,7 +51,9 @@ pub(crate) async fn watch_revisions(
         match event {
             Event::Apply(r) | Event::InitApply(r) => {
                 let rk = Key::new(r.namespace().unwrap_or_default(), r.name_any());
-                lock(&written).seen(&rk, r.metadata.resource_version.as_deref());
+                written
+                    .locked()
+                    .seen(&rk, r.metadata.resource_version.as_deref());
                 let key = ObjectRef::from_obj(&r);
                 let generation = r.metadata.generation;
                 if generations.insert(key.clone(), generation) != Some(generation) {
@@ -59,7 +61,9 @@ pub(crate) async fn watch_revisions(
                 }
             }
             Event::Delete(r) => {
-                lock(&written).forget(&Key::new(r.namespace().unwrap_or_default(), r.name_any()));
+                written
+                    .locked()
+                    .forget(&Key::new(r.namespace().unwrap_or_default(), r.name_any()));
                 generations.remove(&ObjectRef::from_obj(&r));
             }
             Event::Init | Event::InitDone => {}
@@ -96,7 +100,7 @@ impl HostClaims {
                 .map_or(0, |t| t.0.as_second())
         };
         let affected = {
-            let mut ix = lock(&self.index);
+            let mut ix = self.index.locked();
             match event {
                 Event::Init => {
                     self.relist = Some(HashSet::new());
@@ -128,7 +132,7 @@ impl HostClaims {
     /// the older claimants' HostConflict (see `reconciler::host_conflicts`). Only contested
     /// hosts have older claimants, so most events trigger nothing.
     pub(crate) fn endpoints_changed(&self, key: &Key) {
-        let older = lock(&self.index).older_claimants(key);
+        let older = self.index.locked().older_claimants(key);
         trigger(&self.triggers, older);
     }
 }
