@@ -5,7 +5,7 @@
 //! process. Start one with [`Activator::start`] (the composition root, `compose/`); the request
 //! path is in [`pipeline`].
 
-// The activator's rooms, from the bottom up (hack/structure.layers): error and locks; the wire
+// The activator's rooms, from the bottom up (hack/structure.layers): errors; the wire
 // (answers, naming, connections); the HTTP/1 rules (http1); operations (metrics, Events,
 // tracing, the admin port); the upstream pools and the serving threads; the caches of the API;
 // the node's pods; the request path (its transport-neutral core, and hyper's adapter); the fast
@@ -18,7 +18,6 @@ pub mod config;
 pub mod error;
 pub mod fast;
 pub mod http1;
-mod locks;
 pub mod node;
 pub mod ops;
 pub mod pipeline;
@@ -27,8 +26,8 @@ pub mod upstream;
 pub mod wire;
 
 pub use compose::Activator;
-pub use compose::signal::shutdown_signal;
 pub use compose::watch_only::WatchOnly;
 pub use config::ActivatorConfig;
 pub use error::Error;
+pub use keep_serving::shutdown_signal;
 pub use ops::metrics::Metrics;

@@ -26,9 +26,9 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::locks::Locked;
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
+use keep_serving::Locked;
 use kube::Client;
 use tokio::time::Instant;
 

@@ -1,12 +1,11 @@
 //! The composition root: [`Activator::start`] binds the ports, starts the caches
 //! ([`caches`]), the node's pools and pre-pull ([`pools`]) and serves ([`serving`]);
 //! [`watch_only::WatchOnly`] starts the same watches for a node with no whole activator (load
-//! tests), and [`signal::shutdown_signal`] is what the binary waits for.
+//! tests), and [`keep_serving::shutdown_signal`] is what the binary waits for.
 
 mod caches;
 mod pools;
 mod serving;
-pub mod signal;
 pub mod watch_only;
 
 use std::net::SocketAddr;

@@ -9,9 +9,9 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use crate::locks::Locked;
 use crate::upstream::idle::IdleSet;
 use crate::wire::connect::ConnectError;
+use keep_serving::Locked;
 
 /// Idle connections by pod address.
 pub struct PodConns {

@@ -28,11 +28,11 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::cache::pods::PodCache;
-use crate::locks::Locked;
 use crate::node::cold_start::{ColdStart, ColdTimings};
 use crate::node::throttle::{Admit, PodRef, Slot, Throttle, Ticket};
 use crate::ops::metrics::{Metrics, Phase};
 use crds::ObjectKey as RevisionKey;
+use keep_serving::Locked;
 
 /// Tuning of buffering and local scaling (part of [`crate::ActivatorConfig`]).
 #[derive(Debug, Clone)]

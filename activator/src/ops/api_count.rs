@@ -14,7 +14,7 @@ use http::{Method, Request, Uri};
 use kube::Client;
 use tokio::time::Instant;
 
-use crate::locks::Locked;
+use keep_serving::Locked;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;

@@ -18,10 +18,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::locks::Locked;
 use crds::Revision;
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::ObjectReference;
+use keep_serving::Locked;
 use kube::Resource as _;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tokio::sync::mpsc;

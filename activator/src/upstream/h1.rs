@@ -26,10 +26,10 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use crate::locks::Locked;
 use crate::upstream::h2c::UpBody;
 use crate::upstream::idle::IdleSet;
 use crate::wire::connect::ConnectError;
+use keep_serving::Locked;
 
 /// What the pool knows of a connection's socket besides hyper's handle: how many bytes it has
 /// read from its target (whether an exchange that failed got any answer: a request the pod

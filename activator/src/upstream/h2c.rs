@@ -15,10 +15,10 @@ use hyper::client::conn::http2::{Builder, SendRequest};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::time::Instant;
 
-use crate::locks::Locked;
 use crate::upstream::body_timeout::IdleTimeout;
 use crate::wire::answer::Body;
 use crate::wire::connect::{ConnectError, connect};
+use keep_serving::Locked;
 
 /// The request body type sent upstream.
 pub type UpBody = IdleTimeout<Body>;
