@@ -87,8 +87,8 @@ pub struct BenchReport {
     /// The memberships the answers held between them (every membership once: revisions ×
     /// members).
     pub directory_memberships: usize,
-    /// The same, found by a scan of every subset for the label, as the answer was found
-    /// until 2026-11-29 (each answer the same; the mean over at most 100 nodes).
+    /// The same, found by a scan of every subset for the label, as the API server's own
+    /// label-selected list finds it (each answer the same; the mean over at most 100 nodes).
     pub directory_scan_us: f64,
     /// The process's peak resident memory (VmHWM), when /proc tells it.
     pub peak_rss_mib: Option<f64>,
