@@ -19,6 +19,7 @@ pub mod contract;
 pub mod crdgen;
 pub mod directory;
 pub mod key;
+pub mod member_stream;
 pub mod pod_template;
 pub mod revision;
 pub mod route;
