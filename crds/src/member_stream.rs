@@ -369,7 +369,10 @@ mod tests {
             vec![ae("a", "new", "9", "n1")],
         )
         .expect("consistent");
-        let names: Vec<_> = out.iter().map(|o| o.metadata.name.clone().unwrap()).collect();
+        let names: Vec<_> = out
+            .iter()
+            .map(|o| o.metadata.name.clone().unwrap())
+            .collect();
         assert_eq!(names, ["x", "new"]);
         // A copy at another version than the one named, and not sent: ask for a first state.
         assert_eq!(

@@ -40,12 +40,32 @@ pub(crate) async fn serve_plain<F>(
 where
     F: Fn(&Request<hyper::body::Incoming>) -> Response<Full<Bytes>> + Send + Sync + 'static,
 {
+    serve_with(what, addr, move |req, _peer| {
+        let r = respond(&req);
+        async move { r }
+    })
+    .await
+}
+
+/// [`serve_plain`] for an answer made asynchronously, with any body (the directory's
+/// membership streams), told the peer's address.
+pub(crate) async fn serve_with<F, Fut, B>(
+    what: &'static str,
+    addr: SocketAddr,
+    respond: F,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)>
+where
+    F: Fn(Request<hyper::body::Incoming>, SocketAddr) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Response<B>> + Send + 'static,
+    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let listener = TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
     let respond = Arc::new(respond);
     let task = tokio::spawn(async move {
         loop {
-            let (stream, _) = match listener.accept().await {
+            let (stream, peer) = match listener.accept().await {
                 Ok(a) => a,
                 Err(e) => {
                     tracing::warn!(error = %e, "{what} accept failed");
@@ -55,8 +75,8 @@ where
             };
             let respond = Arc::clone(&respond);
             let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                let r = respond(&req);
-                async move { Ok::<_, Infallible>(r) }
+                let r = respond(req, peer);
+                async move { Ok::<_, Infallible>(r.await) }
             });
             tokio::spawn(async move {
                 let _ = auto::Builder::new(TokioExecutor::new())

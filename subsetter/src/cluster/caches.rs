@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use crds::directory::DirectoryAnswer;
+use crds::member_stream::Held;
 use crds::{ActivationEndpoints, Revision, Route};
 use futures::FutureExt;
 use k8s_openapi::NamespaceResourceScope;
@@ -15,6 +16,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::cluster::config::Config;
+use crate::cluster::member_stream::MemberHub;
 use crate::cluster::metrics::Metrics;
 use crate::cluster::namespaces::{self, Selected};
 use crate::cluster::shared::SharedCaches;
@@ -36,6 +38,8 @@ pub struct Caches {
     pub(crate) rev_reader: Store<Revision>,
     pub(crate) route_reader: Store<Route>,
     pub(crate) triggers: Triggers,
+    /// The membership streams open on this replica (`member_stream`).
+    pub hub: Arc<MemberHub>,
     tasks: Vec<JoinHandle<()>>,
     /// Whether the ActivationEndpoints watch covers every namespace (the members answer).
     all_namespaces: bool,
@@ -121,6 +125,43 @@ impl Caches {
         })
     }
 
+    /// `node`'s memberships for a stream's first state (`crds::member_stream`): the version
+    /// they are at (at least the streams' hub's, read first: every change up to it is in the
+    /// store), the name and version of each, and the objects newer than `since`.
+    pub fn member_sync(
+        &self,
+        node: &str,
+        since: Option<u64>,
+    ) -> std::result::Result<(u64, Vec<Held>, Vec<ActivationEndpoints>), &'static str> {
+        let floor = self.hub.version();
+        let m = self.members(node)?;
+        let at = crds::member_stream::version(&m.resource_version)
+            .map_err(|_| "no numeric resourceVersion seen yet")?
+            .max(floor);
+        let rv = |o: &ActivationEndpoints| {
+            o.metadata
+                .resource_version
+                .as_deref()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(u64::MAX)
+        };
+        let held = m
+            .items
+            .iter()
+            .map(|o| Held {
+                namespace: o.namespace().unwrap_or_default(),
+                name: o.name_any(),
+                resource_version: o.metadata.resource_version.clone().unwrap_or_default(),
+            })
+            .collect();
+        let items = m
+            .items
+            .into_iter()
+            .filter(|o| since.is_none_or(|s| rv(o) > s))
+            .collect();
+        Ok((at, held, items))
+    }
+
     /// Stops the watches.
     pub fn stop(&self) {
         for t in &self.tasks {
@@ -177,6 +218,7 @@ struct Feeds<'a> {
     synced: &'a Arc<watch::Sender<Synced>>,
     triggers: &'a Triggers,
     metrics: &'a Arc<Metrics>,
+    hub: &'a Arc<MemberHub>,
 }
 
 impl Caches {
@@ -192,7 +234,9 @@ impl Caches {
         );
         let shared = SharedCaches::new(synced_rx, Arc::clone(&triggers.queued), config.outage_hold);
         let claims = HostClaims::new(Arc::clone(&shared.hosts), triggers.clone());
+        let hub = MemberHub::new(Arc::clone(metrics));
         let feeds = Feeds {
+            hub: &hub,
             shared: &shared,
             synced: &synced,
             triggers: &triggers,
@@ -214,6 +258,7 @@ impl Caches {
             rev_reader,
             route_reader,
             triggers,
+            hub,
             tasks,
             all_namespaces: config.namespace.is_none(),
         }
@@ -262,6 +307,7 @@ fn spawn_member_watches(
         Arc::clone(feeds.synced),
         feeds.triggers.clone(),
         Arc::clone(feeds.metrics),
+        Arc::clone(feeds.hub),
     )));
     tasks.push(tokio::spawn(watch_activators(
         ActivatorSources {

@@ -8,43 +8,94 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use crds::ActivationEndpoints;
 use crds::directory::{BadQuery, DirectoryQuery, MembersAnswer};
-use http_body_util::Full;
-use hyper::{Method, Response, StatusCode};
+use crds::member_stream::Held;
+use http_body_util::{BodyExt, Full};
+use hyper::{Method, Request, Response, StatusCode};
 
 use crate::cluster::caches::Caches;
+use crate::cluster::member_stream::{self, MemberHub, StreamAccess, SyncSource, serve::Body};
 
 /// What a lookup reads: the replica's caches (a trait so the answers are tested without a
 /// cluster).
-pub trait Lookup: Send + Sync + 'static {
-    fn synced(&self) -> bool;
+pub trait Lookup: SyncSource + Send + Sync + 'static {
     fn answer(&self, q: &DirectoryQuery) -> Option<crds::directory::DirectoryAnswer>;
     /// A node's memberships (`crds::directory::MembersAnswer`), or why this replica cannot
     /// answer them.
     fn members(&self, node: &str) -> Result<MembersAnswer, &'static str>;
+    /// The membership streams open on this replica.
+    fn hub(&self) -> &Arc<MemberHub>;
 }
 
-impl Lookup for Caches {
+impl SyncSource for Caches {
     fn synced(&self) -> bool {
         self.is_synced()
     }
+    fn member_sync(
+        &self,
+        node: &str,
+        since: Option<u64>,
+    ) -> Result<(u64, Vec<Held>, Vec<ActivationEndpoints>), &'static str> {
+        Caches::member_sync(self, node, since)
+    }
+}
+
+impl Lookup for Caches {
     fn answer(&self, q: &DirectoryQuery) -> Option<crds::directory::DirectoryAnswer> {
         self.directory(q)
     }
     fn members(&self, node: &str) -> Result<MembersAnswer, &'static str> {
         Caches::members(self, node)
     }
+    fn hub(&self) -> &Arc<MemberHub> {
+        &self.hub
+    }
 }
 
-/// Binds `addr` and serves until the returned task is aborted or the process exits.
+/// Binds `addr` and serves until the returned task is aborted or the process exits; streams
+/// are open to every caller ([`serve_streams`] says to whom).
 pub async fn serve<L: Lookup>(
     addr: SocketAddr,
     lookup: Arc<L>,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-    crate::cluster::admin::serve_plain("directory", addr, move |req| {
-        answer(req.method(), req.uri().path(), &*lookup)
+    serve_streams(addr, lookup, StreamAccess::default()).await
+}
+
+/// [`serve`], with membership streams answered as `access` says.
+pub async fn serve_streams<L: Lookup>(
+    addr: SocketAddr,
+    lookup: Arc<L>,
+    access: StreamAccess,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let access = Arc::new(access);
+    crate::cluster::admin::serve_with("directory", addr, move |req, _peer| {
+        let (lookup, access) = (Arc::clone(&lookup), Arc::clone(&access));
+        async move { respond(req, &*lookup, &access).await }
     })
     .await
+}
+
+/// The answer to one request: a stream, or a lookup's whole answer.
+async fn respond<B>(req: Request<B>, lookup: &dyn Lookup, access: &StreamAccess) -> Response<Body> {
+    let (path, query) = (req.uri().path(), req.uri().query());
+    match crds::member_stream::parse_stream(path, query) {
+        Some(_) if req.method() != Method::GET => {
+            let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n".into());
+            r.headers_mut()
+                .insert(hyper::header::ALLOW, "GET".parse().expect("static"));
+            r.map(whole)
+        }
+        Some(Err(e)) => text(StatusCode::BAD_REQUEST, format!("{e}\n")).map(whole),
+        Some(Ok(q)) => {
+            member_stream::serve::respond(q, req.headers(), lookup, lookup.hub(), access).await
+        }
+        None => answer(req.method(), path, lookup).map(whole),
+    }
+}
+
+fn whole(b: Full<Bytes>) -> Body {
+    b.map_err(|never| match never {}).boxed_unsync()
 }
 
 /// The answer to one request.
@@ -129,6 +180,61 @@ mod tests {
 
     struct Fixed {
         synced: bool,
+        hub: Arc<MemberHub>,
+    }
+
+    fn fixed(synced: bool) -> Fixed {
+        Fixed {
+            synced,
+            hub: MemberHub::new(Arc::default()),
+        }
+    }
+
+    fn member(name: &str, rv: &str, node: &str) -> ActivationEndpoints {
+        let mut a = ActivationEndpoints::new(name, Default::default());
+        a.metadata.namespace = Some("ns".into());
+        a.metadata.resource_version = Some(rv.into());
+        a.metadata.labels = Some([(crds::contract::member_label(node), "true".into())].into());
+        a
+    }
+
+    impl SyncSource for Fixed {
+        fn synced(&self) -> bool {
+            self.synced
+        }
+        fn member_sync(
+            &self,
+            node: &str,
+            since: Option<u64>,
+        ) -> Result<(u64, Vec<Held>, Vec<ActivationEndpoints>), &'static str> {
+            if node != "n1" {
+                return Err("no numeric resourceVersion seen yet");
+            }
+            let all = [member("a", "40", "n1"), member("b", "42", "n1")];
+            let held = all
+                .iter()
+                .map(|o| Held {
+                    namespace: "ns".into(),
+                    name: o.metadata.name.clone().unwrap(),
+                    resource_version: o.metadata.resource_version.clone().unwrap(),
+                })
+                .collect();
+            let newer = all
+                .into_iter()
+                .filter(|o| {
+                    since.is_none_or(|s| {
+                        o.metadata
+                            .resource_version
+                            .as_deref()
+                            .unwrap()
+                            .parse::<u64>()
+                            .unwrap()
+                            > s
+                    })
+                })
+                .collect();
+            Ok((42.max(self.hub.version()), held, newer))
+        }
     }
 
     fn revision() -> Revision {
@@ -143,8 +249,8 @@ mod tests {
     }
 
     impl Lookup for Fixed {
-        fn synced(&self) -> bool {
-            self.synced
+        fn hub(&self) -> &Arc<MemberHub> {
+            &self.hub
         }
         fn answer(&self, q: &DirectoryQuery) -> Option<DirectoryAnswer> {
             let hit = match q {
@@ -169,7 +275,7 @@ mod tests {
 
     #[tokio::test]
     async fn answers_a_nodes_members_or_why_not() {
-        let l = Fixed { synced: true };
+        let l = fixed(true);
         let r = answer(&Method::GET, "/v1/members/n1", &l);
         assert_eq!(r.status(), StatusCode::OK);
         let got: MembersAnswer = serde_json::from_slice(&body(r).await).expect("json");
@@ -184,7 +290,7 @@ mod tests {
                 "{bad}"
             );
         }
-        let cold = Fixed { synced: false };
+        let cold = fixed(false);
         assert_eq!(
             answer(&Method::GET, "/v1/members/n1", &cold).status(),
             StatusCode::SERVICE_UNAVAILABLE
@@ -197,7 +303,7 @@ mod tests {
 
     #[tokio::test]
     async fn answers_hosts_and_revisions_from_the_caches() {
-        let l = Fixed { synced: true };
+        let l = fixed(true);
         for path in ["/v1/hosts/APP.example:80", "/v1/revisions/ns/app"] {
             let r = answer(&Method::GET, path, &l);
             assert_eq!(r.status(), StatusCode::OK, "{path}");
@@ -212,7 +318,7 @@ mod tests {
 
     #[tokio::test]
     async fn refuses_what_is_not_a_lookup() {
-        let l = Fixed { synced: true };
+        let l = fixed(true);
         let cases = [
             (
                 Method::POST,
@@ -228,7 +334,7 @@ mod tests {
         for (m, p, want) in cases {
             assert_eq!(answer(&m, p, &l).status(), want, "{m} {p}");
         }
-        let cold = Fixed { synced: false };
+        let cold = fixed(false);
         assert_eq!(
             answer(&Method::GET, "/v1/hosts/app.example", &cold).status(),
             StatusCode::SERVICE_UNAVAILABLE
@@ -239,12 +345,9 @@ mod tests {
     /// server keeps answering lookups after them.
     #[tokio::test]
     async fn survives_hostile_bytes() {
-        let (addr, task) = serve(
-            "127.0.0.1:0".parse().unwrap(),
-            Arc::new(Fixed { synced: true }),
-        )
-        .await
-        .expect("bind");
+        let (addr, task) = serve("127.0.0.1:0".parse().unwrap(), Arc::new(fixed(true)))
+            .await
+            .expect("bind");
         let hostile: [&[u8]; 4] = [
             b"GET /v1/hosts/app.example HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
             b"GET /v1/hosts/\xff\xfe HTTP/1.1\r\nHost: x\r\n\r\n",
@@ -278,6 +381,131 @@ mod tests {
             "{}",
             String::from_utf8_lossy(&out)
         );
+        task.abort();
+    }
+
+    /// Reads one line of a raw HTTP/1.1 response's chunked body (the test sends one frame
+    /// per chunk or more): good enough to see frames arrive in order.
+    async fn line(r: &mut tokio::io::BufReader<tokio::net::TcpStream>) -> String {
+        use tokio::io::AsyncBufReadExt;
+        loop {
+            let mut l = String::new();
+            let n = tokio::time::timeout(std::time::Duration::from_secs(10), r.read_line(&mut l))
+                .await
+                .expect("a line in time")
+                .expect("read");
+            assert!(n > 0, "the stream ended");
+            if l.starts_with('{') {
+                return l;
+            }
+        }
+    }
+
+    async fn open(
+        addr: SocketAddr,
+        path: &str,
+        extra: &str,
+    ) -> tokio::io::BufReader<tokio::net::TcpStream> {
+        let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: d\r\n{extra}\r\n").as_bytes())
+            .await
+            .expect("write");
+        tokio::io::BufReader::new(s)
+    }
+
+    /// Over a real socket: a first state, then each change to the node, then bookmarks; a
+    /// resume gets only what is newer; no proof, no stream.
+    #[tokio::test]
+    async fn streams_a_nodes_memberships() {
+        let lookup = Arc::new(fixed(true));
+        let access = StreamAccess {
+            secret: Some(Arc::from(&b"s3cret"[..])),
+            bookmark: std::time::Duration::from_millis(200),
+            ..StreamAccess::default()
+        };
+        let (addr, task) = serve_streams("127.0.0.1:0".parse().unwrap(), lookup.clone(), access)
+            .await
+            .expect("bind");
+        let proof = "Authorization: Bearer s3cret\r\n";
+        let label = crds::contract::member_label("n1");
+        let mut r = open(addr, "/v1/member-stream/n1", proof).await;
+        let first = line(&mut r).await;
+        match crds::member_stream::Frame::read(first.trim_end().as_bytes(), &label) {
+            Ok(crds::member_stream::Frame::Sync {
+                resource_version,
+                held,
+                items,
+            }) => {
+                assert_eq!(
+                    (resource_version.as_str(), held.len(), items.len()),
+                    ("42", 2, 2)
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        let l: Arc<str> = Arc::from(label.as_str());
+        let key = crds::ObjectKey::new("ns", "c");
+        // Not newer than the first state: not sent again.
+        lookup
+            .hub
+            .changed(41, &key, Some(&member("c", "41", "n1")), &[], &[l.clone()]);
+        lookup
+            .hub
+            .changed(43, &key, Some(&member("c", "43", "n1")), &[], &[l.clone()]);
+        lookup.hub.advance(43);
+        let next = line(&mut r).await;
+        assert!(
+            next.contains(r#""type":"APPLY""#) && next.contains(r#""resourceVersion":"43""#),
+            "{next}"
+        );
+        let beat = line(&mut r).await;
+        assert_eq!(
+            beat.trim_end(),
+            r#"{"type":"BOOKMARK","resourceVersion":"43"}"#
+        );
+        // A resume from 41 gets b (42) only, and names both.
+        let mut r2 = open(addr, "/v1/member-stream/n1?since=41", proof).await;
+        let sync = line(&mut r2).await;
+        match crds::member_stream::Frame::read(sync.trim_end().as_bytes(), &label) {
+            Ok(crds::member_stream::Frame::Sync { held, items, .. }) => {
+                assert_eq!((held.len(), items.len()), (2, 1));
+            }
+            other => panic!("{other:?}"),
+        }
+        // Ahead of this replica: sent elsewhere.
+        let mut ahead = open(addr, "/v1/member-stream/n1?since=99", proof).await;
+        let mut head = String::new();
+        tokio::io::AsyncBufReadExt::read_line(&mut ahead, &mut head)
+            .await
+            .unwrap();
+        assert!(head.starts_with("HTTP/1.1 503"), "{head}");
+        for (path, extra, want) in [
+            ("/v1/member-stream/n1", "", "HTTP/1.1 401"),
+            (
+                "/v1/member-stream/n1",
+                "Authorization: Bearer nope\r\n",
+                "HTTP/1.1 401",
+            ),
+            ("/v1/member-stream/N1", proof, "HTTP/1.1 400"),
+            ("/v1/member-stream/n1?since=x", proof, "HTTP/1.1 400"),
+        ] {
+            let mut c = open(addr, path, extra).await;
+            let mut head = String::new();
+            tokio::io::AsyncBufReadExt::read_line(&mut c, &mut head)
+                .await
+                .unwrap();
+            assert!(head.starts_with(want), "{path} {extra:?}: {head}");
+        }
+        assert_eq!(lookup.hub.streams(), 2);
+        drop((r, r2));
+        // The server notices the closed connections at its next write (a bookmark).
+        tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            lookup.hub.alive_at_most(0),
+        )
+        .await
+        .expect("closed streams leave the hub");
+        assert_eq!(lookup.hub.streams(), 0, "closed streams leave the hub");
         task.abort();
     }
 }

@@ -55,6 +55,12 @@ pub struct Metrics {
     /// ActivationEndpoints Degraded for want of members (reason InsufficientActivators), as
     /// the watch shows them: the revisions running on fewer activators than they want.
     pub subsets_short: Gauge,
+    /// Membership streams open now (`member_stream`), frames sent on them, streams closed
+    /// because their reader fell behind, and requests refused (auth, limit, behind).
+    pub member_streams: Gauge,
+    pub member_stream_frames: Counter,
+    pub member_streams_dropped_slow: Counter,
+    pub member_streams_refused: Counter,
 }
 
 impl Default for Metrics {
@@ -90,6 +96,10 @@ impl Default for Metrics {
             activators: Gauge::default(),
             subsets: Gauge::default(),
             subsets_short: Gauge::default(),
+            member_streams: Gauge::default(),
+            member_stream_frames: Counter::default(),
+            member_streams_dropped_slow: Counter::default(),
+            member_streams_refused: Counter::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -222,6 +232,26 @@ impl Default for Metrics {
             "subsets_short",
             "ActivationEndpoints Degraded with fewer members than wanted (InsufficientActivators)",
             m.subsets_short.clone(),
+        );
+        registry.register(
+            "member_streams",
+            "Membership streams open now (one per activator holding this replica)",
+            m.member_streams.clone(),
+        );
+        registry.register(
+            "member_stream_frames",
+            "Frames sent on membership streams",
+            m.member_stream_frames.clone(),
+        );
+        registry.register(
+            "member_streams_dropped_slow",
+            "Membership streams closed because their reader fell behind (it resumes from its version)",
+            m.member_streams_dropped_slow.clone(),
+        );
+        registry.register(
+            "member_streams_refused",
+            "Membership stream requests refused (no proof, over the limit, replica behind)",
+            m.member_streams_refused.clone(),
         );
         Self { registry, ..m }
     }

@@ -15,6 +15,7 @@ pub mod directory;
 pub mod error;
 mod lead;
 pub mod leader;
+pub mod member_stream;
 pub mod metrics;
 pub mod namespaces;
 mod rebalancer;

@@ -607,6 +607,44 @@ impl AeStore {
             .collect()
     }
 
+    /// The member labels of `key` as the watch showed it (empty when it has none or is gone):
+    /// the nodes a change of it concerns.
+    pub fn member_labels(&self, key: &Key) -> Vec<Arc<str>> {
+        self.objects
+            .get(key)
+            .map(|c| c.member_labels().map(|(k, _)| k.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    /// What of `key` decides which revision a host goes to, as the watch showed it: its host
+    /// labels and its Routes' shares. A change of it may move a host.
+    pub fn host_view(&self, key: &Key) -> (Vec<Arc<str>>, Vec<crds::HostShare>) {
+        let Some(c) = self.objects.get(key) else {
+            return Default::default();
+        };
+        let labels = c
+            .labels
+            .iter()
+            .filter(|(k, _)| k.starts_with(crds::contract::HOST_LABEL_PREFIX))
+            .map(|(k, _)| k.clone())
+            .collect();
+        let routes = c
+            .status
+            .as_ref()
+            .map(|s| s.routes.to_vec())
+            .unwrap_or_default();
+        (labels, routes)
+    }
+
+    /// The newest version the watch has shown, as a number (None before any, or when
+    /// versions are not numbers).
+    pub fn newest_version(&self) -> Option<u64> {
+        match self.newest {
+            Newest::At(v) => Some(v),
+            _ => None,
+        }
+    }
+
     /// Whether the newest version of `key` carries the label `label`.
     pub fn has_label(&self, key: &Key, label: &str) -> bool {
         self.newest(key).is_some_and(|c| c.has_label(label))

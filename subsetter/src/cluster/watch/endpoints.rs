@@ -14,6 +14,7 @@ use kube::{Api, ResourceExt};
 use tokio::sync::watch;
 use tracing::warn;
 
+use crate::cluster::member_stream::MemberHub;
 use crate::cluster::metrics::Metrics;
 use crate::cluster::synced::Synced;
 use crate::cluster::triggers::Triggers;
@@ -32,6 +33,7 @@ pub(crate) async fn watch_endpoints(
     synced: Arc<watch::Sender<Synced>>,
     owners: Triggers,
     metrics: Arc<Metrics>,
+    hub: Arc<MemberHub>,
 ) {
     let mut events = std::pin::pin!(resilient(watcher::watcher(api, watcher::Config::default())));
     while let Some(event) = events.next().await {
@@ -42,10 +44,14 @@ pub(crate) async fn watch_endpoints(
                 continue;
             }
         };
-        {
+        let change = {
             // The store keeps what a reconcile reads of each object (`store.rs`), not the
             // objects whole.
             let mut s = store.write_locked();
+            let before = match &event {
+                Event::Apply(ae) | Event::Delete(ae) => Some(Seen::of(&s, &key_of(ae))),
+                _ => None,
+            };
             match &event {
                 Event::Apply(ae) => s.apply(ae),
                 Event::Delete(ae) => s.delete(ae),
@@ -53,6 +59,27 @@ pub(crate) async fn watch_endpoints(
                 Event::InitApply(ae) => s.relist_apply(ae),
                 Event::InitDone => s.relist_done(),
             }
+            before.map(|b| {
+                let (now, object) = (Seen::of(&s, &b.key), s.stored(&b.key));
+                (b, now, object)
+            })
+        };
+        // The streams hear of it (`member_stream`), then of the version it brings the store
+        // to: a bookmark never runs ahead of a queued change.
+        if let (Some((before, now, object)), Event::Apply(ae) | Event::Delete(ae)) =
+            (&change, &event)
+        {
+            publish(&hub, ae, before, now, object.as_ref());
+        }
+        if matches!(event, Event::InitDone) {
+            // A relist's changes were not seen one by one: the streams resume from their
+            // versions, each with the changes since as its first state.
+            hub.close_all();
+        }
+        if let Some(v) = store.read_locked().newest_version()
+            && !matches!(event, Event::Init | Event::InitApply(_))
+        {
+            hub.advance(v);
         }
         if let Event::Apply(ae) | Event::Delete(ae) | Event::InitApply(ae) = &event {
             claims.endpoints_changed(&key_of(ae));
@@ -86,6 +113,55 @@ pub(crate) async fn watch_endpoints(
         }
         metrics.subsets.set(ix.len() as i64);
         metrics.subsets_short.set(ix.short_len() as i64);
+    }
+}
+
+/// What a change of one subset is compared by: its member labels (the nodes it concerns) and
+/// what decides its hosts.
+struct Seen {
+    key: Key,
+    members: Vec<Arc<str>>,
+    hosts: (Vec<Arc<str>>, Vec<crds::HostShare>),
+}
+
+impl Seen {
+    fn of(store: &AeStore, key: &Key) -> Self {
+        Self {
+            key: key.clone(),
+            members: store.member_labels(key),
+            hosts: store.host_view(key),
+        }
+    }
+}
+
+/// Hands one change to the streams of the nodes it concerns, and a host change to all.
+fn publish(
+    hub: &MemberHub,
+    ae: &ActivationEndpoints,
+    before: &Seen,
+    now: &Seen,
+    object: Option<&ActivationEndpoints>,
+) {
+    let Some(rv) = ae
+        .metadata
+        .resource_version
+        .as_deref()
+        .and_then(|v| v.parse::<u64>().ok())
+    else {
+        return;
+    };
+    hub.changed(rv, &before.key, object, &before.members, &now.members);
+    if before.hosts != now.hosts {
+        let mut labels: Vec<String> = before
+            .hosts
+            .0
+            .iter()
+            .chain(&now.hosts.0)
+            .map(|l| l.to_string())
+            .collect();
+        labels.sort();
+        labels.dedup();
+        hub.hosts_changed(rv, labels);
     }
 }
 
