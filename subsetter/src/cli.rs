@@ -101,9 +101,44 @@ pub struct Args {
     /// cannot reach the API server, answered from this replica's caches.
     #[arg(long, env = "DIRECTORY_ADDR", default_value = "0.0.0.0:9092")]
     pub directory_addr: std::net::SocketAddr,
+    /// The cluster's hop secret (the Secret the activators mount): an activator proves with
+    /// it that it may open a membership stream (docs/member-stream.md). Unset: streams are
+    /// open to any caller on the cluster network (a warning says so).
+    #[arg(long, env = "HOP_SECRET_FILE")]
+    pub hop_secret_file: Option<std::path::PathBuf>,
+    /// Membership streams this replica holds at most; beyond, a caller is sent to another.
+    #[arg(long, env = "MAX_MEMBER_STREAMS", default_value_t = 10_000)]
+    pub max_member_streams: usize,
 }
 
 impl Args {
+    /// Who may open a membership stream, and how many: the hop secret read from its file
+    /// (whitespace around it is not part of it; a file that does not exist is no secret).
+    pub fn stream_access(&self) -> crate::Result<crate::cluster::member_stream::StreamAccess> {
+        let secret = match &self.hop_secret_file {
+            // Mounted optionally, as on the activators: no Secret, no proof asked.
+            Some(path) if !path.exists() => None,
+            Some(path) => {
+                let bad = |reason: String| crate::Error::HopSecret {
+                    path: path.display().to_string(),
+                    reason,
+                };
+                let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+                let s = text.trim();
+                if s.is_empty() {
+                    return Err(bad("it is empty".into()));
+                }
+                Some(std::sync::Arc::from(s.as_bytes()))
+            }
+            None => None,
+        };
+        Ok(crate::cluster::member_stream::StreamAccess {
+            secret,
+            max_streams: self.max_member_streams,
+            ..Default::default()
+        })
+    }
+
     /// The controller's configuration: every flag it takes, the rest its defaults.
     /// `pod_name` (`POD_NAME`, read once by the binary) names this replica in its Events.
     pub fn config(&self, pod_name: Option<String>) -> Config {

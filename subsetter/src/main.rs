@@ -99,11 +99,15 @@ async fn serve(args: &Args, subsetter: &Subsetter) -> anyhow::Result<Arc<Caches>
             .with_context(|| format!("binding the admin port {}", args.admin_addr))?;
     tracing::info!(%admin, "admin port: /metrics, /healthz, /readyz");
     let caches = Arc::new(subsetter.start_caches());
+    let access = args.stream_access()?;
+    if access.secret.is_none() {
+        tracing::warn!("no --hop-secret-file: membership streams are open to any caller");
+    }
     let (directory, _directory_task) =
-        subsetter::directory::serve(args.directory_addr, Arc::clone(&caches))
+        subsetter::directory::serve_streams(args.directory_addr, Arc::clone(&caches), access)
             .await
             .with_context(|| format!("binding the directory port {}", args.directory_addr))?;
-    tracing::info!(%directory, "directory port: /v1/hosts/<host>, /v1/revisions/<ns>/<name>");
+    tracing::info!(%directory, "directory port: /v1/hosts/<host>, /v1/revisions/<ns>/<name>, /v1/members/<node>, /v1/member-stream/<node>");
     {
         let caches = Arc::clone(&caches);
         tokio::spawn(async move {

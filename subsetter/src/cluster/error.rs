@@ -17,6 +17,8 @@ pub enum Error {
     UnknownPolicy(String),
     #[error("--namespace-selector {selector:?}: {reason}")]
     NamespaceSelector { selector: String, reason: String },
+    #[error("--hop-secret-file {path}: {reason}")]
+    HopSecret { path: String, reason: String },
     #[error("ActivationEndpoints {0} is controlled by another object")]
     ForeignOwner(String),
 }

@@ -9,6 +9,7 @@
 mod frame;
 mod inputs;
 mod labels;
+mod lean;
 mod members;
 mod report;
 
@@ -80,15 +81,17 @@ pub fn subset(inp: &SubsetInputs<'_>) -> SubsetPlan {
     let generation = inp.revision.metadata.generation;
     let no_members = activators.is_empty().then(|| frame.no_members());
     let desired = frame.desired_conditions(activators.len(), n, no_members.as_ref());
+    let mut conds = conditions::merge(existing, &desired, generation, inp.now);
+    lean::lean(&mut conds);
     let status = ActivationEndpointsStatus {
-        conditions: conditions::merge(existing, &desired, generation, inp.now),
+        conditions: conds,
         image_members: frame.image_members(&activators, &found),
         routes: inp.routes.to_vec(),
         activators,
         policy: Some(inp.policy.name().to_owned()),
         observed_generation: generation,
     };
-    let status_changed = current_status != Some(&status);
+    let status_changed = !current_status.is_some_and(|c| same_status(c, &status));
     let churn = frame.churn(&current_set, &chosen);
     let degraded = newly_degraded(existing, &status.conditions);
     let labels = labels(inp, &chosen);
@@ -114,6 +117,17 @@ pub fn subset(inp: &SubsetInputs<'_>) -> SubsetPlan {
     }
 }
 
+/// Whether the `current` status says what the planned one does, its conditions in either form
+/// (`lean.rs`).
+fn same_status(current: &ActivationEndpointsStatus, planned: &ActivationEndpointsStatus) -> bool {
+    current == planned
+        || (lean::same(&current.conditions, &planned.conditions) && {
+            let mut c = current.clone();
+            c.conditions = planned.conditions.clone();
+            &c == planned
+        })
+}
+
 /// The Revision status conditions to write, or None when the current ones already say it.
 pub fn revision_conditions(
     revision: &Revision,
@@ -128,9 +142,10 @@ pub fn revision_conditions(
     let generation = revision.metadata.generation;
     let mut desired = conditions::revision(problems, members, none);
     desired.extend(routes_ready);
-    let conds = conditions::merge(existing, &desired, generation, now);
-    let same =
-        current.is_some_and(|s| s.conditions == conds && s.observed_generation == generation);
+    let mut conds = conditions::merge(existing, &desired, generation, now);
+    lean::lean(&mut conds);
+    let same = current
+        .is_some_and(|s| s.observed_generation == generation && lean::same(&s.conditions, &conds));
     (!same).then_some((generation, conds))
 }
 
@@ -452,6 +467,79 @@ mod tests {
             )
             .is_some()
         );
+    }
+
+    /// What the subsetter wrote before `lean.rs`: each condition with its generation and its
+    /// message.
+    fn longer_form(conds: &[Condition]) -> Vec<Condition> {
+        conds
+            .iter()
+            .cloned()
+            .map(|mut c| {
+                c.observed_generation = Some(1);
+                if c.message.is_empty() {
+                    c.message = "3 activator(s) assigned".into();
+                }
+                c
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_subsets_conditions_are_written_lean_and_the_longer_form_is_not_rewritten() {
+        let rev = revision(0, 0, None);
+        let av = acts(&["a", "b", "c"]);
+        let p = plan(&rev, None, &av, 1);
+        assert!(
+            p.status
+                .conditions
+                .iter()
+                .all(|c| c.observed_generation.is_none() && c.message.is_empty())
+        );
+        assert_eq!(
+            p.status.observed_generation,
+            Some(1),
+            "the status keeps its own"
+        );
+        let mut old = applied(&p);
+        let s = old.status.as_mut().unwrap();
+        s.conditions = longer_form(&s.conditions);
+        let again = plan(&rev, Some(&old), &av, 2);
+        assert!(!again.status_changed, "no write for the form alone");
+        assert!(again.label_patch.is_none());
+        // A real change is written, lean.
+        let fewer = acts(&["a", "b"]);
+        let changed = plan(&rev, Some(&old), &fewer, 3);
+        assert!(changed.status_changed);
+        assert!(
+            changed
+                .status
+                .conditions
+                .iter()
+                .all(|c| c.observed_generation.is_none())
+        );
+    }
+
+    #[test]
+    fn a_revisions_conditions_are_written_lean_and_the_longer_form_is_not_rewritten() {
+        let mut rev = revision(0, 0, None);
+        let at = |s| Timestamp::from_second(s).unwrap();
+        let (generation, conds) =
+            revision_conditions(&rev, &[], 3, &Default::default(), None, at(1)).unwrap();
+        assert!(
+            conds
+                .iter()
+                .all(|c| c.observed_generation.is_none() && c.message.is_empty())
+        );
+        rev.status = Some(crds::RevisionStatus {
+            observed_generation: generation,
+            conditions: longer_form(&conds),
+        });
+        assert!(revision_conditions(&rev, &[], 3, &Default::default(), None, at(2)).is_none());
+        let (_, invalid) =
+            revision_conditions(&rev, &["bad".into()], 3, &Default::default(), None, at(2))
+                .unwrap();
+        assert_eq!(invalid[0].message, "bad", "a message that says why is kept");
     }
 
     mod eligible_members {
