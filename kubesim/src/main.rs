@@ -84,6 +84,26 @@ struct Args {
     /// How often watches that ask for bookmarks get one (kube-apiserver: 1m).
     #[arg(long, default_value = "60s", value_parser = duration)]
     bookmark_interval: Duration,
+    /// The watch cache's event window, per resource: it starts at --watch-window-min events
+    /// and doubles while its oldest event is younger than 75 s, up to this many
+    /// (kube-apiserver: 102400). A watch resuming from before the window gets 410 Gone.
+    #[arg(long, default_value_t = kubesim::api::WINDOW_MAX)]
+    watch_history: usize,
+    /// The event window's lower bound (kube-apiserver: 100).
+    #[arg(long, default_value_t = kubesim::api::WINDOW_MIN)]
+    watch_window_min: usize,
+    /// Every watcher's input and result buffer, in events (0: sized as kube-apiserver sizes
+    /// them from the window: 10 to 100 for custom resources, 10 for a pod watch by node, up to
+    /// 1000 for other pod watches).
+    #[arg(long, default_value_t = 0)]
+    watch_buffer: usize,
+    /// The watch dispatch time budget's refill per second (kube-apiserver: 50ms).
+    #[arg(long, default_value = "50ms", value_parser = duration)]
+    watch_budget_refresh: Duration,
+    /// The watch dispatch time budget's maximum (kube-apiserver: 100ms): how long one event
+    /// may wait for watchers whose buffers are full before they are closed.
+    #[arg(long, default_value = "100ms", value_parser = duration)]
+    watch_budget_max: Duration,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -117,7 +137,14 @@ async fn main() -> anyhow::Result<()> {
         storage_batch: args.api_storage_batch,
         storage_write_cost: args.api_storage_write_cost.clone(),
         bookmark_interval: args.bookmark_interval,
-        ..Default::default()
+        watch_history: args.watch_history,
+        watch_cache: kubesim::api::WatchCacheConfig {
+            window_min: args.watch_window_min,
+            chan_size: (args.watch_buffer > 0).then_some(args.watch_buffer),
+            budget_refresh_per_second: args.watch_budget_refresh,
+            budget_max: args.watch_budget_max,
+            ..kubesim::api::WatchCacheConfig::default()
+        },
     })
     .await
     .context("starting the API server")?;

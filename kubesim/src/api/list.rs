@@ -208,9 +208,11 @@ pub(crate) fn list(st: &State, ctx: &Ctx) -> Result<Reply, ApiError> {
         (None, Some(n)) => std::ops::Bound::Included((n.clone(), String::new())),
         (None, None) => std::ops::Bound::Unbounded,
     };
+    let visited = std::cell::Cell::new(0usize);
     let mut iter = objects
         .range((start, std::ops::Bound::Unbounded))
         .take_while(|(k, _)| ns.as_ref().is_none_or(|n| *n == k.0))
+        .inspect(|_| visited.set(visited.get() + 1))
         .filter(|(_, s)| sel.matches(&s.view));
     let mut items: Vec<&Stored> = Vec::new();
     let mut cont = None;
@@ -218,7 +220,11 @@ pub(crate) fn list(st: &State, ctx: &Ctx) -> Result<Reply, ApiError> {
     let mut last_key = None;
     for (k, s) in iter.by_ref() {
         if limit > 0 && items.len() == limit {
+            // A page from the storage ends here: what it read is what was visited so far.
+            visited.set(visited.get() - 1);
+            let page_end = visited.get();
             let rest = 1 + iter.count();
+            visited.set(page_end);
             cont =
                 last_key.map(|(ns, name): (&String, &String)| encode_continue(list_rv, ns, name));
             if sel.is_empty() {
@@ -229,6 +235,7 @@ pub(crate) fn list(st: &State, ctx: &Ctx) -> Result<Reply, ApiError> {
         items.push(s);
         last_key = Some((&k.0, &k.1));
     }
+    count_scan(st, ctx, &sel, visited.get(), items.len());
     let body = list_body(
         def,
         items.into_iter(),
@@ -244,9 +251,62 @@ pub(crate) fn list(st: &State, ctx: &Ctx) -> Result<Reply, ApiError> {
     })
 }
 
+/// Whether the real server answers this LIST from its watch cache (`shouldDelegateList`,
+/// cacher.go:724-739, with `ConsistentListFromCache` off as in v1.28): not a quorum read, not a
+/// continuation, not an exact resourceVersion, and not paged unless `resourceVersion=0`.
+fn from_cache(q: &Query) -> bool {
+    let rv = q.get("resourceVersion").unwrap_or("");
+    let limit = q.non_empty("limit").is_some_and(|l| l != "0");
+    !rv.is_empty()
+        && q.non_empty("continue").is_none()
+        && !(limit && rv != "0")
+        && q.get("resourceVersionMatch") != Some("Exact")
+}
+
+/// Counts what the LIST read as the real server would have read it. From the watch cache:
+/// every object of the resource, in every namespace (it has no label or namespace index), but
+/// only the node's pods with `spec.nodeName=` (pods' one index). From the storage: the
+/// objects of the request's key range, as far as the page went (`visited`).
+fn count_scan(st: &State, ctx: &Ctx, sel: &Selectors, visited: usize, returned: usize) {
+    let def = &ctx.def;
+    let Some(t) = st.tables.get(&def.table_key()) else {
+        return;
+    };
+    let counters = t.watchers.counters();
+    if !from_cache(&ctx.query) {
+        counters.list(None, visited, returned);
+        return;
+    }
+    match (&sel.node, t.watchers.indexed()) {
+        (Some(n), true) => {
+            let on_node = t
+                .objects
+                .values()
+                .filter(|s| super::watch::node_name(&s.view) == n)
+                .count();
+            counters.list(Some("f:spec.nodeName"), on_node, returned);
+        }
+        _ => counters.list(Some(""), t.objects.len(), returned),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn which_lists_the_watch_cache_serves() {
+        let q = |s: &str| Query::parse(Some(s));
+        assert!(from_cache(&q("resourceVersion=0")));
+        assert!(from_cache(&q("resourceVersion=0&limit=500")));
+        assert!(from_cache(&q("resourceVersion=12&labelSelector=a")));
+        assert!(!from_cache(&q("labelSelector=a")), "quorum read: etcd");
+        assert!(!from_cache(&q("resourceVersion=12&limit=5")));
+        assert!(!from_cache(&q("resourceVersion=0&continue=x")));
+        assert!(!from_cache(&q(
+            "resourceVersion=12&resourceVersionMatch=Exact"
+        )));
+    }
 
     #[test]
     fn continue_tokens_roundtrip() {

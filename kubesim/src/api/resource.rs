@@ -63,6 +63,24 @@ impl ResourceDef {
     pub fn table_key(&self) -> String {
         format!("{}/{}", self.group, self.plural)
     }
+    /// `schema.GroupResource.String()`: `pods`, `revisions.local-activator.dev` (the
+    /// `resource` label of kube-apiserver's watch cache metrics).
+    pub fn group_resource(&self) -> String {
+        if self.group.is_empty() {
+            self.plural.clone()
+        } else {
+            format!("{}.{}", self.plural, self.group)
+        }
+    }
+    /// The storage prefix the cacher's list metrics name (`resource_prefix`): `/pods`,
+    /// `/local-activator.dev/revisions`.
+    pub fn resource_prefix(&self) -> String {
+        if self.group.is_empty() {
+            format!("/{}", self.plural)
+        } else {
+            format!("/{}/{}", self.group, self.plural)
+        }
+    }
 }
 
 const POD_FIELDS: &[&str] = &[

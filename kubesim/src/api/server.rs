@@ -18,17 +18,22 @@ use tokio::net::TcpListener;
 use tokio::sync::{Notify, mpsc, watch as tokio_watch};
 use tokio::task::JoinHandle;
 
+use super::cache_counters::CacheCounters;
+use super::cache_watcher;
 use super::discovery;
+use super::dispatch::Dispatch;
 use super::gc;
 use super::handlers::{self, Ctx, Reply};
 use super::http::{Body, Query, error_response, json_response, text_response, value_response};
 use super::list::Selectors;
-use super::resource::ResourceDef;
 use super::stats::{Stats, StatsInner, UserRequestKey, metrics_text};
 use super::status::{ApiError, Cause};
 use super::storage::{Access, Storage, StorageShape};
 use super::store::State;
-use super::watch::{WatchStat, Watcher, bookmark_line, event_line, next_bookmark};
+use super::watch::{
+    Scope, WatchStat, Watcher, bookmark_line, event_line, exact_term, next_bookmark,
+};
+use super::watch_cache_sizing::{WINDOW_MAX, WatchCacheConfig, chan_size};
 use crate::delay::Delay;
 use crate::error::Error;
 
@@ -63,9 +68,15 @@ pub struct ApiServerConfig {
     /// Time each write adds to its commit past the first (the server's own work per write,
     /// which batching does not share).
     pub storage_write_cost: Delay,
-    /// Watch events kept per resource for resuming watches; a watch from an older
-    /// resourceVersion gets 410 Gone.
+    /// The most watch events kept per resource for resuming watches (the watch cache's
+    /// window: it starts at `watch_cache.window_min` events and grows while they are recent,
+    /// up to this; kube-apiserver: 102,400); a watch from an older resourceVersion gets 410
+    /// Gone. A value below `watch_cache.window_min` is a fixed window of this many events.
     pub watch_history: usize,
+    /// The rest of the watch cache: its window's growth, watchers' buffer sizes and the
+    /// dispatch time budget (see [`WatchCacheConfig`]; the default is kube-apiserver
+    /// v1.28.7's).
+    pub watch_cache: WatchCacheConfig,
     /// How often watches with `allowWatchBookmarks` get a BOOKMARK (kube-apiserver: a
     /// minute), plus one 2 s before the watch's `timeoutSeconds` ends. Watches that did not
     /// ask get none: a quiet watch is silent.
@@ -83,7 +94,8 @@ impl Default for ApiServerConfig {
             storage_lanes: None,
             storage_batch: 1,
             storage_write_cost: Delay::ZERO,
-            watch_history: 10_000,
+            watch_history: WINDOW_MAX,
+            watch_cache: WatchCacheConfig::default(),
             bookmark_interval: DEFAULT_BOOKMARK_INTERVAL,
         }
     }
@@ -100,6 +112,9 @@ pub(crate) struct Inner {
     /// Read latency of particular resources (by plural), over `read_latency`.
     resource_read_latency: Mutex<std::collections::HashMap<String, Delay>>,
     bookmark_interval: Duration,
+    /// Watch buffers of a fixed size (`watch_cache.chan_size`), or sized as the real server.
+    chan_size: Option<usize>,
+    counters: Arc<CacheCounters>,
     next_watch: AtomicU64,
     gc: Notify,
     shutdown: tokio_watch::Sender<bool>,
@@ -115,6 +130,11 @@ impl Inner {
     }
     fn stats(&self) -> MutexGuard<'_, StatsInner> {
         self.stats.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    fn snapshot(&self) -> Stats {
+        let mut s = self.stats().snapshot();
+        s.watch_cache = self.counters.snapshot();
+        s
     }
 }
 
@@ -148,8 +168,14 @@ impl ApiServer {
         let (shutdown, _) = tokio_watch::channel(false);
         let (down, _) = tokio_watch::channel(false);
         let (storage_down, _) = tokio_watch::channel(false);
+        let counters = Arc::new(CacheCounters::default());
         let inner = Arc::new(Inner {
-            state: Mutex::new(State::new(cfg.watch_history)),
+            state: Mutex::new(State::new(
+                cfg.watch_history,
+                cfg.watch_cache.clone(),
+                cfg.bookmark_interval,
+                counters.clone(),
+            )),
             stats: Mutex::new(StatsInner::default()),
             addr,
             latency: AtomicU64::new(latency_nanos(cfg.latency)),
@@ -165,6 +191,8 @@ impl ApiServer {
             read_latency: Mutex::new(cfg.read_latency.clone()),
             resource_read_latency: Mutex::default(),
             bookmark_interval: cfg.bookmark_interval,
+            chan_size: cfg.watch_cache.chan_size,
+            counters,
             next_watch: AtomicU64::new(1),
             gc: Notify::new(),
             shutdown,
@@ -245,7 +273,7 @@ impl ApiServer {
     }
 
     pub fn stats(&self) -> Stats {
-        self.inner.stats().snapshot()
+        self.inner.snapshot()
     }
 
     pub fn set_latency(&self, d: Option<Duration>) {
@@ -294,7 +322,7 @@ impl ApiServer {
     pub fn close_watches(&self) {
         let mut st = self.inner.state();
         for t in st.tables.values_mut() {
-            t.watchers.close_all();
+            t.watchers.watchers().close_all();
         }
     }
 
@@ -428,8 +456,8 @@ async fn gc_loop(inner: Arc<Inner>) {
 }
 
 /// Sends each bookmark-asking watch its BOOKMARK when due (see [`next_bookmark`]). Bookmarks
-/// go through the watch's own channel under the state lock, so one never overtakes an event
-/// with a lower resourceVersion.
+/// are queued for each resource's dispatcher under the state lock, after every event queued
+/// before, so one never overtakes an event with a lower resourceVersion.
 async fn bookmark_loop(inner: Arc<Inner>) {
     let mut sd = inner.shutdown.subscribe();
     let resolution =
@@ -439,18 +467,11 @@ async fn bookmark_loop(inner: Arc<Inner>) {
     loop {
         tokio::select! {
             _ = tick.tick() => {
-                let now = Instant::now();
                 let st = inner.state();
                 for t in st.tables.values() {
-                    let mut line = None;
-                    for w in t.watchers.iter() {
-                        let mut due = w.next_bookmark.lock().unwrap_or_else(|e| e.into_inner());
-                        if due.is_none_or(|d| d > now) {
-                            continue;
-                        }
-                        *due = next_bookmark(now, inner.bookmark_interval, w.deadline);
-                        let l = line.get_or_insert_with(|| bookmark_line(&t.def.api_version(), &t.def.kind, st.rv, false));
-                        w.send(l.clone());
+                    if t.watchers.watchers().len() > 0 {
+                        let line = bookmark_line(&t.def.api_version(), &t.def.kind, st.rv, false);
+                        t.watchers.send(Dispatch::Bookmark(line));
                     }
                 }
             }
@@ -530,7 +551,7 @@ async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Response<Body> {
                 return text_response(200, "text/plain; charset=utf-8", "ok");
             }
             ["metrics"] => {
-                let text = metrics_text(&inner.stats().snapshot());
+                let text = metrics_text(&inner.snapshot());
                 return text_response(
                     200,
                     "application/openmetrics-text; version=1.0.0; charset=utf-8",
@@ -767,7 +788,7 @@ impl Drop for WatchGuard {
     fn drop(&mut self) {
         let mut st = self.inner.state();
         if let Some(t) = st.tables.get_mut(&self.table) {
-            t.watchers.remove(self.id);
+            t.watchers.watchers().remove(self.id);
         }
     }
 }
@@ -790,13 +811,17 @@ fn list_options_invalid(field: &str, message: &str) -> ApiError {
     }
 }
 
-fn start_watch(
-    inner: &Arc<Inner>,
-    ctx: &Ctx,
-    resource: String,
-) -> Result<Response<Body>, ApiError> {
-    let def: &Arc<ResourceDef> = &ctx.def;
-    let sel = Selectors::parse(def, &ctx.query)?;
+/// A watch request's options, checked.
+struct WatchParams {
+    sel: Selectors,
+    bookmarks: bool,
+    initial: bool,
+    timeout: Option<Duration>,
+    from_rv: Option<u64>,
+}
+
+fn watch_params(ctx: &Ctx) -> Result<WatchParams, ApiError> {
+    let sel = Selectors::parse(&ctx.def, &ctx.query)?;
     let q = &ctx.query;
     let bookmarks = q.flag("allowWatchBookmarks");
     let initial = q.flag("sendInitialEvents");
@@ -818,36 +843,135 @@ fn start_watch(
         })?)),
         None => None,
     };
-    let rv_param = q.get("resourceVersion").unwrap_or("");
-    let from_rv: Option<u64> = match rv_param {
+    let from_rv: Option<u64> = match q.get("resourceVersion").unwrap_or("") {
         "" | "0" => None,
         r => Some(
             r.parse()
                 .map_err(|_| ApiError::bad_request(format!("invalid resource version: {r}")))?,
         ),
     };
-    let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
+    Ok(WatchParams {
+        sel,
+        bookmarks,
+        initial,
+        timeout,
+        from_rv,
+    })
+}
+
+/// The watch's scope (`Cacher.Watch`, cacher.go:533-545): the request's namespace or an exact
+/// `metadata.namespace=`, and an exact `metadata.name=`.
+fn watch_scope(ctx: &Ctx, raw_field: &str) -> Scope {
+    Scope {
+        namespace: ctx
+            .ns
+            .clone()
+            .or_else(|| exact_term(raw_field, "metadata.namespace"))
+            .unwrap_or_default(),
+        name: exact_term(raw_field, "metadata.name").unwrap_or_default(),
+    }
+}
+
+/// The lines a watch starts with: the objects it matches (as ADDED), or the events it resumes
+/// from; `Err` with the ERROR line when its resourceVersion has left the window.
+fn watch_start(
+    st: &mut State,
+    ctx: &Ctx,
+    p: &WatchParams,
+    w: &Watcher,
+) -> Result<Vec<Bytes>, Bytes> {
+    let def = &ctx.def;
+    let current = st.rv;
+    let t = st.table(def);
+    let oldest = t.oldest_resumable();
+    if let Some(r) = p.from_rv.filter(|r| *r < oldest && !p.initial) {
+        let e = ApiError::expired(format!("too old resource version: {r} ({oldest})"));
+        return Err(event_line(
+            "ERROR",
+            &serde_json::to_vec(&e.to_value()).unwrap_or_default(),
+        ));
+    }
+    let mut lines = Vec::new();
+    if let Some(r) = p.from_rv.filter(|_| !p.initial) {
+        lines.extend(
+            t.history
+                .iter()
+                .filter(|e| e.rv > r)
+                .filter_map(|e| e.line_for(w)),
+        );
+        return Ok(lines);
+    }
+    let start = match &ctx.ns {
+        Some(n) => std::ops::Bound::Included((n.clone(), String::new())),
+        None => std::ops::Bound::Unbounded,
+    };
+    for (k, s) in t.objects.range((start, std::ops::Bound::Unbounded)) {
+        if ctx.ns.as_ref().is_some_and(|n| *n != k.0) {
+            break;
+        }
+        if w.matches(&s.view) {
+            let json = if w.meta_only {
+                Bytes::from(
+                    serde_json::to_vec(&super::watch::partial_metadata(s)).unwrap_or_default(),
+                )
+            } else {
+                s.json.clone()
+            };
+            lines.push(event_line("ADDED", &json));
+        }
+    }
+    if p.initial {
+        lines.push(bookmark_line(&def.api_version(), &def.kind, current, true));
+    }
+    Ok(lines)
+}
+
+fn start_watch(
+    inner: &Arc<Inner>,
+    ctx: &Ctx,
+    resource: String,
+) -> Result<Response<Body>, ApiError> {
+    let p = watch_params(ctx)?;
     let id = inner.next_watch.fetch_add(1, Ordering::Relaxed);
     let started = Instant::now();
-    let deadline = started + timeout.unwrap_or(DEFAULT_WATCH_TIMEOUT);
+    let deadline = started + p.timeout.unwrap_or(DEFAULT_WATCH_TIMEOUT);
     let stat = Arc::new(WatchStat {
         id,
         resource,
         namespace: ctx.ns.clone(),
-        label_selector: sel.raw_label.clone(),
-        field_selector: sel.raw_field.clone(),
+        label_selector: p.sel.raw_label.clone(),
+        field_selector: p.sel.raw_field.clone(),
         events: AtomicU64::new(0),
         open: std::sync::atomic::AtomicBool::new(true),
     });
+    inner.stats().add_watch(stat.clone());
+    let table = ctx.def.table_key();
+    let mut st = inner.state();
+    let t = st.table(&ctx.def);
+    let size = inner
+        .chan_size
+        .unwrap_or_else(|| chan_size(t.capacity, t.watchers.indexed(), p.sel.node.is_some()))
+        .max(1);
+    let (input, input_rx) = mpsc::channel(size);
+    let (result, result_rx) = mpsc::channel::<Bytes>(size);
     let w = Arc::new(Watcher {
         id,
         namespace: ctx.ns.clone(),
-        label: sel.label,
-        field: sel.field,
-        node: sel.node,
-        tx,
+        label: p.sel.label.clone(),
+        field: p.sel.field.clone(),
+        node: p.sel.node.clone(),
+        scope: watch_scope(ctx, &p.sel.raw_field),
+        input,
+        done: tokio_util::sync::CancellationToken::new(),
+        start_rv: st.rv,
+        identifier: format!(
+            "key: \"{}\", labels: \"{}\", fields: \"{}\"",
+            ctx.def.resource_prefix(),
+            p.sel.raw_label,
+            p.sel.raw_field
+        ),
         next_bookmark: std::sync::Mutex::new(
-            bookmarks
+            p.bookmarks
                 .then(|| next_bookmark(started, inner.bookmark_interval, deadline))
                 .flatten(),
         ),
@@ -855,69 +979,35 @@ fn start_watch(
         meta_only: ctx.meta_only,
         stat: stat.clone(),
     });
-    inner.stats().add_watch(stat.clone());
-    let table = def.table_key();
-    let mut registered = false;
-    {
-        let mut st = inner.state();
-        let current = st.rv;
-        let t = st.table(def);
-        let expired = from_rv.is_some_and(|r| r < t.history_start) && !initial;
-        if expired {
-            let e = ApiError::expired(format!(
-                "too old resource version: {} ({current})",
-                from_rv.unwrap_or(0)
-            ));
-            w.send(event_line(
-                "ERROR",
-                &serde_json::to_vec(&e.to_value()).unwrap_or_default(),
-            ));
+    let guard = match watch_start(&mut st, ctx, &p, &w) {
+        Err(line) => {
             stat.open.store(false, Ordering::Relaxed);
-        } else {
-            match from_rv {
-                Some(r) if !initial => {
-                    for ev in t.history.iter().filter(|e| e.rv > r) {
-                        if let Some(l) = ev.line_for(&w) {
-                            w.send(l);
-                        }
-                    }
-                }
-                _ => {
-                    let start = match &ctx.ns {
-                        Some(n) => std::ops::Bound::Included((n.clone(), String::new())),
-                        None => std::ops::Bound::Unbounded,
-                    };
-                    for (k, s) in t.objects.range((start, std::ops::Bound::Unbounded)) {
-                        if ctx.ns.as_ref().is_some_and(|n| *n != k.0) {
-                            break;
-                        }
-                        if w.matches(&s.view) {
-                            let json = if w.meta_only {
-                                Bytes::from(
-                                    serde_json::to_vec(&super::watch::partial_metadata(s))
-                                        .unwrap_or_default(),
-                                )
-                            } else {
-                                s.json.clone()
-                            };
-                            w.send(event_line("ADDED", &json));
-                        }
-                    }
-                    if initial {
-                        w.send(bookmark_line(&def.api_version(), &def.kind, current, true));
-                    }
-                }
-            }
-            t.watchers.add(w.clone());
-            registered = true;
+            let _ = result.try_send(line);
+            drop(result);
+            None
         }
-    }
-    drop(w);
-    let guard = registered.then(|| WatchGuard {
-        inner: inner.clone(),
-        table,
-        id,
-    });
+        Ok(lines) => {
+            st.table(&ctx.def).watchers.watchers().add(w.clone());
+            tokio::spawn(cache_watcher::process(w, lines, input_rx, result));
+            Some(WatchGuard {
+                inner: inner.clone(),
+                table,
+                id,
+            })
+        }
+    };
+    drop(st);
+    Ok(watch_response(inner, result_rx, deadline, guard))
+}
+
+/// The HTTP answer of a watch: what its result buffer holds, until it ends, the watch's
+/// deadline, or the server's shutdown.
+fn watch_response(
+    inner: &Arc<Inner>,
+    rx: mpsc::Receiver<Bytes>,
+    deadline: Instant,
+    guard: Option<WatchGuard>,
+) -> Response<Body> {
     let sleep = Box::pin(tokio::time::sleep_until(deadline.into()));
     let sd = inner.shutdown.subscribe();
     let stream = futures::stream::unfold(
@@ -935,12 +1025,12 @@ fn start_watch(
         },
     );
     let body: Body = BodyExt::boxed_unsync(StreamBody::new(stream.boxed()));
-    Ok(Response::builder()
+    Response::builder()
         .status(200)
         .header(header::CONTENT_TYPE, "application/json")
         .header(header::CACHE_CONTROL, "no-cache, private")
         .body(body)
-        .expect("valid response"))
+        .expect("valid response")
 }
 
 #[allow(dead_code)]

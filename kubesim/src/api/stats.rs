@@ -11,6 +11,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use super::cache_counters::WatchCacheStats;
 use super::watch::WatchStat;
 
 /// A request's identity for accounting.
@@ -68,6 +69,9 @@ pub struct Stats {
     pub watches: Vec<WatchInfo>,
     /// Older closed watches, folded per resource: (watches, events delivered).
     pub closed: BTreeMap<String, (u64, u64)>,
+    /// The watch cache of each resource, by `group_resource` (`pods`,
+    /// `revisions.local-activator.dev`): dispatch, forced closes, window, LIST scans.
+    pub watch_cache: BTreeMap<String, WatchCacheStats>,
 }
 
 impl Stats {
@@ -78,6 +82,25 @@ impl Stats {
             .filter(|(k, _)| k.verb == verb && k.resource == resource)
             .map(|(_, v)| *v)
             .sum()
+    }
+    /// Watchers of a resource (`pods`, `revisions.local-activator.dev`) the server closed for
+    /// not keeping up (`apiserver_terminated_watchers_total`).
+    pub fn terminated_watchers(&self, group_resource: &str) -> u64 {
+        self.watch_cache
+            .get(group_resource)
+            .map_or(0, |c| c.terminated_watchers)
+    }
+    /// Events of a resource offered to watchers, before their selectors.
+    pub fn events_offered(&self, group_resource: &str) -> u64 {
+        self.watch_cache
+            .get(group_resource)
+            .map_or(0, |c| c.events_offered)
+    }
+    /// Objects LISTs of a resource looked at.
+    pub fn list_objects_scanned(&self, group_resource: &str) -> u64 {
+        self.watch_cache
+            .get(group_resource)
+            .map_or(0, |c| c.list_objects_scanned)
     }
     pub fn total_requests(&self) -> u64 {
         self.requests.values().sum()
@@ -164,6 +187,7 @@ impl StatsInner {
                 })
                 .collect(),
             closed: self.closed.clone(),
+            watch_cache: BTreeMap::new(),
         }
     }
 }
@@ -216,9 +240,88 @@ pub(crate) fn metrics_text(s: &Stats) -> String {
             open.get_or_create(&l).inc();
         }
     }
+    register_watch_cache(&mut reg, &s.watch_cache);
     let mut out = String::new();
     let _ = encode(&mut out, &reg);
     out
+}
+
+type Labels = Vec<(String, String)>;
+
+fn labels(pairs: &[(&str, &str)]) -> Labels {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// The watch cache's figures, under kube-apiserver's names where it has them.
+fn register_watch_cache(reg: &mut Registry, caches: &BTreeMap<String, WatchCacheStats>) {
+    let counter = |reg: &mut Registry, name: &str, help: &str| {
+        let f = Family::<Labels, Counter>::default();
+        reg.register(name, help, f.clone());
+        f
+    };
+    let terminated = counter(
+        reg,
+        "apiserver_terminated_watchers",
+        "Counter of watchers closed due to unresponsiveness broken by resource type.",
+    );
+    let dispatched = counter(
+        reg,
+        "apiserver_watch_cache_events_dispatched",
+        "Counter of events dispatched in watch cache broken by resource type.",
+    );
+    let offered = counter(
+        reg,
+        "kubesim_apiserver_watch_cache_events_offered",
+        "Events queued (or tried) into watchers' input buffers, one per event per watcher, before the watchers' selectors are applied",
+    );
+    let scanned = counter(
+        reg,
+        "kubesim_apiserver_list_objects_scanned",
+        "Objects LIST requests looked at (matched or not), from the watch cache or the storage",
+    );
+    let lists = counter(
+        reg,
+        "apiserver_cache_list",
+        "Number of LIST requests served from watch cache",
+    );
+    let fetched = counter(
+        reg,
+        "apiserver_cache_list_fetched_objects",
+        "Number of objects read from watch cache in the course of serving a LIST request",
+    );
+    let returned = counter(
+        reg,
+        "apiserver_cache_list_returned_objects",
+        "Number of objects returned for a LIST request from watch cache",
+    );
+    let capacity = Family::<Labels, Gauge>::default();
+    reg.register(
+        "apiserver_watch_cache_capacity",
+        "Total capacity of watch cache broken by resource type.",
+        capacity.clone(),
+    );
+    for (r, c) in caches {
+        let l = labels(&[("resource", r)]);
+        terminated.get_or_create(&l).inc_by(c.terminated_watchers);
+        dispatched.get_or_create(&l).inc_by(c.events_dispatched);
+        offered.get_or_create(&l).inc_by(c.events_offered);
+        scanned.get_or_create(&l).inc_by(c.list_objects_scanned);
+        capacity.get_or_create(&l).set(c.capacity as i64);
+        let p = c.resource_prefix.as_str();
+        for (index, (n, objs)) in &c.cache_lists {
+            let l = labels(&[("resource_prefix", p), ("index", index)]);
+            lists.get_or_create(&l).inc_by(*n);
+            fetched.get_or_create(&l).inc_by(*objs);
+        }
+        if !c.cache_lists.is_empty() {
+            returned
+                .get_or_create(&labels(&[("resource_prefix", p)]))
+                .inc_by(c.cache_list_returned);
+        }
+    }
 }
 
 #[cfg(test)]

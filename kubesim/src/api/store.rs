@@ -7,9 +7,13 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::Value;
 
+use super::cache_counters::CacheCounters;
+use super::dispatch::{Dispatch, Dispatcher, DispatcherSetup};
 use super::meta;
 use super::resource::{Registry, ResourceDef};
-use super::watch::{EvType, Event, WatcherSet};
+use super::time_budget::TimeBudget;
+use super::watch::{EvType, Event};
+use super::watch_cache_sizing::{self as sizing, FullWindow, WatchCacheConfig};
 
 /// (namespace or "" for cluster-scoped, name)
 pub(crate) type ObjKey = (String, String);
@@ -91,10 +95,58 @@ fn view_of(obj: Value) -> Value {
 pub(crate) struct Table {
     pub def: Arc<ResourceDef>,
     pub objects: BTreeMap<ObjKey, Stored>,
+    /// The watch cache's event window (see [`sizing`]).
     pub history: VecDeque<Arc<Event>>,
     /// Every event with a resourceVersion above this one is still in `history`.
     pub history_start: u64,
-    pub watchers: WatcherSet,
+    /// The window's capacity now.
+    pub capacity: usize,
+    /// An event has left the window since it began (or was compacted).
+    pub evicted: bool,
+    pub watchers: Dispatcher,
+}
+
+impl Table {
+    /// The oldest resourceVersion a watch may resume from (see [`sizing::oldest_resumable`]).
+    pub fn oldest_resumable(&self) -> u64 {
+        sizing::oldest_resumable(
+            self.history_start,
+            self.history.front().map(|e| e.rv),
+            self.evicted,
+        )
+    }
+
+    /// Adds an event to the window, resizing it first as `watchCache.updateCache` does.
+    fn keep(&mut self, ev: Arc<Event>, cfg: &WatchCacheConfig, max: usize) {
+        let n = self.history.len();
+        if n >= self.capacity && n > 0 {
+            let age = |i: usize| ev.at.saturating_duration_since(self.history[i].at);
+            let full = FullWindow {
+                capacity: self.capacity,
+                oldest_age: age(0),
+                // `cache[(endIndex - capacity/4) % capacity]`: the oldest when a quarter is 0.
+                newest_quarter_age: age(match self.capacity / 4 {
+                    0 => 0,
+                    q => n - q,
+                }),
+            };
+            self.capacity = sizing::resized(full, cfg.window_min, max, cfg.event_fresh);
+            self.watchers
+                .counters()
+                .capacity
+                .store(self.capacity as u64, std::sync::atomic::Ordering::Relaxed);
+        }
+        while self.history.len() >= self.capacity.max(1) {
+            match self.history.pop_front() {
+                Some(old) => {
+                    self.history_start = old.rv;
+                    self.evicted = true;
+                }
+                None => break,
+            }
+        }
+        self.history.push_back(ev);
+    }
 }
 
 pub(crate) struct State {
@@ -111,11 +163,20 @@ pub(crate) struct State {
     pub terminating_namespaces: HashSet<String>,
     /// CRD names being deleted (their custom resources are removed first)
     pub terminating_crds: HashSet<String>,
+    /// The event window's upper bound (`ApiServerConfig::watch_history`).
     pub history_cap: usize,
+    pub cache: WatchCacheConfig,
+    pub bookmark_interval: std::time::Duration,
+    pub counters: Arc<CacheCounters>,
 }
 
 impl State {
-    pub fn new(history_cap: usize) -> Self {
+    pub fn new(
+        history_cap: usize,
+        cache: WatchCacheConfig,
+        bookmark_interval: std::time::Duration,
+        counters: Arc<CacheCounters>,
+    ) -> Self {
         Self {
             rv: 0,
             registry: Registry::new(),
@@ -127,17 +188,40 @@ impl State {
             terminating_namespaces: HashSet::new(),
             terminating_crds: HashSet::new(),
             history_cap: history_cap.max(1),
+            cache,
+            bookmark_interval,
+            counters,
         }
     }
 
     /// The table of a resource, created on first use.
     pub fn table(&mut self, def: &Arc<ResourceDef>) -> &mut Table {
-        self.tables.entry(def.table_key()).or_insert_with(|| Table {
-            def: def.clone(),
-            objects: BTreeMap::new(),
-            history: VecDeque::new(),
-            history_start: 0,
-            watchers: WatcherSet::default(),
+        let (cache, cap) = (&self.cache, self.history_cap);
+        let (counters, bookmarks) = (&self.counters, self.bookmark_interval);
+        self.tables.entry(def.table_key()).or_insert_with(|| {
+            let capacity = cache.window_min.min(cap).max(1);
+            let c = counters.of(&def.group_resource(), &def.resource_prefix());
+            c.capacity
+                .store(capacity as u64, std::sync::atomic::Ordering::Relaxed);
+            Table {
+                def: def.clone(),
+                objects: BTreeMap::new(),
+                history: VecDeque::new(),
+                history_start: 0,
+                capacity,
+                evicted: false,
+                watchers: Dispatcher::new(DispatcherSetup {
+                    resource: def.group_resource(),
+                    indexed: def.table_key() == "/pods",
+                    budget: TimeBudget::new(
+                        std::time::Instant::now(),
+                        cache.budget_refresh_per_second,
+                        cache.budget_max,
+                    ),
+                    counters: c,
+                    bookmark_interval: bookmarks,
+                }),
+            }
         })
     }
 
@@ -174,16 +258,10 @@ impl State {
     }
 
     fn record(&mut self, tk: &str, ev: Event) {
-        let cap = self.history_cap;
         let t = self.tables.get_mut(tk).expect("table exists");
         let ev = Arc::new(ev);
-        t.watchers.deliver(&ev);
-        t.history.push_back(ev);
-        while t.history.len() > cap {
-            if let Some(old) = t.history.pop_front() {
-                t.history_start = old.rv;
-            }
-        }
+        t.keep(ev.clone(), &self.cache, self.history_cap);
+        t.watchers.send(Dispatch::Event(ev));
     }
 
     /// Stores a created or modified object at the next resourceVersion and sends its event.
@@ -266,13 +344,14 @@ impl State {
         for t in self.tables.values_mut() {
             t.history.clear();
             t.history_start = rv;
+            t.evicted = false;
         }
     }
 
     /// Drops a whole table (its CRD was deleted), ending its watches.
     pub fn drop_table(&mut self, tk: &str) {
-        if let Some(mut t) = self.tables.remove(tk) {
-            t.watchers.close_all();
+        if let Some(t) = self.tables.remove(tk) {
+            t.watchers.watchers().close_all();
         }
     }
 }

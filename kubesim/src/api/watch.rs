@@ -1,15 +1,16 @@
-//! Watches: events serialized once and shared, an index of watchers so fan-out touches only
-//! the watchers an object can concern, and the selector transition semantics of the real
-//! watch cache (stops matching -> DELETED, starts matching -> ADDED).
+//! Watches: events serialized once and shared, a watcher and what it is scoped to, and the
+//! selector transition semantics of the real watch cache (stops matching -> DELETED, starts
+//! matching -> ADDED). Which watchers an event is offered to, and what happens when one cannot
+//! take it, is [`super::dispatch`]; a watcher's own buffers are [`super::cache_watcher`].
 
-use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use serde_json::{Value, json};
-use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::mpsc::Sender;
+use tokio_util::sync::CancellationToken;
 
 use super::meta;
 use super::selector::{FieldSelector, LabelSelector};
@@ -26,6 +27,8 @@ pub(crate) enum EvType {
 /// resourceVersion.
 pub(crate) struct Event {
     pub rv: u64,
+    /// When the cache recorded it (the window's resizing reads it).
+    pub at: Instant,
     pub ty: EvType,
     pub old: Option<Stored>,
     pub new: Stored,
@@ -68,6 +71,7 @@ impl Event {
     pub fn new(rv: u64, ty: EvType, old: Option<Stored>, new: Stored) -> Self {
         Self {
             rv,
+            at: Instant::now(),
             ty,
             old,
             new,
@@ -155,14 +159,37 @@ pub struct WatchStat {
     pub open: AtomicBool,
 }
 
+/// What a watcher's input buffer holds: events as the cache dispatched them (its selectors
+/// are applied when it takes them out), and BOOKMARK lines.
+pub(crate) enum Input {
+    Event(Arc<Event>),
+    Line(Bytes),
+}
+
+/// What a watch is limited to by the request's path or an exact `metadata.namespace=` /
+/// `metadata.name=` field selector ("" for any), as the real cacher's `namespacedName` scope.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub(crate) struct Scope {
+    pub namespace: String,
+    pub name: String,
+}
+
 pub(crate) struct Watcher {
     pub id: u64,
     pub namespace: Option<String>,
     pub label: Option<LabelSelector>,
     pub field: Option<FieldSelector>,
-    /// `spec.nodeName` value this watcher requires (the fan-out index key), if any.
+    /// `spec.nodeName` value this watcher requires (pods' indexed trigger), if any.
     pub node: Option<String>,
-    pub tx: UnboundedSender<Bytes>,
+    pub scope: Scope,
+    /// The input buffer: the dispatcher puts events in, the watcher's own task takes them out.
+    pub input: Sender<Input>,
+    /// Cancelled when the watch ends (client gone, timeout, forced close, shutdown).
+    pub done: CancellationToken,
+    /// Events at or below this resourceVersion were already sent as the watch's start.
+    pub start_rv: u64,
+    /// How the real server names it in its log (`key`, `labels`, `fields`).
+    pub identifier: String,
     /// When this watch gets its next BOOKMARK (None: no bookmarks, or none left before its
     /// deadline). Only with `allowWatchBookmarks`.
     pub next_bookmark: std::sync::Mutex<Option<Instant>>,
@@ -195,17 +222,15 @@ impl Watcher {
         self.field.as_ref().is_none_or(|f| f.matches(obj))
     }
 
-    /// Queues a line; false when the client has gone.
-    pub fn send(&self, line: Bytes) -> bool {
-        let ok = self.tx.send(line).is_ok();
-        if ok {
-            self.stat.events.fetch_add(1, Ordering::Relaxed);
-        }
-        ok
+    /// Ends the watch where it is: its task stops taking input, and the client gets what was
+    /// already in its result buffer, then the end of the stream.
+    pub fn stop(&self) {
+        self.stat.open.store(false, Ordering::Relaxed);
+        self.done.cancel();
     }
 }
 
-fn node_name(obj: &Value) -> &str {
+pub(crate) fn node_name(obj: &Value) -> &str {
     obj.get("spec")
         .and_then(|s| s.get("nodeName"))
         .and_then(Value::as_str)
@@ -214,112 +239,17 @@ fn node_name(obj: &Value) -> &str {
 
 /// The value of a `spec.nodeName=X` (or `==`) term of a raw field selector.
 pub(crate) fn node_term(raw: &str) -> Option<String> {
+    exact_term(raw, "spec.nodeName")
+}
+
+/// The value of a `<field>=X` (or `==`) term of a raw field selector (`RequiresExactMatch`).
+pub(crate) fn exact_term(raw: &str, field: &str) -> Option<String> {
     raw.split(',').find_map(|t| {
         let t = t.trim();
-        let rest = t.strip_prefix("spec.nodeName")?;
+        let rest = t.strip_prefix(field)?;
         let v = rest.strip_prefix("==").or_else(|| rest.strip_prefix('='))?;
         Some(v.trim().to_string())
     })
-}
-
-/// The watchers of one resource, indexed by the node and namespace they are limited to.
-#[derive(Default)]
-pub(crate) struct WatcherSet {
-    all: HashMap<u64, Arc<Watcher>>,
-    by_node: HashMap<String, HashSet<u64>>,
-    by_ns: HashMap<String, HashSet<u64>>,
-    rest: HashSet<u64>,
-}
-
-impl WatcherSet {
-    pub fn add(&mut self, w: Arc<Watcher>) {
-        let id = w.id;
-        if let Some(n) = &w.node {
-            self.by_node.entry(n.clone()).or_default().insert(id);
-        } else if let Some(ns) = &w.namespace {
-            self.by_ns.entry(ns.clone()).or_default().insert(id);
-        } else {
-            self.rest.insert(id);
-        }
-        self.all.insert(id, w);
-    }
-
-    pub fn remove(&mut self, id: u64) {
-        let Some(w) = self.all.remove(&id) else {
-            return;
-        };
-        w.stat.open.store(false, Ordering::Relaxed);
-        fn drop_from(m: &mut HashMap<String, HashSet<u64>>, k: &str, id: u64) {
-            if let Some(s) = m.get_mut(k) {
-                s.remove(&id);
-                if s.is_empty() {
-                    m.remove(k);
-                }
-            }
-        }
-        if let Some(n) = &w.node {
-            drop_from(&mut self.by_node, n, id);
-        } else if let Some(ns) = &w.namespace {
-            drop_from(&mut self.by_ns, ns, id);
-        } else {
-            self.rest.remove(&id);
-        }
-    }
-
-    pub fn iter(&self) -> impl Iterator<Item = &Arc<Watcher>> {
-        self.all.values()
-    }
-
-    fn candidates(&self, ev: &Event) -> Vec<u64> {
-        let mut ids: Vec<u64> = self.rest.iter().copied().collect();
-        let objs = [ev.old.as_ref().map(|o| &*o.view), Some(&*ev.new.view)];
-        let mut seen_ns: Option<&str> = None;
-        let mut seen_node: Option<&str> = None;
-        for o in objs.into_iter().flatten() {
-            let ns = meta::namespace_of(o);
-            if seen_ns != Some(ns) {
-                if let Some(s) = self.by_ns.get(ns) {
-                    ids.extend(s.iter().copied());
-                }
-                seen_ns = Some(ns);
-            }
-            let n = node_name(o);
-            if seen_node != Some(n) {
-                if let Some(s) = self.by_node.get(n) {
-                    ids.extend(s.iter().copied());
-                }
-                seen_node = Some(n);
-            }
-        }
-        ids
-    }
-
-    /// Sends an event to every watcher it concerns; forgets watchers whose client has gone.
-    pub fn deliver(&mut self, ev: &Event) {
-        if self.all.is_empty() {
-            return;
-        }
-        let mut dead = Vec::new();
-        for id in self.candidates(ev) {
-            let Some(w) = self.all.get(&id) else { continue };
-            if let Some(line) = ev.line_for(w)
-                && !w.send(line)
-            {
-                dead.push(id);
-            }
-        }
-        for id in dead {
-            self.remove(id);
-        }
-    }
-
-    /// Ends every watch (the resource went away or the server stops).
-    pub fn close_all(&mut self) {
-        let ids: Vec<u64> = self.all.keys().copied().collect();
-        for id in ids {
-            self.remove(id);
-        }
-    }
 }
 
 /// A `BOOKMARK` line for a resource at a resourceVersion.
@@ -377,6 +307,11 @@ mod tests {
         );
         assert_eq!(node_term("spec.nodeName!=n1"), None);
         assert_eq!(node_term("metadata.name=a"), None);
+        assert_eq!(
+            exact_term("metadata.name=a,x=y", "metadata.name"),
+            Some("a".into())
+        );
+        assert_eq!(exact_term("metadata.namespace=a", "metadata.name"), None);
     }
 
     #[test]
