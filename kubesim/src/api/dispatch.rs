@@ -306,3 +306,147 @@ fn dispatch_bookmark(shared: &Shared, line: &Bytes) {
         let _ = w.input.try_send(Input::Line(line.clone()));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::cache_counters::ResourceCounters;
+    use crate::api::store::Stored;
+    use crate::api::watch::{EvType, WatchStat};
+    use serde_json::json;
+    use std::sync::atomic::{AtomicBool, AtomicU64};
+
+    const BUDGET: Duration = Duration::from_millis(100);
+
+    fn shared(full_budget: bool) -> Shared {
+        let now = Instant::now();
+        // A budget made 10 s ago has refilled to its maximum; one made now is empty.
+        let made = if full_budget {
+            now - Duration::from_secs(10)
+        } else {
+            now
+        };
+        Shared {
+            set: Mutex::new(WatcherSet::default()),
+            budget: Mutex::new(TimeBudget::new(made, Duration::from_millis(50), BUDGET)),
+            counters: Arc::new(ResourceCounters::default()),
+            indexed: false,
+            resource: "widgets.example.com".into(),
+            bookmark_interval: Duration::from_secs(60),
+        }
+    }
+
+    /// A watcher with an input buffer of one, already full.
+    fn full_watcher(s: &Shared, id: u64) -> mpsc::Receiver<Input> {
+        let (tx, rx) = mpsc::channel(1);
+        tx.try_send(Input::Line(Bytes::from_static(b"x"))).unwrap();
+        let w = Watcher {
+            id,
+            namespace: None,
+            label: None,
+            field: None,
+            node: None,
+            scope: Scope::default(),
+            input: tx,
+            done: tokio_util::sync::CancellationToken::new(),
+            start_rv: 0,
+            identifier: String::new(),
+            next_bookmark: Mutex::new(None),
+            deadline: Instant::now() + Duration::from_secs(60),
+            meta_only: false,
+            stat: Arc::new(WatchStat {
+                id,
+                resource: "widgets".into(),
+                namespace: None,
+                label_selector: String::new(),
+                field_selector: String::new(),
+                events: AtomicU64::new(0),
+                open: AtomicBool::new(true),
+            }),
+        };
+        set(s).add(Arc::new(w));
+        rx
+    }
+
+    fn event() -> Arc<Event> {
+        let obj = json!({"metadata": {"name": "w", "namespace": "ns"}});
+        Arc::new(Event::new(7, EvType::Added, None, Stored::new(obj)))
+    }
+
+    fn terminated(s: &Shared) -> u64 {
+        s.counters.terminated.load(Ordering::Relaxed)
+    }
+
+    #[tokio::test]
+    async fn a_full_watcher_is_waited_for_the_whole_budget_then_closed() {
+        let s = shared(true);
+        let _rx = full_watcher(&s, 1);
+        let t0 = Instant::now();
+        dispatch_event(&s, &event()).await;
+        let waited = t0.elapsed();
+        assert!(waited >= BUDGET - Duration::from_millis(5), "{waited:?}");
+        assert_eq!(terminated(&s), 1);
+        assert_eq!(set(&s).len(), 0, "forgotten");
+        // The budget was spent: the next blocked dispatch does not wait.
+        let _rx = full_watcher(&s, 2);
+        let t1 = Instant::now();
+        dispatch_event(&s, &event()).await;
+        assert!(
+            t1.elapsed() < Duration::from_millis(30),
+            "{:?}",
+            t1.elapsed()
+        );
+        assert_eq!(terminated(&s), 2);
+    }
+
+    #[tokio::test]
+    async fn blocked_watchers_share_one_deadline() {
+        let s = shared(true);
+        let _a = full_watcher(&s, 1);
+        let _b = full_watcher(&s, 2);
+        let _c = full_watcher(&s, 3);
+        let t0 = Instant::now();
+        dispatch_event(&s, &event()).await;
+        let waited = t0.elapsed();
+        assert!(
+            waited < BUDGET * 2,
+            "one budget for all, not one each: {waited:?}"
+        );
+        assert_eq!(terminated(&s), 3);
+        assert_eq!(s.counters.offered.load(Ordering::Relaxed), 3);
+    }
+
+    #[tokio::test]
+    async fn a_watcher_that_makes_room_in_time_stays_and_the_rest_of_the_budget_returns() {
+        let s = shared(true);
+        let mut rx = full_watcher(&s, 1);
+        let reader = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let first = rx.recv().await;
+            let second = rx.recv().await;
+            (
+                first.is_some(),
+                matches!(second, Some(Input::Event(e)) if e.rv == 7),
+            )
+        });
+        dispatch_event(&s, &event()).await;
+        assert_eq!(reader.await.unwrap(), (true, true), "the event got in");
+        assert_eq!(terminated(&s), 0);
+        assert_eq!(set(&s).len(), 1);
+        let left = lock_budget(&s).take_available(Instant::now());
+        assert!(
+            left > Duration::from_millis(50) && left <= BUDGET,
+            "unused time returned: {left:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn with_an_empty_budget_a_full_watcher_is_closed_at_once() {
+        let s = shared(false);
+        let _rx = full_watcher(&s, 1);
+        let t0 = Instant::now();
+        dispatch_event(&s, &event()).await;
+        assert!(t0.elapsed() < Duration::from_millis(30));
+        assert_eq!(terminated(&s), 1);
+    }
+}
