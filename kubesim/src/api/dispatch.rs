@@ -224,6 +224,11 @@ async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Dispatch>) {
             Dispatch::Event(ev) => dispatch_event(&shared, &ev).await,
             Dispatch::Bookmark(line) => dispatch_bookmark(&shared, &line),
         }
+        // Let the watchers just woken take their events before the next one is offered, as
+        // the real dispatch goroutine's receivers run beside it: without this the task would
+        // offer a whole backlog of queued events (up to tokio's cooperative budget) before
+        // any watcher task ran, and fill their buffers where the real server does not.
+        tokio::task::yield_now().await;
     }
 }
 
