@@ -12,6 +12,7 @@ pub mod error;
 pub mod image_pull;
 pub mod installed;
 pub mod nginx;
+pub mod object_cost;
 pub mod observe;
 pub mod open_loop;
 pub mod plot;

@@ -193,6 +193,50 @@ enum Cmd {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// What one object of a kind costs a real API server and etcd: a Revision with what the
+    /// subsetter writes for it, a Deployment + Service, a ConfigMap (docs/revision-cost.md).
+    ObjectCost {
+        #[arg(long)]
+        kubeconfig: Option<PathBuf>,
+        #[arg(
+            long,
+            value_enum,
+            value_delimiter = ',',
+            default_value = "revision,app,configmap"
+        )]
+        kinds: Vec<loadtest::object_cost::Kind>,
+        /// Units of each kind.
+        #[arg(long, default_value_t = 2000)]
+        count: usize,
+        /// Batches per kind, the kinds alternating.
+        #[arg(long, default_value_t = 4)]
+        rounds: usize,
+        /// Creates in flight.
+        #[arg(long, default_value_t = 16)]
+        concurrency: usize,
+        /// Labels of the namespaces, `k=v`, repeated (e.g. `local-activator.dev/subsetter=cost`
+        /// for a subsetter run with that `--namespace-selector`).
+        #[arg(long)]
+        namespace_label: Vec<String>,
+        /// etcd's client address, plain HTTP (`/metrics`, `etcdctl`).
+        #[arg(long)]
+        etcd: Option<String>,
+        /// Services with a cluster IP instead of headless ones.
+        #[arg(long)]
+        cluster_ip: bool,
+        /// Objects of each resource read back for their sizes.
+        #[arg(long, default_value_t = 20)]
+        sample: usize,
+        #[arg(long, default_value_t = 600)]
+        settle_timeout_secs: u64,
+        /// Quiet after each batch before its figures are read.
+        #[arg(long, default_value_t = 3)]
+        quiet_secs: u64,
+        #[arg(long)]
+        keep: bool,
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
 }
 
 /// `loadtest installed --deploy`: the `deploy` scenario (docs/load-testing.md) on the installed
@@ -426,6 +470,56 @@ async fn main() -> anyhow::Result<()> {
             }
             if let Some(path) = json {
                 std::fs::write(path, serde_json::to_vec_pretty(&phases)?)?;
+            }
+        }
+        Cmd::ObjectCost {
+            kubeconfig,
+            kinds,
+            count,
+            rounds,
+            concurrency,
+            namespace_label,
+            etcd,
+            cluster_ip,
+            sample,
+            settle_timeout_secs,
+            quiet_secs,
+            keep,
+            json,
+        } => {
+            let client = client_of(kubeconfig).await?;
+            let namespace_labels = namespace_label
+                .iter()
+                .map(|kv| {
+                    let (k, v) = kv.split_once('=').unwrap_or((kv.as_str(), ""));
+                    (k.to_string(), v.to_string())
+                })
+                .collect();
+            let opts = loadtest::object_cost::Options {
+                kinds,
+                count,
+                rounds,
+                concurrency,
+                namespace_labels,
+                etcd,
+                cluster_ip,
+                sample,
+                settle_timeout: std::time::Duration::from_secs(settle_timeout_secs),
+                quiet: std::time::Duration::from_secs(quiet_secs),
+                keep,
+            };
+            let figures = loadtest::object_cost::run(client, &opts).await?;
+            for f in &figures {
+                for line in f.lines() {
+                    println!("{line}");
+                }
+            }
+            let of = |k: &str| figures.iter().find(|f| f.kind == k);
+            if let (Some(rev), Some(app)) = (of("revision"), of("app")) {
+                println!("{}", loadtest::object_cost::ratios(rev, app));
+            }
+            if let Some(path) = json {
+                std::fs::write(path, serde_json::to_vec_pretty(&figures)?)?;
             }
         }
         Cmd::Installed {
