@@ -75,7 +75,17 @@ async fn reconcile_synced(rev: &Arc<Revision>, ctx: &Arc<Context>) -> Result<Act
     let observed = current.as_ref().and_then(|c| c.status.as_ref());
     let lane = lane_of(observed.map(|s| s.observed_generation), rev);
     let written = match &current {
-        None => Some(create_subset(ctx, &target, rev, &plan, lane).await?),
+        None => match create_subset(ctx, &target, rev, &plan, lane).await {
+            Err(e) if namespace_terminating(&e) => {
+                // The namespace is being deleted (its objects go in any order: this
+                // Revision's subset went first). No create there can succeed and the
+                // Revision is going too: retrying would only repeat the refused write.
+                debug!(revision = %target.key, "namespace terminating; no subset");
+                ctx.caches.index.locked().remove(&target.key);
+                return Ok(succeeded(ctx, &target.key));
+            }
+            created => Some(created?),
+        },
         Some(cur) => update_subset(ctx, &target, cur, &plan, lane).await?,
     };
     if let Some(written) = written {
@@ -631,6 +641,15 @@ async fn write_revision_status(
     Ok(())
 }
 
+/// Whether the API server refused a write because its namespace is being deleted (403 with
+/// the cause `NamespaceTerminating`), which no retry can change.
+fn namespace_terminating(e: &Error) -> bool {
+    matches!(e, Error::Kube(kube::Error::Api(s)) if s.code == 403
+    && s.details.as_ref().is_some_and(|d| {
+        d.causes.iter().any(|c| c.reason == "NamespaceTerminating")
+    }))
+}
+
 /// Retries with exponential backoff per revision: 0.5 s, 1 s, 2 s ... up to 60 s.
 pub fn error_policy(rev: Arc<Revision>, error: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics.errors.inc();
@@ -681,6 +700,39 @@ pub(crate) fn backoff(attempt: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn forbidden(cause: &str) -> Error {
+        let details: kube::core::response::StatusDetails = serde_json::from_value(json!({
+            "name": "r", "kind": "activationendpoints",
+            "causes": [{ "reason": cause, "message": "m", "field": "metadata.namespace" }],
+        }))
+        .unwrap();
+        Error::Kube(kube::Error::Api(
+            kube::core::Status {
+                code: 403,
+                reason: "Forbidden".into(),
+                details: Some(details),
+                ..Default::default()
+            }
+            .boxed(),
+        ))
+    }
+
+    #[test]
+    fn only_a_terminating_namespace_is_not_retried() {
+        assert!(namespace_terminating(&forbidden("NamespaceTerminating")));
+        assert!(!namespace_terminating(&forbidden("SomethingElse")));
+        let rbac = Error::Kube(kube::Error::Api(
+            kube::core::Status {
+                code: 403,
+                reason: "Forbidden".into(),
+                ..Default::default()
+            }
+            .boxed(),
+        ));
+        assert!(!namespace_terminating(&rbac), "RBAC refusals are retried");
+        assert!(!namespace_terminating(&Error::ForeignOwner("ns/r".into())));
+    }
 
     #[test]
     fn backoff_doubles_and_caps() {
