@@ -170,6 +170,12 @@ pub struct Args {
     #[arg(long, env = "MEMBERS_FROM_DIRECTORY", default_value = "true", num_args = 0..=1,
           default_missing_value = "true", value_parser = BoolishValueParser::new())]
     pub members_from_directory: bool,
+    /// Have a directory replica stream this node's memberships (docs/member-stream.md)
+    /// instead of watching them on the API server; the watch is then only a bounded
+    /// fallback while no replica answers.
+    #[arg(long, env = "MEMBERS_STREAMED", default_value = "true", num_args = 0..=1,
+          default_missing_value = "true", value_parser = BoolishValueParser::new())]
+    pub members_streamed: bool,
 }
 
 impl Args {
@@ -209,6 +215,7 @@ impl Args {
             in_flight: self.read_ahead_in_flight,
         };
         cfg.members_from_directory = self.members_from_directory;
+        cfg.members_streamed = self.members_streamed;
         cfg.directory = if self.directory_selector.is_empty() {
             DirectorySource::Off
         } else {

@@ -89,6 +89,12 @@ pub struct ActivatorConfig {
     /// Whether this node's memberships are first asked of the directory at start, not
     /// listed (`cache::seeded`): a label-selected list scans every subset on the API server.
     pub members_from_directory: bool,
+    /// Whether this node's memberships are streamed by a directory replica
+    /// (`cache::member_stream`) rather than watched on the API server, when there is a
+    /// directory. Off: the watch (its first state from the directory, as above).
+    pub members_streamed: bool,
+    /// How a membership stream lives (its age, its silence, the fallback's bound).
+    pub member_stream: crate::cache::member_stream::Tuning,
 }
 
 impl ActivatorConfig {
@@ -147,6 +153,8 @@ impl ActivatorConfig {
             prepull_secrets: false,
             directory: crate::cache::directory::DirectorySource::Off,
             members_from_directory: true,
+            members_streamed: true,
+            member_stream: Default::default(),
         }
     }
 }

@@ -106,6 +106,11 @@ pub struct Args {
     /// open to any caller on the cluster network (a warning says so).
     #[arg(long, env = "HOP_SECRET_FILE")]
     pub hop_secret_file: Option<std::path::PathBuf>,
+    /// Serve the directory and the membership streams only, never reconcile: the activators'
+    /// source of memberships beside a replacement subsetter that writes the
+    /// ActivationEndpoints itself (docs/member-stream.md).
+    #[arg(long, env = "DIRECTORY_ONLY")]
+    pub directory_only: bool,
     /// Membership streams this replica holds at most; beyond, a caller is sent to another.
     #[arg(long, env = "MAX_MEMBER_STREAMS", default_value_t = 10_000)]
     pub max_member_streams: usize,

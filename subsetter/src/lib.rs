@@ -16,8 +16,8 @@ pub mod cluster;
 pub mod pure;
 
 pub use cluster::{
-    admin, contract, controller, directory, error, leader, metrics, namespaces, reconciler,
-    usable_activators, write_limit,
+    admin, contract, controller, directory, error, leader, member_stream, metrics, namespaces,
+    reconciler, usable_activators, write_limit,
 };
 pub use pure::{
     activators, conditions, eligibility, endpoint_slice, handover, hosts, images, index,

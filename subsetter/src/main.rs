@@ -76,6 +76,16 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let subsetter = Arc::new(Subsetter::new(client.clone(), config, Arc::from(policy)));
     let shutdown = shutdown_signal();
     let caches = serve(&args, &subsetter).await?;
+    if args.directory_only {
+        // The directory and the streams alone, for another subsetter's ActivationEndpoints:
+        // this replica never writes.
+        tracing::info!(
+            "--directory-only: serving the directory and membership streams, never leading"
+        );
+        shutdown.await;
+        caches.stop();
+        return Ok(());
+    }
     if args.no_leader_election {
         subsetter.lead(&caches, shutdown).await?;
         caches.stop();

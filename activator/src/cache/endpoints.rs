@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use crds::{ActivationEndpoints, ActivatorMember};
 use dashmap::DashMap;
-use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
+use futures::{FutureExt, StreamExt};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::wait::await_condition;
 use kube::runtime::{WatchStreamExt, watcher};
@@ -49,6 +49,26 @@ pub enum MemberEvent {
     },
     /// A subset no longer lists this node (or is gone).
     Left(RevisionKey),
+}
+
+/// Where this node's memberships come from.
+pub enum MemberSource {
+    /// A label-selected watch of the API server (a list at start).
+    Watch,
+    /// The same watch, its first state from the directory (`seeded.rs`).
+    Seeded(super::directory::Directory),
+    /// Streamed by a directory replica; the API server's watch only as a bounded fallback
+    /// (`member_stream.rs`).
+    Streamed(Streamed),
+}
+
+/// A streamed source's settings.
+pub struct Streamed {
+    pub directory: super::directory::Directory,
+    pub proof: Option<http::HeaderValue>,
+    pub hosts_moved: Option<mpsc::UnboundedSender<Vec<String>>>,
+    pub tuning: super::member_stream::Tuning,
+    pub counters: super::member_stream::StreamCounters,
 }
 
 /// A shared wait for a new revision's subset.
@@ -124,20 +144,17 @@ fn tell_member_of(
 }
 
 impl EndpointsCache {
-    /// Starts the label-selected watch of the subsets listing `node`. Each subset that lists
+    /// Starts following the subsets listing `node`, from `source`. Each subset that lists
     /// this node is sent to `member_of` as it is seen (its Revision is read ahead of the first
     /// request, and a share of minScale starts pods without one), and each that stops listing
     /// it as [`MemberEvent::Left`].
-    ///
-    /// With `directory`, the watch's first state is the directory's answer of this node's
-    /// memberships, not a list (`seeded.rs`).
     pub fn start(
         client: Client,
         node: &str,
         ttl: Duration,
         stop: CancellationToken,
         member_of: mpsc::UnboundedSender<MemberEvent>,
-        directory: Option<super::directory::Directory>,
+        source: MemberSource,
     ) -> Self {
         let (mine, writer) = reflector::store();
         let api: Api<ActivationEndpoints> = Api::all(client.clone());
@@ -149,11 +166,31 @@ impl EndpointsCache {
                 .labels(&crds::contract::member_selector(node))
                 .any_semantic()
         };
-        // As the pod watch (pods.rs): bounded back-off, a 410 re-lists at once.
-        let events =
-            crds::backoff::resilient(super::seeded::watch(api, cfg, node.to_string(), directory))
-                .modify(super::trim::subset)
-                .reflect(writer);
+        let events = match source {
+            // As the pod watch (pods.rs): bounded back-off, a 410 re-lists at once.
+            MemberSource::Watch => crds::backoff::resilient(watcher::watcher(api, cfg)).boxed(),
+            MemberSource::Seeded(directory) => crds::backoff::resilient(super::seeded::watch(
+                api,
+                cfg,
+                node.to_string(),
+                Some(directory),
+            ))
+            .boxed(),
+            MemberSource::Streamed(s) => {
+                super::member_stream::events(super::member_stream::Source {
+                    node: node.to_string(),
+                    directory: s.directory,
+                    proof: s.proof,
+                    held: mine.clone(),
+                    api,
+                    fallback: cfg,
+                    hosts_moved: s.hosts_moved,
+                    tuning: s.tuning,
+                    counters: s.counters,
+                })
+            }
+        };
+        let events = events.modify(super::trim::subset).reflect(writer);
         let me = node.to_string();
         let memo: Arc<DashMap<RevisionKey, (u64, Membership)>> = Arc::default();
         let epoch: Arc<AtomicU64> = Arc::default();

@@ -6,6 +6,7 @@
 //!   `status.routes` (a split by weight) or the legacy one (the newest claimant), pure.
 //! - [`endpoints`]: the ActivationEndpoints that list this node (a label-selected watch), plus
 //!   short-lived lookups of other revisions' subsets, for forwarding.
+//! - [`member_stream`]: those subsets streamed by a directory replica instead of watched.
 //! - [`seeded`]: that watch's first state from the directory, not from a list that scans every
 //!   subset on the API server.
 //! - [`pods`]: app pods on this node (a `spec.nodeName` field-selected watch).
@@ -17,6 +18,7 @@ pub mod directory;
 pub(crate) mod endpoints;
 pub(crate) mod host_route;
 pub(crate) mod hosts;
+pub mod member_stream;
 pub(crate) mod pods;
 pub(crate) mod read;
 pub(crate) mod revisions;

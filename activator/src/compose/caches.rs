@@ -5,13 +5,14 @@
 
 use std::sync::Arc;
 
-use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tokio_util::sync::CancellationToken;
 
 use crate::cache::api_health::{ApiHealth, Heard};
 use crate::cache::directory::Directory;
-use crate::cache::endpoints::{EndpointsCache, MemberEvent};
+use crate::cache::endpoints::{EndpointsCache, MemberEvent, MemberSource, Streamed};
 use crate::cache::hosts::HostCache;
+use crate::cache::member_stream::StreamCounters;
 use crate::cache::pods::PodCache;
 use crate::cache::revisions::RevisionCache;
 use crate::config::ActivatorConfig;
@@ -42,17 +43,30 @@ impl Watches {
         cfg: &ActivatorConfig,
         client: &kube::Client,
         stop: &CancellationToken,
+        streams: StreamCounters,
+        hosts_moved: Option<UnboundedSender<Vec<String>>>,
     ) -> (Self, UnboundedReceiver<MemberEvent>) {
-        let revisions = RevisionCache::new(client.clone());
         let (member_of_tx, member_of) = tokio::sync::mpsc::unbounded_channel();
         let directory = Directory::start(&cfg.directory, client.clone(), stop.child_token());
+        let revisions = RevisionCache::new(client.clone(), directory.clone());
+        let source = match directory.clone() {
+            Some(directory) if cfg.members_streamed => MemberSource::Streamed(Streamed {
+                directory,
+                proof: cfg.hop.bearer(),
+                hosts_moved,
+                tuning: cfg.member_stream.clone(),
+                counters: streams,
+            }),
+            Some(directory) if cfg.members_from_directory => MemberSource::Seeded(directory),
+            _ => MemberSource::Watch,
+        };
         let endpoints = EndpointsCache::start(
             client.clone(),
             &cfg.node_name,
             cfg.endpoints_ttl,
             stop.child_token(),
             member_of_tx,
-            directory.clone().filter(|_| cfg.members_from_directory),
+            source,
         );
         let pods = PodCache::start(client.clone(), &cfg.node_name, stop.child_token());
         let watches = Self {
@@ -82,15 +96,21 @@ impl Caches {
         metrics: &Arc<Metrics>,
         stop: &CancellationToken,
     ) -> (Self, UnboundedReceiver<MemberEvent>) {
-        let (watches, member_of) = Watches::start(cfg, client, stop);
+        let (moved_tx, moved) = tokio::sync::mpsc::unbounded_channel();
+        let moved_tx = cfg.host_routing.then_some(moved_tx);
+        let (watches, member_of) =
+            Watches::start(cfg, client, stop, metrics.member_stream.clone(), moved_tx);
         // Off, no Host lookup is ever made (requests must name their revision by headers).
         let hosts = cfg.host_routing.then(|| {
-            HostCache::new(
+            let hosts = HostCache::new(
                 client.clone(),
+                watches.directory.clone(),
                 cfg.host_ttl,
                 cfg.host_miss_ttl,
                 metrics.clone(),
-            )
+            );
+            hosts.follow_moves(moved);
+            hosts
         });
         let Watches {
             revisions,

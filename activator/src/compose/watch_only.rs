@@ -32,7 +32,8 @@ impl WatchOnly {
     /// [`super::Activator::start`] does ([`Watches::start`]).
     pub fn start(cfg: &ActivatorConfig, client: Client) -> Self {
         let stop = CancellationToken::new();
-        let (watches, mut member_of) = Watches::start(cfg, &client, &stop);
+        let (watches, mut member_of) =
+            Watches::start(cfg, &client, &stop, Default::default(), None);
         let Watches {
             revisions,
             endpoints,

@@ -266,6 +266,19 @@ impl PrepullMetrics {
     }
 }
 
+/// What this node's membership stream counts (`cache::member_stream`).
+#[derive(Clone, Default)]
+pub struct MemberStreamCounters {
+    /// Streams opened (a first one, resumes, reconnects).
+    pub opened: Counter,
+    /// Attempts that failed: no connection, a refusal, a frame that could not be read.
+    pub failed: Counter,
+    /// First states asked for again because a sync did not agree with the copies held.
+    pub doubted: Counter,
+    /// Times the API server's watch took over, all replicas unreachable.
+    pub fallbacks: Counter,
+}
+
 /// Why a host was read again before its TTL was past.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub enum HostRefresh {
@@ -275,11 +288,14 @@ pub enum HostRefresh {
     /// This entry is itself a member of the revision it picked, and its watched copy of the
     /// subset is newer than the host answer.
     LocalNewer,
+    /// The membership stream said subsets carrying the host's label changed.
+    Streamed,
 }
 
 label_value!(HostRefresh {
     StaleHint => "stale_hint",
     LocalNewer => "local_newer",
+    Streamed => "streamed",
 });
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -392,6 +408,9 @@ pub struct Metrics {
     /// a pod it still had.
     pub served_as_former_member: Counter,
     pub directory_failed: Counter,
+    /// This node's membership stream (`cache::member_stream`): opened, failed, first
+    /// states asked again, fallbacks to the API server's watch.
+    pub member_stream: MemberStreamCounters,
     /// New pods, by where their address came from first (the node agent or the pod watch).
     pub pod_address: Family<AddressFrom, Counter>,
     /// Questions to the node agent that failed (unreachable, an error answer, a protocol
@@ -449,6 +468,7 @@ impl Default for Metrics {
             directory_answered: Counter::default(),
             served_as_former_member: Counter::default(),
             directory_failed: Counter::default(),
+            member_stream: Default::default(),
             pod_address: Family::default(),
             agent_errors: Counter::default(),
             drained_to_peers: Counter::default(),
@@ -585,6 +605,28 @@ impl Metrics {
             "directory_failed",
             "Host or revision lookups neither the API server nor the directory answered",
             self.directory_failed.clone(),
+        );
+        let s = &self.member_stream;
+        r.register(
+            "member_streams_opened",
+            "Membership streams opened from a directory replica (a first one, resumes)",
+            s.opened.clone(),
+        );
+        r.register(
+            "member_stream_failures",
+            "Membership stream attempts that failed (no connection, a refusal, a bad frame)",
+            s.failed.clone(),
+        );
+        r.register(
+            "member_stream_doubts",
+            "Membership syncs that disagreed with the copies held (a first state asked again)",
+            s.doubted.clone(),
+        );
+        r.register(
+            "member_stream_fallbacks",
+            "Times no directory replica answered long enough that the API server's watch of \
+             this node's memberships took over",
+            s.fallbacks.clone(),
         );
         r.register(
             "pod_address",

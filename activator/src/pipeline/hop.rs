@@ -62,6 +62,15 @@ impl HopAuth {
         Ok(Self { secret: Some(v) })
     }
 
+    /// `Bearer <secret>`: the proof a directory replica asks before it streams this node's
+    /// memberships (`cache::member_stream`).
+    pub fn bearer(&self) -> Option<HeaderValue> {
+        let s = self.secret.as_ref()?;
+        let mut v = HeaderValue::from_bytes(&[b"Bearer ", s.as_bytes()].concat()).ok()?;
+        v.set_sensitive(true);
+        Some(v)
+    }
+
     pub fn configured(&self) -> bool {
         self.secret.is_some()
     }

@@ -252,7 +252,13 @@ mod tests {
         let mut s3 = hub.subscribe(&l3);
         assert_eq!(hub.streams(), 3);
         let key = crds::ObjectKey::new("ns", "a");
-        hub.changed(5, &key, Some(&ae("a", "5")), &[l2.clone()], &[l1.clone()]);
+        hub.changed(
+            5,
+            &key,
+            Some(&ae("a", "5")),
+            std::slice::from_ref(&l2),
+            std::slice::from_ref(&l1),
+        );
         let (rv, line) = s1.rx.try_recv().expect("member told");
         assert_eq!(rv, 5);
         assert!(line.starts_with(br#"{"type":"APPLY""#));
@@ -291,7 +297,7 @@ mod tests {
                 &key,
                 Some(&ae("a", &rv.to_string())),
                 &[],
-                &[label.clone()],
+                std::slice::from_ref(&label),
             );
         }
         assert_eq!(hub.streams(), 0);

@@ -24,17 +24,30 @@ use crate::pure::key::Key;
 use crate::pure::store::AeStore;
 use keep_serving::{Locked, ReadWriteLocked};
 
-/// Keeps `store` and `index` from the ActivationEndpoints events, and triggers the owners.
-pub(crate) async fn watch_endpoints(
-    api: Api<ActivationEndpoints>,
-    store: Arc<RwLock<AeStore>>,
-    index: Arc<Mutex<MembershipIndex>>,
-    claims: HostClaims,
-    synced: Arc<watch::Sender<Synced>>,
-    owners: Triggers,
-    metrics: Arc<Metrics>,
-    hub: Arc<MemberHub>,
-) {
+/// What the ActivationEndpoints events feed.
+pub(crate) struct Fed {
+    pub store: Arc<RwLock<AeStore>>,
+    pub index: Arc<Mutex<MembershipIndex>>,
+    pub claims: HostClaims,
+    pub synced: Arc<watch::Sender<Synced>>,
+    pub owners: Triggers,
+    pub metrics: Arc<Metrics>,
+    /// The membership streams (`member_stream`).
+    pub hub: Arc<MemberHub>,
+}
+
+/// Keeps `store` and `index` from the ActivationEndpoints events, tells the streams, and
+/// triggers the owners.
+pub(crate) async fn watch_endpoints(api: Api<ActivationEndpoints>, fed: Fed) {
+    let Fed {
+        store,
+        index,
+        claims,
+        synced,
+        owners,
+        metrics,
+        hub,
+    } = fed;
     let mut events = std::pin::pin!(resilient(watcher::watcher(api, watcher::Config::default())));
     while let Some(event) = events.next().await {
         let event = match event {
@@ -44,43 +57,8 @@ pub(crate) async fn watch_endpoints(
                 continue;
             }
         };
-        let change = {
-            // The store keeps what a reconcile reads of each object (`store.rs`), not the
-            // objects whole.
-            let mut s = store.write_locked();
-            let before = match &event {
-                Event::Apply(ae) | Event::Delete(ae) => Some(Seen::of(&s, &key_of(ae))),
-                _ => None,
-            };
-            match &event {
-                Event::Apply(ae) => s.apply(ae),
-                Event::Delete(ae) => s.delete(ae),
-                Event::Init => s.relist_start(),
-                Event::InitApply(ae) => s.relist_apply(ae),
-                Event::InitDone => s.relist_done(),
-            }
-            before.map(|b| {
-                let (now, object) = (Seen::of(&s, &b.key), s.stored(&b.key));
-                (b, now, object)
-            })
-        };
-        // The streams hear of it (`member_stream`), then of the version it brings the store
-        // to: a bookmark never runs ahead of a queued change.
-        if let (Some((before, now, object)), Event::Apply(ae) | Event::Delete(ae)) =
-            (&change, &event)
-        {
-            publish(&hub, ae, before, now, object.as_ref());
-        }
-        if matches!(event, Event::InitDone) {
-            // A relist's changes were not seen one by one: the streams resume from their
-            // versions, each with the changes since as its first state.
-            hub.close_all();
-        }
-        if let Some(v) = store.read_locked().newest_version()
-            && !matches!(event, Event::Init | Event::InitApply(_))
-        {
-            hub.advance(v);
-        }
+        let change = stored(&store, &event);
+        streamed(&hub, &store, &event, change);
         if let Event::Apply(ae) | Event::Delete(ae) | Event::InitApply(ae) = &event {
             claims.endpoints_changed(&key_of(ae));
         }
@@ -113,6 +91,61 @@ pub(crate) async fn watch_endpoints(
         }
         metrics.subsets.set(ix.len() as i64);
         metrics.subsets_short.set(ix.short_len() as i64);
+    }
+}
+
+/// Takes `event` into the store (what a reconcile reads of each object, `store.rs`, not the
+/// objects whole); for a change of one subset, how it was before and is now.
+fn stored(store: &RwLock<AeStore>, event: &Event<ActivationEndpoints>) -> Option<Change> {
+    let mut s = store.write_locked();
+    let before = match event {
+        Event::Apply(ae) | Event::Delete(ae) => Some(Seen::of(&s, &key_of(ae))),
+        _ => None,
+    };
+    match event {
+        Event::Apply(ae) => s.apply(ae),
+        Event::Delete(ae) => s.delete(ae),
+        Event::Init => s.relist_start(),
+        Event::InitApply(ae) => s.relist_apply(ae),
+        Event::InitDone => s.relist_done(),
+    }
+    before.map(|before| {
+        let (now, object) = (Seen::of(&s, &before.key), s.stored(&before.key));
+        Change {
+            before,
+            now,
+            object,
+        }
+    })
+}
+
+/// One subset before and after a change, and the object as stored after it.
+struct Change {
+    before: Seen,
+    now: Seen,
+    object: Option<ActivationEndpoints>,
+}
+
+/// The streams hear of a change (`member_stream`), then of the version it brings the store
+/// to: a bookmark never runs ahead of a queued change.
+fn streamed(
+    hub: &MemberHub,
+    store: &RwLock<AeStore>,
+    event: &Event<ActivationEndpoints>,
+    change: Option<Change>,
+) {
+    if let (Some(c), Event::Apply(ae) | Event::Delete(ae)) = (&change, event) {
+        publish(hub, ae, &c.before, &c.now, c.object.as_ref());
+    }
+    if matches!(event, Event::InitDone) {
+        // A relist's changes were not seen one by one: the streams resume from their
+        // versions, each with the changes since as its first state.
+        hub.close_all();
+    }
+    if let Some(v) = store.read_locked().newest_version()
+        && !matches!(event, Event::Init | Event::InitApply(_))
+    {
+        hub.advance(v);
     }
 }
 
