@@ -51,6 +51,32 @@ pub struct MembersAnswer {
     pub items: Vec<ActivationEndpoints>,
 }
 
+/// The path prefix of a host's claims: every ActivationEndpoints carrying the host's label,
+/// as a label-selected list across namespaces finds them (a [`MembersAnswer`]), for an
+/// activator to route the host by (its split, its newest claimant) without that list, which
+/// scans every subset on the API server.
+pub const HOST_CLAIMS_PATH: &str = "/v1/host-claims/";
+
+/// The path asking for `host`'s claims (normalized).
+pub fn host_claims_path(host: &str) -> String {
+    format!(
+        "{HOST_CLAIMS_PATH}{}",
+        crate::contract::normalize_host(host)
+    )
+}
+
+/// The host a host-claims path asks for, normalized: None when `path` is not one, an error
+/// when the host cannot be one (as [`DirectoryQuery::parse`] checks a host).
+pub fn parse_host_claims(path: &str) -> Option<Result<String, BadQuery>> {
+    let host = path.strip_prefix(HOST_CLAIMS_PATH)?;
+    Some(
+        match DirectoryQuery::parse(&format!("{HOSTS_PATH}{host}")) {
+            Ok(DirectoryQuery::Host(h)) => Ok(h),
+            _ => Err(BadQuery::Host(host.chars().take(64).collect())),
+        },
+    )
+}
+
 /// The path asking for `node`'s memberships.
 pub fn members_path(node: &str) -> String {
     format!("{MEMBERS_PATH}{node}")
@@ -168,6 +194,26 @@ mod tests {
         }
         let long = format!("/v1/hosts/{}", "a.".repeat(200));
         assert!(DirectoryQuery::parse(&long).is_err());
+    }
+
+    #[test]
+    fn host_claims_paths_are_hosts() {
+        assert_eq!(
+            parse_host_claims(&host_claims_path("App.Example:80")),
+            Some(Ok("app.example".into()))
+        );
+        for bad in [
+            "/v1/host-claims/",
+            "/v1/host-claims/a_b",
+            "/v1/host-claims/a/b",
+        ] {
+            assert!(matches!(parse_host_claims(bad), Some(Err(_))), "{bad}");
+        }
+        assert_eq!(parse_host_claims("/v1/hosts/a"), None);
+        assert_eq!(
+            DirectoryQuery::parse("/v1/host-claims/a"),
+            Err(BadQuery::UnknownPath)
+        );
     }
 
     #[test]

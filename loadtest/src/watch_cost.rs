@@ -7,7 +7,11 @@
 //!   namespaces (DESIGN's contract), the same writes;
 //! - `name`: the same activators each watching its own per-node object by name
 //!   (`fieldSelector=metadata.name=<node>`), and each subset write also writes its members'
-//!   objects (the proposal: 2 + members writes).
+//!   objects (the proposal: 2 + members writes);
+//! - `stream`: the same activators each holding a membership stream
+//!   (`crds::member_stream`) from a directory replica run in this process (the subsetter's
+//!   caches and directory port, as a replica runs them), the same writes: the API server
+//!   carries the replica's one watch, the harness's CPU the replica's fan-out.
 //!
 //! The objects are ActivationEndpoints in a namespace of its own (the per-node objects too:
 //! what the API server pays depends on how watchers are scoped, not on the kind). Run it with
@@ -49,6 +53,7 @@ pub enum Watches {
     None,
     Label,
     Name,
+    Stream,
 }
 
 impl Watches {
@@ -57,6 +62,7 @@ impl Watches {
             Watches::None => "none",
             Watches::Label => "label",
             Watches::Name => "name",
+            Watches::Stream => "stream",
         }
     }
 }
@@ -82,6 +88,8 @@ pub struct PhaseFigures {
     /// Watch events the activators received, and what their memberships should have sent.
     pub events_received: u64,
     pub events_expected: u64,
+    /// This process's CPU seconds in the phase: the writer, and in `stream` the replica.
+    pub harness_cpu_s: f64,
 }
 
 impl PhaseFigures {
@@ -95,7 +103,7 @@ impl PhaseFigures {
 
     pub fn line(&self) -> String {
         format!(
-            "{:<5} {} subsets ({} writes, {} failed) in {:.1} s ({:.0}/s): per subset p50 {:.1} / p99 {:.1} ms; kube-apiserver {:.1} s CPU ({:.2} ms per subset), RSS {:.0} MiB; etcd {}; watches closed by the server {}; events received {} of {}",
+            "{:<6} {} subsets ({} writes, {} failed) in {:.1} s ({:.0}/s): per subset p50 {:.1} / p99 {:.1} ms; kube-apiserver {:.1} s CPU ({:.2} ms per subset), RSS {:.0} MiB; etcd {}; watches closed by the server {}; events received {} of {}; harness {:.1} s CPU",
             self.watches,
             self.subsets,
             self.writes,
@@ -113,6 +121,7 @@ impl PhaseFigures {
             self.terminated_watchers,
             self.events_received,
             self.events_expected,
+            self.harness_cpu_s,
         )
     }
 }
@@ -176,9 +185,14 @@ async fn phases(client: &Client, ns: &str, opts: &Options) -> Result<Vec<PhaseFi
         api.create(&PostParams::default(), &o).await?;
     }
     let mut out = Vec::new();
-    for (k, watches) in [Watches::None, Watches::Label, Watches::Name]
-        .into_iter()
-        .enumerate()
+    for (k, watches) in [
+        Watches::None,
+        Watches::Label,
+        Watches::Name,
+        Watches::Stream,
+    ]
+    .into_iter()
+    .enumerate()
     {
         let f = phase(client, &api, watches, k, opts).await?;
         tracing::info!(target: "loadtest::figures", "{}", f.line());
@@ -198,7 +212,12 @@ async fn phase(
 ) -> Result<PhaseFigures, Error> {
     let stop = CancellationToken::new();
     let received = Arc::new(AtomicU64::new(0));
-    if watches != Watches::None {
+    let _replica = if watches == Watches::Stream {
+        Some(open_streams(client, opts.watchers, &received, &stop).await?)
+    } else {
+        None
+    };
+    if matches!(watches, Watches::Label | Watches::Name) {
         let rv = api
             .list_metadata(&ListParams::default().limit(1))
             .await?
@@ -217,6 +236,7 @@ async fn phase(
     }
     let before = Snapshot::fetch(client).await?;
     let (ap0, etcd0) = (local_process("kube-apiserver"), local_process("etcd"));
+    let me0 = own_cpu_secs();
     let t = Instant::now();
     let pp = PatchParams::default();
     let results: Vec<Result<Duration, kube::Error>> = futures::stream::iter(0..opts.subsets)
@@ -256,8 +276,8 @@ async fn phase(
     let (ap1, etcd1) = (local_process("kube-apiserver"), local_process("etcd"));
     let events_expected = match watches {
         Watches::None => 0,
-        // Each member's watch sees the create (labels) and the status write.
-        Watches::Label => (opts.subsets * opts.members * 2) as u64,
+        // Each member's watch (or stream) sees the create (labels) and the status write.
+        Watches::Label | Watches::Stream => (opts.subsets * opts.members * 2) as u64,
         Watches::Name => (opts.subsets * opts.members) as u64,
     };
     // Events still on their way: up to 10 s, ended by the count, not by the clock.
@@ -300,7 +320,130 @@ async fn phase(
         terminated_watchers: after.terminated_watchers - before.terminated_watchers,
         events_received: received.load(Ordering::Relaxed),
         events_expected,
+        harness_cpu_s: own_cpu_secs() - me0,
     })
+}
+
+/// This process's CPU seconds (user and system), from /proc.
+fn own_cpu_secs() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    // Fields after the command's closing parenthesis: utime and stime are the 12th and 13th.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// A directory replica run here (the subsetter's caches and its directory port on
+/// loopback), dropped with the phase.
+struct Replica {
+    caches: Arc<subsetter::Caches>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        self.task.abort();
+        self.caches.hub.close_all();
+        self.caches.stop();
+    }
+}
+
+/// Starts a replica and `watchers` streams from it, each counting its `APPLY` and `LEFT`
+/// frames into `received` until `stop`; returns once every stream has its first state.
+async fn open_streams(
+    client: &Client,
+    watchers: usize,
+    received: &Arc<AtomicU64>,
+    stop: &CancellationToken,
+) -> Result<Replica, Error> {
+    let s = subsetter::Subsetter::new(
+        client.clone(),
+        subsetter::Config::default(),
+        Arc::new(subsetter::Random::seeded(1)),
+    );
+    let caches = Arc::new(s.start_caches());
+    caches.wait_synced().await;
+    let (addr, task) = subsetter::directory::serve_streams(
+        std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        Arc::clone(&caches),
+        subsetter::member_stream::StreamAccess::default(),
+    )
+    .await
+    .map_err(|e| Error::Options(format!("binding the directory: {e}")))?;
+    let replica = Replica { caches, task };
+    let synced = Arc::new(AtomicU64::new(0));
+    for i in 0..watchers {
+        let (received, synced, stop) = (received.clone(), synced.clone(), stop.clone());
+        tokio::spawn(async move {
+            if let Err(e) = stream(addr, &node(i), &received, &synced, &stop).await {
+                tracing::warn!(node = %node(i), error = %e, "membership stream");
+            }
+        });
+    }
+    let t = Instant::now();
+    while synced.load(Ordering::Relaxed) < watchers as u64 {
+        if t.elapsed() > Duration::from_secs(120) {
+            return Err(Error::Options(format!(
+                "{} of {watchers} streams had their first state after 120 s",
+                synced.load(Ordering::Relaxed)
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(replica)
+}
+
+/// One activator's stream: counts its first state, then each change frame.
+async fn stream(
+    addr: std::net::SocketAddr,
+    node: &str,
+    received: &AtomicU64,
+    synced: &AtomicU64,
+    stop: &CancellationToken,
+) -> Result<(), String> {
+    use http_body_util::BodyExt;
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    let req = http::Request::get(crds::member_stream::stream_path(node, None))
+        .header(http::header::HOST, "directory")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .map_err(|e| e.to_string())?;
+    let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
+    if resp.status() != http::StatusCode::OK {
+        return Err(format!("answered {}", resp.status()));
+    }
+    let mut body = resp.into_body();
+    let mut first = true;
+    loop {
+        let frame = tokio::select! {
+            _ = stop.cancelled() => return Ok(()),
+            f = body.frame() => f,
+        };
+        let Some(Ok(frame)) = frame else {
+            return Err("the stream ended".into());
+        };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        for line in data.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            if first {
+                first = false;
+                synced.fetch_add(1, Ordering::Relaxed);
+            } else if line.starts_with(br#"{"type":"APPLY""#)
+                || line.starts_with(br#"{"type":"LEFT""#)
+            {
+                received.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
 }
 
 /// One activator's watch, counting what it receives until `stop`; one the server closes is
@@ -389,6 +532,7 @@ mod tests {
             terminated_watchers: 0.0,
             events_received: 12_000,
             events_expected: 12_000,
+            harness_cpu_s: 1.0,
         };
         assert_eq!(f.cpu_ms_per_subset(), 15.0);
         assert!(f.line().contains("15.00 ms per subset"), "{}", f.line());

@@ -793,6 +793,100 @@ async fn an_activator_deleted_under_load_drains_and_loses_nothing() {
     assert_all_ok(&all);
 }
 
+/// Each activator's ActivationEndpoints lists and watches on the API server (its own count).
+async fn endpoints_reads(acts: &BTreeMap<String, SocketAddr>) -> u64 {
+    let mut total = 0;
+    for a in acts.values() {
+        let Some(text) = loadtest::activator_metrics::fetch(
+            SocketAddr::new(a.ip(), crds::contract::ADMIN_PORT),
+            "/metrics",
+        )
+        .await
+        else {
+            continue;
+        };
+        total += loadtest::activator_metrics::parse(&text, "activator_api_requests_total")
+            .into_iter()
+            .filter(|(l, _)| {
+                l.get("resource").map(String::as_str) == Some("activationendpoints")
+                    && matches!(l.get("verb").map(String::as_str), Some("list" | "watch"))
+            })
+            .map(|(_, v)| v)
+            .sum::<u64>();
+    }
+    total
+}
+
+/// The membership streams each activator has opened (`activator_member_streams_opened`).
+async fn streams_opened(acts: &BTreeMap<String, SocketAddr>) -> u64 {
+    let mut total = 0;
+    for a in acts.values() {
+        total += metric_total(*a, "activator_member_streams_opened_total")
+            .await
+            .unwrap_or(0);
+    }
+    total
+}
+
+/// A directory replica (a subsetter pod) killed under warm traffic: nothing fails, the
+/// activators whose stream it held resume on the other replica, a membership written after
+/// it reaches its node (a new revision's cold start through a member), and no activator
+/// lists or watches ActivationEndpoints on the API server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_replica_killed_under_warm_traffic_loses_nothing() {
+    let Some(env) = env("a_directory_replica_killed").await else {
+        return;
+    };
+    env.revision("streamed", 2, |_| {}).await;
+    let load = Load::start(&env, "streamed", 4);
+    load.wait_for(20).await;
+    let acts = env.activators().await;
+    let (reads0, opened0) = (endpoints_reads(&acts).await, streams_opened(&acts).await);
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), SYSTEM_NS);
+    let lp = ListParams::default().labels("app.kubernetes.io/component=subsetter");
+    let replicas = pods.list(&lp).await.unwrap().items;
+    assert!(replicas.len() >= 2, "two directory replicas to kill one of");
+    let victim = replicas[0].name_any();
+    pods.delete(&victim, &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    // Every activator whose stream the victim held opens one elsewhere.
+    tokio::time::timeout(LIMIT, async {
+        while streams_opened(&acts).await <= opened0 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await
+    .expect("streams resumed on the other replica");
+    // A subset written after the kill reaches its members: a cold start through one.
+    let members = env.revision("after-kill", 1, |_| {}).await;
+    let target = Target {
+        label: "after-kill".into(),
+        node: members[0].node.clone(),
+        addr: addr(&members[0]),
+        rev: "after-kill".into(),
+        by: By::Headers,
+    };
+    let cold = send_to(&env.driver, &env.ns, &target).await;
+    load.wait_for(100).await;
+    let samples = load.stop().await;
+    eprintln!(
+        "directory replica {victim} killed: {}; streams opened {} -> {}; cold start after it {:?} ms",
+        summary(&samples),
+        opened0,
+        streams_opened(&acts).await,
+        cold.latency.as_millis()
+    );
+    let mut all: Vec<Sample> = samples.into_iter().map(|(_, s)| s).collect();
+    all.push(cold);
+    assert_all_ok(&all);
+    assert_eq!(
+        endpoints_reads(&acts).await,
+        reads0,
+        "no activator listed or watched ActivationEndpoints"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_update_of_the_activators_under_load_loses_nothing_and_keeps_the_pods() {
     let Some(env) = env("a_rolling_update_of_the_activators_under_load").await else {

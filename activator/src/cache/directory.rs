@@ -66,7 +66,14 @@ pub enum DirectoryError {
 #[derive(Clone)]
 pub struct Directory {
     replicas: Arc<tokio::sync::watch::Sender<Vec<SocketAddr>>>,
+    /// When no replica last answered: reads that have the API server to fall back on skip
+    /// the directory for [`SKIP_AFTER_FAILURE`] after it, so a blackholed replica set costs
+    /// a request at most one wait for it, not one each.
+    failed_at: Arc<std::sync::Mutex<Option<std::time::Instant>>>,
 }
+
+/// How long reads with a fallback skip the directory after no replica answered.
+pub const SKIP_AFTER_FAILURE: Duration = Duration::from_secs(5);
 
 impl Directory {
     /// None for [`DirectorySource::Off`]; the pod watch runs until `stop`.
@@ -87,7 +94,21 @@ impl Directory {
                 port,
             } => watch_replicas(client, namespace, selector, *port, replicas.clone(), stop),
         }
-        Some(Self { replicas })
+        Some(Self {
+            replicas,
+            failed_at: Arc::default(),
+        })
+    }
+
+    /// Whether reads with a fallback should ask the directory now (no replica failed them
+    /// within [`SKIP_AFTER_FAILURE`]).
+    pub fn worth_asking(&self) -> bool {
+        let last = *self.failed_at.lock().unwrap_or_else(|e| e.into_inner());
+        last.is_none_or(|t| t.elapsed() >= SKIP_AFTER_FAILURE)
+    }
+
+    fn failed(&self) {
+        *self.failed_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::time::Instant::now());
     }
 
     /// The replicas known now.
@@ -101,8 +122,11 @@ impl Directory {
         &self,
         q: &DirectoryQuery,
     ) -> Result<Option<DirectoryAnswer>, DirectoryError> {
-        let answer = self.first(ASK_LIMIT, |addr| ask(addr, q)).await?;
-        checked(q, answer).map_err(DirectoryError::Unanswered)
+        let answer = self.first(ASK_LIMIT, |addr| ask(addr, q)).await;
+        if answer.is_err() {
+            self.failed();
+        }
+        checked(q, answer?).map_err(DirectoryError::Unanswered)
     }
 
     /// `node`'s memberships and a version to watch them from, from the first replica that
@@ -119,6 +143,34 @@ impl Directory {
             .first(MEMBERS_LIMIT, |addr| ask_members(addr, node))
             .await?;
         members_checked(node, answer).map_err(DirectoryError::Unanswered)
+    }
+
+    /// The subsets carrying `host`'s label, from the first replica that answers: what a
+    /// label-selected list of the host finds, without its scan of every subset. Each item must
+    /// carry the host's label.
+    pub async fn host_claims(&self, host: &str) -> Result<MembersAnswer, DirectoryError> {
+        if !self.worth_asking() {
+            return Err(DirectoryError::Unanswered(
+                "no replica answered a moment ago".into(),
+            ));
+        }
+        let path = crds::directory::host_claims_path(host);
+        let answer = self
+            .first(ASK_LIMIT, |addr| {
+                let path = path.clone();
+                async move {
+                    match get(addr, &path).await? {
+                        (http::StatusCode::OK, body) => serde_json::from_slice(&body)
+                            .map_err(|e| format!("an answer that is not a host's claims: {e}")),
+                        (s, body) => Err(not_ok(s, &body)),
+                    }
+                }
+            })
+            .await;
+        if answer.is_err() {
+            self.failed();
+        }
+        claims_checked(host, answer?).map_err(DirectoryError::Unanswered)
     }
 
     /// The first answer of the replicas asked in turn (from a random one), each given `limit`.
@@ -170,6 +222,28 @@ fn members_checked(node: &str, answer: MembersAnswer) -> Result<MembersAnswer, S
         if !named || !ae.labels().contains_key(&label) {
             return Err(format!(
                 "the directory answered {}/{}, which does not list {node}",
+                ae.metadata.namespace.as_deref().unwrap_or_default(),
+                ae.metadata.name.as_deref().unwrap_or_default()
+            ));
+        }
+    }
+    Ok(answer)
+}
+
+/// A host-claims answer, held to the query: every item a named subset carrying the host's
+/// label (what the label-selected list would select).
+fn claims_checked(host: &str, answer: MembersAnswer) -> Result<MembersAnswer, String> {
+    let label = crds::contract::host_label(host);
+    for ae in &answer.items {
+        let named = ae
+            .metadata
+            .namespace
+            .as_deref()
+            .is_some_and(|n| !n.is_empty())
+            && ae.metadata.name.as_deref().is_some_and(|n| !n.is_empty());
+        if !named || !ae.labels().contains_key(&label) {
+            return Err(format!(
+                "the directory answered {}/{}, which does not claim {host}",
                 ae.metadata.namespace.as_deref().unwrap_or_default(),
                 ae.metadata.name.as_deref().unwrap_or_default()
             ));
@@ -374,6 +448,7 @@ mod tests {
     fn directory(addrs: Vec<SocketAddr>) -> Directory {
         Directory {
             replicas: Arc::new(tokio::sync::watch::Sender::new(addrs)),
+            failed_at: Arc::default(),
         }
     }
 

@@ -1,7 +1,9 @@
 //! Host routing without a cluster-wide watch (docs/architecture.md, "The contracts"): a Host this activator has not
-//! seen is looked up with one label-selected LIST of ActivationEndpoints across namespaces
-//! (`host.local-activator.dev/<h>`, `resourceVersion=0` so the API server answers from its
-//! cache), and the answer ([`HostRoute`]: the revisions serving it, by weight) is kept: for
+//! seen is looked up as the ActivationEndpoints carrying its label
+//! (`host.local-activator.dev/<h>`): from a directory replica's index first
+//! (`/v1/host-claims/<host>`), else with one label-selected LIST across namespaces
+//! (`resourceVersion=0` so the API server answers from its cache; a scan of every subset
+//! there). The answer ([`HostRoute`]: the revisions serving it, by weight) is kept: for
 //! `positive_ttl` (then read again in the background while requests keep routing), a miss for
 //! `negative_ttl`, at most `ENTRIES_KEPT` hosts. Concurrent lookups of one host share one LIST.
 //!
@@ -9,14 +11,17 @@
 //! writes the ActivationEndpoints; a cached answer would follow only at its TTL. So a host is
 //! also read again at once when a member says the answer is older than its subset, or when
 //! this node's own copy of the picked revision's subset is newer ([`HostCache::refresh`]):
-//! in the background, sharing a LIST in flight, at most once per host per `REFRESH_GAP`.
+//! in the background, sharing a LIST in flight, at most once per host per `REFRESH_GAP`; and
+//! when the membership stream says subsets carrying its label changed
+//! ([`HostCache::follow_moves`]), so a move reaches every activator that routes the host at
+//! once.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crds::ActivationEndpoints;
-use crds::contract::{host_selector, normalize_host};
+use crds::contract::{host_label, host_selector, normalize_host};
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry as Slot;
 use futures::FutureExt;
@@ -24,6 +29,9 @@ use futures::future::{BoxFuture, Shared};
 use kube::api::ListParams;
 use kube::{Api, Client};
 
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use super::directory::Directory;
 use super::host_route::HostRoute;
 use crate::ops::metrics::{HostRefresh, Metrics};
 use crds::ObjectKey as RevisionKey;
@@ -49,6 +57,7 @@ type Lookup = Shared<BoxFuture<'static, Result<Answer, Arc<kube::Error>>>>;
 #[derive(Clone)]
 pub struct HostCache {
     client: Client,
+    directory: Option<Directory>,
     entries: Arc<DashMap<String, Entry>>,
     pending: Arc<DashMap<String, Lookup>>,
     /// When each host was last refreshed on a hint (`REFRESH_GAP`).
@@ -61,12 +70,14 @@ pub struct HostCache {
 impl HostCache {
     pub fn new(
         client: Client,
+        directory: Option<Directory>,
         positive_ttl: Duration,
         negative_ttl: Duration,
         metrics: Arc<Metrics>,
     ) -> Self {
         Self {
             client,
+            directory,
             entries: Arc::new(DashMap::new()),
             pending: Arc::new(DashMap::new()),
             refreshed: Arc::new(DashMap::new()),
@@ -165,6 +176,25 @@ impl HostCache {
         self.store(&normalize_host(host), Some(route));
     }
 
+    /// Reads again, at once, each host held whose label is among those `moved` sends (the
+    /// membership stream's [`crds::member_stream::Frame::Hosts`]), until `moved` closes.
+    pub fn follow_moves(&self, mut moved: UnboundedReceiver<Vec<String>>) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            while let Some(labels) = moved.recv().await {
+                let hosts: Vec<String> = this
+                    .entries
+                    .iter()
+                    .filter(|e| labels.contains(&host_label(e.key())))
+                    .map(|e| e.key().clone())
+                    .collect();
+                for h in hosts {
+                    this.refresh(&h, HostRefresh::Streamed);
+                }
+            }
+        });
+    }
+
     /// Forgets `host` (its revision turned out not to claim it).
     pub fn forget(&self, host: &str) {
         self.entries.remove(&normalize_host(host));
@@ -193,6 +223,14 @@ impl HostCache {
     }
 
     async fn list(&self, host: &str) -> Result<Answer, kube::Error> {
+        if let Some(d) = &self.directory {
+            match d.host_claims(host).await {
+                Ok(found) => return Ok(HostRoute::from_claims(host, &found.items).map(Arc::new)),
+                Err(e) => {
+                    tracing::debug!(host, error = %e, "host claims not from the directory: listing")
+                }
+            }
+        }
         let api: Api<ActivationEndpoints> = Api::all(self.client.clone());
         let lp = ListParams::default()
             .labels(&host_selector(host))

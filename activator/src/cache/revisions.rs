@@ -61,6 +61,10 @@ struct Fetched {
 #[derive(Clone)]
 pub struct RevisionCache {
     client: Client,
+    /// Asked first (a replica's memory, no API server request); the API server when it does
+    /// not answer, or answers an older generation than wanted or no such revision (its cache
+    /// may not have a just-created one yet).
+    directory: Option<super::directory::Directory>,
     fetched: Arc<DashMap<RevisionKey, Fetched>>,
     pending: Arc<DashMap<RevisionKey, Read>>,
     /// Revisions of the subsets that list this node, with the generation their subset says
@@ -74,9 +78,10 @@ pub struct RevisionCache {
 type Read = Shared<BoxFuture<'static, Result<Option<Arc<Revision>>, Arc<kube::Error>>>>;
 
 impl RevisionCache {
-    pub fn new(client: Client) -> Self {
+    pub fn new(client: Client, directory: Option<super::directory::Directory>) -> Self {
         Self {
             client,
+            directory,
             fetched: Arc::new(DashMap::new()),
             pending: Arc::new(DashMap::new()),
             pinned: Arc::new(DashMap::new()),
@@ -246,10 +251,14 @@ impl RevisionCache {
         key: &RevisionKey,
         min_generation: Option<i64>,
     ) -> Result<Option<Arc<Revision>>, kube::Error> {
-        let api: Api<Revision> = Api::namespaced(self.client.clone(), &key.namespace);
-        let revision = get_cache_first(&api, &key.name, min_generation)
-            .await?
-            .map(|r| Arc::new(super::trim::revision(r)));
+        let revision = match self.directory_copy(key, min_generation).await {
+            Some(r) => Some(r),
+            None => {
+                let api: Api<Revision> = Api::namespaced(self.client.clone(), &key.namespace);
+                get_cache_first(&api, &key.name, min_generation).await?
+            }
+        }
+        .map(|r| Arc::new(super::trim::revision(r)));
         if self.fetched.len() >= ENTRIES_KEPT {
             let pinned = &self.pinned;
             self.fetched.retain(|k, e| {
@@ -271,6 +280,23 @@ impl RevisionCache {
             },
         );
         Ok(revision)
+    }
+
+    /// `key` as a directory replica holds it, if one answers it at `min_generation` or later.
+    async fn directory_copy(
+        &self,
+        key: &RevisionKey,
+        min_generation: Option<i64>,
+    ) -> Option<Revision> {
+        let q = crds::directory::DirectoryQuery::Revision {
+            namespace: key.namespace.clone(),
+            name: key.name.clone(),
+        };
+        let d = self.directory.as_ref().filter(|d| d.worth_asking())?;
+        let found = d.lookup(&q).await.ok()??;
+        let generation = found.revision.metadata.generation;
+        let fresh = min_generation.is_none_or(|g| generation.is_some_and(|have| have >= g));
+        fresh.then_some(found.revision)
     }
 
     fn refresh_in_background(&self, key: &RevisionKey, hit: &Fetched) {

@@ -24,7 +24,7 @@ use crate::cluster::synced::Synced;
 use crate::cluster::triggers::Triggers;
 use crate::cluster::usable_activators::{ActivatorSources, watch_activators};
 use crate::cluster::watch::app_pods::watch_app_pods;
-use crate::cluster::watch::endpoints::watch_endpoints;
+use crate::cluster::watch::endpoints::{Fed, watch_endpoints};
 use crate::cluster::watch::revisions::{HostClaims, watch_revisions};
 use crate::pure::key::Key;
 use crate::pure::queue::Queued;
@@ -122,6 +122,34 @@ impl Caches {
         Ok(crds::directory::MembersAnswer {
             resource_version: m.resource_version,
             items: m.items,
+        })
+    }
+
+    /// The subsets carrying `host`'s label (normalized) as the watch showed them, and the
+    /// store's version: what a label-selected list of the host would find (the claimants of
+    /// the host and the revisions a Route gives a share of it are where the label can be).
+    pub fn host_claims(
+        &self,
+        host: &str,
+    ) -> std::result::Result<crds::directory::MembersAnswer, &'static str> {
+        if !self.all_namespaces {
+            return Err("this replica watches one namespace, not every subset");
+        }
+        let label = crate::pure::hosts::label_of_normalized(host);
+        let mut keys = self.shared.hosts.locked().claimants(host);
+        keys.extend(self.shared.routes.locked().sharing(host));
+        keys.sort();
+        keys.dedup();
+        let store = self.shared.ae_store.read_locked();
+        let version = store
+            .newest_version()
+            .ok_or("no numeric resourceVersion seen yet")?;
+        Ok(crds::directory::MembersAnswer {
+            resource_version: version.to_string(),
+            items: keys
+                .iter()
+                .filter_map(|k| store.stored_with_label(k, &label))
+                .collect(),
         })
     }
 
@@ -301,13 +329,15 @@ fn spawn_member_watches(
     let shared = feeds.shared;
     tasks.push(tokio::spawn(watch_endpoints(
         apis.endpoints.clone(),
-        Arc::clone(&shared.ae_store),
-        Arc::clone(&shared.index),
-        claims,
-        Arc::clone(feeds.synced),
-        feeds.triggers.clone(),
-        Arc::clone(feeds.metrics),
-        Arc::clone(feeds.hub),
+        Fed {
+            store: Arc::clone(&shared.ae_store),
+            index: Arc::clone(&shared.index),
+            claims,
+            synced: Arc::clone(feeds.synced),
+            owners: feeds.triggers.clone(),
+            metrics: Arc::clone(feeds.metrics),
+            hub: Arc::clone(feeds.hub),
+        },
     )));
     tasks.push(tokio::spawn(watch_activators(
         ActivatorSources {

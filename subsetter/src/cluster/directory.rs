@@ -24,6 +24,8 @@ pub trait Lookup: SyncSource + Send + Sync + 'static {
     /// A node's memberships (`crds::directory::MembersAnswer`), or why this replica cannot
     /// answer them.
     fn members(&self, node: &str) -> Result<MembersAnswer, &'static str>;
+    /// The subsets carrying a host's label (`crds::directory::HOST_CLAIMS_PATH`).
+    fn host_claims(&self, host: &str) -> Result<MembersAnswer, &'static str>;
     /// The membership streams open on this replica.
     fn hub(&self) -> &Arc<MemberHub>;
 }
@@ -47,6 +49,9 @@ impl Lookup for Caches {
     }
     fn members(&self, node: &str) -> Result<MembersAnswer, &'static str> {
         Caches::members(self, node)
+    }
+    fn host_claims(&self, host: &str) -> Result<MembersAnswer, &'static str> {
+        Caches::host_claims(self, host)
     }
     fn hub(&self) -> &Arc<MemberHub> {
         &self.hub
@@ -111,6 +116,16 @@ pub fn answer(method: &Method, path: &str, lookup: &dyn Lookup) -> Response<Full
             Err(e) => text(StatusCode::BAD_REQUEST, format!("{e}\n")),
             Ok(_) if !lookup.synced() => unsynced(),
             Ok(node) => match lookup.members(&node) {
+                Ok(m) => json(&m),
+                Err(why) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
+            },
+        };
+    }
+    if let Some(host) = crds::directory::parse_host_claims(path) {
+        return match host {
+            Err(e) => text(StatusCode::BAD_REQUEST, format!("{e}\n")),
+            Ok(_) if !lookup.synced() => unsynced(),
+            Ok(host) => match lookup.host_claims(&host) {
                 Ok(m) => json(&m),
                 Err(why) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
             },
@@ -252,6 +267,21 @@ mod tests {
         fn hub(&self) -> &Arc<MemberHub> {
             &self.hub
         }
+        fn host_claims(&self, host: &str) -> Result<MembersAnswer, &'static str> {
+            let mut a = member("app", "42", "n1");
+            a.metadata
+                .labels
+                .get_or_insert_default()
+                .insert(crds::contract::host_label(host), String::new());
+            Ok(MembersAnswer {
+                resource_version: "42".into(),
+                items: if host == "app.example" {
+                    vec![a]
+                } else {
+                    vec![]
+                },
+            })
+        }
         fn answer(&self, q: &DirectoryQuery) -> Option<DirectoryAnswer> {
             let hit = match q {
                 DirectoryQuery::Host(h) => h == "app.example",
@@ -311,6 +341,14 @@ mod tests {
             assert_eq!(got.revision, revision());
             assert!(got.endpoints.is_some());
         }
+        let r = answer(&Method::GET, "/v1/host-claims/App.Example", &l);
+        assert_eq!(r.status(), StatusCode::OK);
+        let got: MembersAnswer = serde_json::from_slice(&body(r).await).expect("json");
+        assert_eq!(got.items.len(), 1);
+        assert_eq!(
+            answer(&Method::GET, "/v1/host-claims/a_b", &l).status(),
+            StatusCode::BAD_REQUEST
+        );
         let miss = answer(&Method::GET, "/v1/hosts/other.example", &l);
         assert_eq!(miss.status(), StatusCode::NOT_FOUND);
         assert!(body(miss).await.starts_with(b"no revision serves host"));
@@ -446,12 +484,20 @@ mod tests {
         let l: Arc<str> = Arc::from(label.as_str());
         let key = crds::ObjectKey::new("ns", "c");
         // Not newer than the first state: not sent again.
-        lookup
-            .hub
-            .changed(41, &key, Some(&member("c", "41", "n1")), &[], &[l.clone()]);
-        lookup
-            .hub
-            .changed(43, &key, Some(&member("c", "43", "n1")), &[], &[l.clone()]);
+        lookup.hub.changed(
+            41,
+            &key,
+            Some(&member("c", "41", "n1")),
+            &[],
+            std::slice::from_ref(&l),
+        );
+        lookup.hub.changed(
+            43,
+            &key,
+            Some(&member("c", "43", "n1")),
+            &[],
+            std::slice::from_ref(&l),
+        );
         lookup.hub.advance(43);
         let next = line(&mut r).await;
         assert!(

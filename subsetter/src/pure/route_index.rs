@@ -124,6 +124,15 @@ impl RouteIndex {
             .collect()
     }
 
+    /// The revisions with a share of `host` (normalized).
+    pub fn sharing(&self, host: &str) -> Vec<Key> {
+        self.shares
+            .iter()
+            .filter(|(_, by)| by.keys().any(|(_, h)| h == host))
+            .map(|(rev, _)| rev.clone())
+            .collect()
+    }
+
     /// The revision with the largest share of `host` (normalized), if a Route routes it.
     pub fn largest_share(&self, host: &str) -> Option<Key> {
         self.owner(host)?;

@@ -645,6 +645,12 @@ impl AeStore {
         }
     }
 
+    /// What the watch showed of `key`, if it carries `label`.
+    pub fn stored_with_label(&self, key: &Key, label: &str) -> Option<ActivationEndpoints> {
+        let c = self.objects.get(key)?;
+        c.has_label(label).then(|| c.object(key))
+    }
+
     /// Whether the newest version of `key` carries the label `label`.
     pub fn has_label(&self, key: &Key, label: &str) -> bool {
         self.newest(key).is_some_and(|c| c.has_label(label))
