@@ -172,8 +172,9 @@ enum Cmd {
         deploy: DeployFlags,
     },
     /// What a real API server pays per subset write for the activators' watches: none, the
-    /// member-label watch (DESIGN's contract), a per-node object watched by name (the
-    /// proposal in docs/membership-watch-cost.md). Stop the product's subsetter first.
+    /// member-label watch, a per-node object watched by name, membership streams from a
+    /// directory replica run here (docs/membership-watch-cost.md). Stop the product's
+    /// subsetter first.
     WatchCost {
         /// The cluster (default: KUBECONFIG, then ~/.kube/config).
         #[arg(long)]
@@ -189,6 +190,9 @@ enum Cmd {
         /// Subset writes in flight.
         #[arg(long, default_value_t = 16)]
         concurrency: usize,
+        /// The phases, in order: none, label, name, stream.
+        #[arg(long, value_delimiter = ',', default_value = "none,label,name,stream")]
+        ways: Vec<String>,
         /// Write the figures as JSON here.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -448,25 +452,37 @@ async fn main() -> anyhow::Result<()> {
             subsets,
             members,
             concurrency,
+            ways,
             json,
         } => {
             let client = client_of(kubeconfig).await?;
+            let ways = ways
+                .iter()
+                .map(|w| {
+                    loadtest::watch_cost::Watches::parse(w)
+                        .ok_or_else(|| anyhow::anyhow!("--ways: unknown phase {w:?}"))
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
             let opts = loadtest::watch_cost::Options {
                 watchers,
                 subsets,
                 members,
                 concurrency,
+                ways,
             };
             let phases = loadtest::watch_cost::run(client, &opts).await?;
             for p in &phases {
                 println!("{}", p.line());
             }
-            if let [none, label, name] = &phases[..] {
-                println!(
-                    "kube-apiserver CPU per subset over no watches: label {:.2} ms, name {:.2} ms",
-                    label.cpu_ms_per_subset() - none.cpu_ms_per_subset(),
-                    name.cpu_ms_per_subset() - none.cpu_ms_per_subset(),
-                );
+            if let Some(none) = phases.iter().find(|p| p.watches == "none") {
+                for p in phases.iter().filter(|p| p.watches != "none") {
+                    println!(
+                        "kube-apiserver CPU per subset over no watches: {} {:+.2} ms ({:+.0} %)",
+                        p.watches,
+                        p.cpu_ms_per_subset() - none.cpu_ms_per_subset(),
+                        100.0 * (p.cpu_ms_per_subset() / none.cpu_ms_per_subset().max(1e-9) - 1.0),
+                    );
+                }
             }
             if let Some(path) = json {
                 std::fs::write(path, serde_json::to_vec_pretty(&phases)?)?;

@@ -45,6 +45,8 @@ pub struct Options {
     pub members: usize,
     /// Subset writes in flight.
     pub concurrency: usize,
+    /// The phases, in order.
+    pub ways: Vec<Watches>,
 }
 
 /// How the activators watch in a phase.
@@ -57,7 +59,19 @@ pub enum Watches {
 }
 
 impl Watches {
-    fn name(self) -> &'static str {
+    pub const ALL: [Watches; 4] = [
+        Watches::None,
+        Watches::Label,
+        Watches::Name,
+        Watches::Stream,
+    ];
+
+    /// The phase named `s`.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|w| w.name() == s)
+    }
+
+    pub fn name(self) -> &'static str {
         match self {
             Watches::None => "none",
             Watches::Label => "label",
@@ -180,7 +194,12 @@ async fn phases(client: &Client, ns: &str, opts: &Options) -> Result<Vec<PhaseFi
     let api: Api<ActivationEndpoints> = Api::namespaced(client.clone(), ns);
     // The per-node objects of the `name` phase exist before any phase, so that creating them
     // is in none.
-    for i in 0..opts.watchers {
+    let named = if opts.ways.contains(&Watches::Name) {
+        opts.watchers
+    } else {
+        0
+    };
+    for i in 0..named {
         let o = ActivationEndpoints::new(&node(i), Default::default());
         api.create(&PostParams::default(), &o).await?;
     }
