@@ -837,7 +837,8 @@ async fn a_directory_replica_killed_under_warm_traffic_loses_nothing() {
     let Some(env) = env("a_directory_replica_killed").await else {
         return;
     };
-    env.revision("streamed", 2, |_| {}).await;
+    env.revision("streamed", 2, |s| s["activators"] = 2.into())
+        .await;
     let load = Load::start(&env, "streamed", 4);
     load.wait_for(20).await;
     let acts = env.activators().await;
@@ -859,7 +860,9 @@ async fn a_directory_replica_killed_under_warm_traffic_loses_nothing() {
     .await
     .expect("streams resumed on the other replica");
     // A subset written after the kill reaches its members: a cold start through one.
-    let members = env.revision("after-kill", 1, |_| {}).await;
+    let members = env
+        .revision("after-kill", 1, |s| s["activators"] = 1.into())
+        .await;
     let target = Target {
         label: "after-kill".into(),
         node: members[0].node.clone(),

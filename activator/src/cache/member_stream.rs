@@ -471,3 +471,150 @@ fn rv(o: &ActivationEndpoints) -> u64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crds::member_stream::{Frame, Held};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    const NODE: &str = "n1";
+
+    fn ae(name: &str, rv: &str, node: &str) -> ActivationEndpoints {
+        let mut a = ActivationEndpoints::new(name, Default::default());
+        a.metadata.namespace = Some("ns".into());
+        a.metadata.resource_version = Some(rv.into());
+        a.metadata.labels = Some([(crds::contract::member_label(node), String::new())].into());
+        a
+    }
+
+    fn chunked(status: &str, ctype: &str, body: &[u8]) -> Vec<u8> {
+        let mut out = format!(
+            "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n",
+            body.len()
+        )
+        .into_bytes();
+        out.extend_from_slice(body);
+        out.extend_from_slice(b"\r\n");
+        out
+    }
+
+    fn good_sync() -> Vec<u8> {
+        Frame::Sync {
+            resource_version: "10".into(),
+            held: vec![Held {
+                namespace: "ns".into(),
+                name: "a".into(),
+                resource_version: "9".into(),
+            }],
+            items: vec![ae("a", "9", NODE)],
+        }
+        .line()
+    }
+
+    /// A replica whose first connection gets `hostile` (then is closed) and every later one
+    /// a good first state, the stream kept open.
+    async fn replica(hostile: Vec<u8>) -> SocketAddr {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            let mut first = true;
+            while let Ok((mut s, _)) = l.accept().await {
+                let mut buf = [0u8; 2048];
+                let _ = s.read(&mut buf).await;
+                if std::mem::take(&mut first) {
+                    let _ = s.write_all(&hostile).await;
+                    continue;
+                }
+                let ok = chunked("200 OK", crds::member_stream::CONTENT_TYPE, &good_sync());
+                let _ = s.write_all(&ok).await;
+                tokio::spawn(async move {
+                    // Kept open, silent: the client's idle limit is far away.
+                    let _ = s.read(&mut buf).await;
+                });
+            }
+        });
+        addr
+    }
+
+    /// The first state a replica streams to `source`, after whatever it sent first.
+    async fn first_state(addr: SocketAddr) -> (Vec<ActivationEndpoints>, StreamCounters) {
+        let client =
+            kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
+                .unwrap();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let directory = Directory::start(
+            &super::super::directory::DirectorySource::Static(vec![addr]),
+            client.clone(),
+            stop,
+        )
+        .unwrap();
+        let (held, _writer) = kube::runtime::reflector::store();
+        let counters = StreamCounters::default();
+        let source = Source {
+            node: NODE.into(),
+            directory,
+            proof: None,
+            held,
+            api: Api::all(client),
+            fallback: watcher::Config::default(),
+            hosts_moved: None,
+            tuning: Tuning {
+                retry_first: Duration::from_millis(5),
+                retry_cap: Duration::from_millis(20),
+                ..Tuning::default()
+            },
+            counters: counters.clone(),
+        };
+        let mut events = events(source);
+        let mut got = Vec::new();
+        let all = async {
+            while let Some(ev) = events.next().await {
+                match ev.expect("no error is passed on") {
+                    Event::InitApply(o) => got.push(o),
+                    Event::InitDone => return,
+                    Event::Init => {}
+                    other => panic!("{other:?} before the first state"),
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), all)
+            .await
+            .expect("a first state");
+        (got, counters)
+    }
+
+    /// Hostile answers are failures, nothing of them is taken, and the next stream's state
+    /// is.
+    #[tokio::test]
+    async fn a_hostile_replica_gives_nothing_and_the_next_stream_is_taken() {
+        let ndjson = crds::member_stream::CONTENT_TYPE;
+        let other_node = Frame::Sync {
+            resource_version: "10".into(),
+            held: vec![],
+            items: vec![ae("x", "9", "n2")],
+        }
+        .line();
+        let huge = vec![b'{'; crds::member_stream::MAX_FRAME_BYTES + 10];
+        let hostile: Vec<Vec<u8>> = vec![
+            chunked("200 OK", "text/plain", &good_sync()),
+            chunked(
+                "200 OK",
+                ndjson,
+                b"{\"type\":\"SYNC\",\"resourceVersion\":\"x\"}\n",
+            ),
+            chunked("200 OK", ndjson, b"\xff\xfe garbage\n"),
+            chunked("200 OK", ndjson, &other_node),
+            chunked("200 OK", ndjson, &huge),
+            chunked("401 Unauthorized", "text/plain", b"no\n"),
+            b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n{".to_vec(),
+            b"garbage\r\n\r\n".to_vec(),
+        ];
+        for (i, h) in hostile.into_iter().enumerate() {
+            let (state, counters) = first_state(replica(h).await).await;
+            let names: Vec<_> = state.iter().map(|o| o.metadata.name.clone()).collect();
+            assert_eq!(names, [Some("a".to_string())], "case {i}");
+            assert!(counters.failed.get() >= 1, "case {i}: counted as a failure");
+        }
+    }
+}
