@@ -111,6 +111,7 @@ fn activator(replicas: Vec<SocketAddr>) -> Result<ActivatorConfig> {
     cfg.member_stream.retry_cap = Duration::from_millis(200);
     cfg.member_stream.fallback_after = Duration::from_secs(1);
     cfg.member_stream.fallback_spread = Duration::ZERO;
+    cfg.member_stream.start_fallback_spread = Duration::ZERO;
     Ok(cfg)
 }
 
@@ -161,5 +162,26 @@ async fn memberships_stream_from_replicas_and_resume_on_another() -> Result<()> 
     subset(&aes, "f", &[NODE]).await?;
     holds(&w, 3).await?;
     assert!(count("list") > lists, "the fallback listed");
+    Ok(())
+}
+
+/// A fresh install has no subsets, so no object gives the replica a version: the empty state
+/// is still a first state, and the activator starts from it with no list.
+#[tokio::test]
+async fn an_empty_cluster_is_a_first_state_too() -> Result<()> {
+    let c = Cluster::start().await?;
+    let aes = c.endpoints();
+    let r = Replica::start(&c).await?;
+    let lists = c.server.stats().count("list", "activationendpoints");
+    let w = WatchOnly::start(&activator(vec![r.addr])?, c.client.clone());
+    tokio::time::timeout(WAIT, w.synced()).await?;
+    assert_eq!(w.counts().0, 0);
+    subset(&aes, "a", &[NODE]).await?;
+    holds(&w, 1).await?;
+    assert_eq!(
+        c.server.stats().count("list", "activationendpoints"),
+        lists,
+        "started from the stream, not a list"
+    );
     Ok(())
 }

@@ -49,6 +49,10 @@ pub struct Tuning {
     /// uniform draw of up to `fallback_spread`.
     pub fallback_after: Duration,
     pub fallback_spread: Duration,
+    /// The same bound before a first state (the activator not Ready yet, its start
+    /// waiting): a start is paced by the DaemonSet's rollout, not a moment all nodes share.
+    pub start_fallback_after: Duration,
+    pub start_fallback_spread: Duration,
     /// The first wait after a failure, doubling (jittered) to `retry_cap`.
     pub retry_first: Duration,
     pub retry_cap: Duration,
@@ -61,6 +65,8 @@ impl Default for Tuning {
             idle: Duration::from_secs(35),
             fallback_after: Duration::from_secs(120),
             fallback_spread: Duration::from_secs(600),
+            start_fallback_after: Duration::from_secs(10),
+            start_fallback_spread: Duration::from_secs(20),
             retry_first: Duration::from_millis(200),
             retry_cap: Duration::from_secs(10),
         }
@@ -204,9 +210,16 @@ impl Machine {
         let now = Instant::now();
         let since = *self.unreachable_since.get_or_insert(now);
         let t = &self.source.tuning;
+        // Before a first state the activator is not Ready: its start waits a shorter bound
+        // (a DaemonSet rollout paces starts), one already serving the long one.
+        let (after, spread) = if self.started {
+            (t.fallback_after, t.fallback_spread)
+        } else {
+            (t.start_fallback_after, t.start_fallback_spread)
+        };
         let at = *self.fallback_at.get_or_insert_with(|| {
-            let spread = t.fallback_spread.as_millis() as u64;
-            since + t.fallback_after + Duration::from_millis(rand::random_range(0..=spread))
+            let spread = spread.as_millis() as u64;
+            since + after + Duration::from_millis(rand::random_range(0..=spread))
         });
         if now >= at && self.api_watch.is_none() {
             warn!("no directory replica answered for long: the API server's watch takes over");

@@ -162,7 +162,19 @@ impl Caches {
         since: Option<u64>,
     ) -> std::result::Result<(u64, Vec<Held>, Vec<ActivationEndpoints>), &'static str> {
         let floor = self.hub.version();
-        let m = self.members(node)?;
+        let m = match self.members(node) {
+            Ok(m) => m,
+            // Synced and empty (a fresh install): no object gives a version, and there is
+            // nothing to name; every change from here has a version above 0.
+            Err(_)
+                if self.all_namespaces
+                    && self.is_synced()
+                    && self.shared.ae_store.read_locked().is_empty() =>
+            {
+                return Ok((floor, Vec::new(), Vec::new()));
+            }
+            Err(e) => return Err(e),
+        };
         let at = crds::member_stream::version(&m.resource_version)
             .map_err(|_| "no numeric resourceVersion seen yet")?
             .max(floor);
