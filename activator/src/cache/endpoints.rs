@@ -59,7 +59,7 @@ pub enum MemberSource {
     Seeded(super::directory::Directory),
     /// Streamed by a directory replica; the API server's watch only as a bounded fallback
     /// (`member_stream.rs`).
-    Streamed(Streamed),
+    Streamed(Box<Streamed>),
 }
 
 /// A streamed source's settings.

@@ -50,13 +50,13 @@ impl Watches {
         let directory = Directory::start(&cfg.directory, client.clone(), stop.child_token());
         let revisions = RevisionCache::new(client.clone(), directory.clone());
         let source = match directory.clone() {
-            Some(directory) if cfg.members_streamed => MemberSource::Streamed(Streamed {
+            Some(directory) if cfg.members_streamed => MemberSource::Streamed(Box::new(Streamed {
                 directory,
                 proof: cfg.hop.bearer(),
                 hosts_moved,
                 tuning: cfg.member_stream.clone(),
                 counters: streams,
-            }),
+            })),
             Some(directory) if cfg.members_from_directory => MemberSource::Seeded(directory),
             _ => MemberSource::Watch,
         };
