@@ -9,10 +9,13 @@
 //!   (`fieldSelector=metadata.name=<node>`), and each subset write also writes its members'
 //!   objects (the proposal: 2 + members writes);
 //! - `stream`: the same activators each holding a membership stream
-//!   (`crds::member_stream`) from a directory replica run in this process (the subsetter's
-//!   caches and directory port, as a replica runs them), the same writes: the API server
-//!   carries the replica's one watch, the harness's CPU the replica's fan-out.
+//!   (`crds::member_stream`) from the directory replica, the same writes: the harness's CPU
+//!   carries the replica's fan-out.
 //!
+//! A directory replica runs in this process in every phase (the subsetter's caches and
+//! directory port, as a replica runs them): its one watch of every subset is what the
+//! product's subsetter costs whatever the activators do, so each phase's figures differ from
+//! `none`'s only by what the activators add.
 //! The objects are ActivationEndpoints in a namespace of its own (the per-node objects too:
 //! what the API server pays depends on how watchers are scoped, not on the kind). Run it with
 //! the product's subsetter stopped: it would take these objects for orphans.
@@ -203,17 +206,12 @@ async fn phases(client: &Client, ns: &str, opts: &Options) -> Result<Vec<PhaseFi
         let o = ActivationEndpoints::new(&node(i), Default::default());
         api.create(&PostParams::default(), &o).await?;
     }
+    // A directory replica watches every subset in every phase, as the product's subsetter
+    // does whatever the activators do: the phases differ only in what the activators add.
+    let replica = Replica::start(client).await?;
     let mut out = Vec::new();
-    for (k, watches) in [
-        Watches::None,
-        Watches::Label,
-        Watches::Name,
-        Watches::Stream,
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let f = phase(client, &api, watches, k, opts).await?;
+    for (k, watches) in opts.ways.iter().copied().enumerate() {
+        let f = phase(client, &api, &replica, watches, k, opts).await?;
         tracing::info!(target: "loadtest::figures", "{}", f.line());
         out.push(f);
     }
@@ -225,17 +223,16 @@ async fn phases(client: &Client, ns: &str, opts: &Options) -> Result<Vec<PhaseFi
 async fn phase(
     client: &Client,
     api: &Api<ActivationEndpoints>,
+    replica: &Replica,
     watches: Watches,
     k: usize,
     opts: &Options,
 ) -> Result<PhaseFigures, Error> {
     let stop = CancellationToken::new();
     let received = Arc::new(AtomicU64::new(0));
-    let _replica = if watches == Watches::Stream {
-        Some(open_streams(client, opts.watchers, &received, &stop).await?)
-    } else {
-        None
-    };
+    if watches == Watches::Stream {
+        open_streams(replica.addr, opts.watchers, &received, &stop).await?;
+    }
     if matches!(watches, Watches::Label | Watches::Name) {
         let rv = api
             .list_metadata(&ListParams::default().limit(1))
@@ -359,7 +356,29 @@ fn own_cpu_secs() -> f64 {
 /// loopback), dropped with the phase.
 struct Replica {
     caches: Arc<subsetter::Caches>,
+    addr: std::net::SocketAddr,
     task: tokio::task::JoinHandle<()>,
+}
+
+impl Replica {
+    /// The subsetter's caches (its one watch of every subset) and its directory port.
+    async fn start(client: &Client) -> Result<Self, Error> {
+        let s = subsetter::Subsetter::new(
+            client.clone(),
+            subsetter::Config::default(),
+            Arc::new(subsetter::Random::seeded(1)),
+        );
+        let caches = Arc::new(s.start_caches());
+        caches.wait_synced().await;
+        let (addr, task) = subsetter::directory::serve_streams(
+            std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+            Arc::clone(&caches),
+            subsetter::member_stream::StreamAccess::default(),
+        )
+        .await
+        .map_err(|e| Error::Options(format!("binding the directory: {e}")))?;
+        Ok(Self { caches, addr, task })
+    }
 }
 
 impl Drop for Replica {
@@ -370,29 +389,14 @@ impl Drop for Replica {
     }
 }
 
-/// Starts a replica and `watchers` streams from it, each counting its `APPLY` and `LEFT`
+/// Opens `watchers` streams from the replica at `addr`, each counting its `APPLY` and `LEFT`
 /// frames into `received` until `stop`; returns once every stream has its first state.
 async fn open_streams(
-    client: &Client,
+    addr: std::net::SocketAddr,
     watchers: usize,
     received: &Arc<AtomicU64>,
     stop: &CancellationToken,
-) -> Result<Replica, Error> {
-    let s = subsetter::Subsetter::new(
-        client.clone(),
-        subsetter::Config::default(),
-        Arc::new(subsetter::Random::seeded(1)),
-    );
-    let caches = Arc::new(s.start_caches());
-    caches.wait_synced().await;
-    let (addr, task) = subsetter::directory::serve_streams(
-        std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-        Arc::clone(&caches),
-        subsetter::member_stream::StreamAccess::default(),
-    )
-    .await
-    .map_err(|e| Error::Options(format!("binding the directory: {e}")))?;
-    let replica = Replica { caches, task };
+) -> Result<(), Error> {
     let synced = Arc::new(AtomicU64::new(0));
     for i in 0..watchers {
         let (received, synced, stop) = (received.clone(), synced.clone(), stop.clone());
@@ -412,7 +416,7 @@ async fn open_streams(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    Ok(replica)
+    Ok(())
 }
 
 /// One activator's stream: counts its first state, then each change frame.
