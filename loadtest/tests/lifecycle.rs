@@ -849,15 +849,10 @@ async fn a_members_cold_start_makes_one_api_request_the_pod_create() {
     let members = revision(&c, &ns, "lean", |r| r.spec.activators = Some(1)).await;
     let a = c.activators.iter().find(|a| a.node == members[0]).unwrap();
     let metrics = a.activator.metrics().clone();
-    let get_revisions = ("get".to_string(), "revisions".to_string());
-    // The member reads the revision as its subset lists it, before any request.
+    // The member reads the revision as its subset lists it, before any request (from a
+    // directory replica, or the API server).
     tokio::time::timeout(LIMIT, async {
-        while api_requests(&metrics)
-            .get(&get_revisions)
-            .copied()
-            .unwrap_or(0)
-            == 0
-        {
+        while revision_reads(&metrics) == 0 {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
@@ -883,10 +878,12 @@ async fn a_members_cold_start_makes_one_api_request_the_pod_create() {
     c.shutdown().await;
 }
 
-/// What `activator_api_requests_total` says of `get revisions`.
+/// Revisions read: `get revisions` on the API server (`activator_api_requests_total`) and
+/// those a directory replica answered (`activator_directory_revisions_read_total`).
 fn revision_reads(m: &std::sync::Arc<activator::ops::metrics::Metrics>) -> u64 {
     let get_revisions = ("get".to_string(), "revisions".to_string());
     api_requests(m).get(&get_revisions).copied().unwrap_or(0)
+        + m.from_directory.revisions_read.get()
 }
 
 /// The memberships an activator finds when it starts (a restart that keeps its node in its
@@ -956,12 +953,18 @@ async fn a_starting_activators_memberships_are_read_ahead_at_its_pace_and_reques
     .await
     .expect("the listed memberships were read ahead");
     let (m, addr) = entry(&c, &node);
+    let reads = revision_reads(&metrics);
     let (s, made) = api_made(
         &metrics,
         Driver::new().get_named((&m, addr), &ns, names[1], "/"),
     )
     .await;
     assert!(s.ok(), "{s:?}");
+    assert_eq!(
+        revision_reads(&metrics),
+        reads,
+        "a member revision read ahead is not read again, from anywhere"
+    );
     assert!(
         !made
             .keys()

@@ -58,6 +58,8 @@ type Lookup = Shared<BoxFuture<'static, Result<Answer, Arc<kube::Error>>>>;
 pub struct HostCache {
     client: Client,
     directory: Option<Directory>,
+    /// Lookups the directory answered.
+    directory_reads: prometheus_client::metrics::counter::Counter,
     entries: Arc<DashMap<String, Entry>>,
     pending: Arc<DashMap<String, Lookup>>,
     /// When each host was last refreshed on a hint (`REFRESH_GAP`).
@@ -71,6 +73,7 @@ impl HostCache {
     pub fn new(
         client: Client,
         directory: Option<Directory>,
+        directory_reads: prometheus_client::metrics::counter::Counter,
         positive_ttl: Duration,
         negative_ttl: Duration,
         metrics: Arc<Metrics>,
@@ -78,6 +81,7 @@ impl HostCache {
         Self {
             client,
             directory,
+            directory_reads,
             entries: Arc::new(DashMap::new()),
             pending: Arc::new(DashMap::new()),
             refreshed: Arc::new(DashMap::new()),
@@ -225,7 +229,10 @@ impl HostCache {
     async fn list(&self, host: &str) -> Result<Answer, kube::Error> {
         if let Some(d) = &self.directory {
             match d.host_claims(host).await {
-                Ok(found) => return Ok(HostRoute::from_claims(host, &found.items).map(Arc::new)),
+                Ok(found) => {
+                    self.directory_reads.inc();
+                    return Ok(HostRoute::from_claims(host, &found.items).map(Arc::new));
+                }
                 Err(e) => {
                     tracing::debug!(host, error = %e, "host claims not from the directory: listing")
                 }

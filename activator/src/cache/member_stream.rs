@@ -74,7 +74,7 @@ impl Default for Tuning {
 }
 
 /// What the stream counts (registered in the activator's metrics).
-pub use crate::ops::metrics::MemberStreamCounters as StreamCounters;
+pub use crate::ops::metrics::DirectoryCounters as StreamCounters;
 
 /// What the stream needs.
 pub struct Source {

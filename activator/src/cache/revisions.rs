@@ -65,6 +65,8 @@ pub struct RevisionCache {
     /// not answer, or answers an older generation than wanted or no such revision (its cache
     /// may not have a just-created one yet).
     directory: Option<super::directory::Directory>,
+    /// Reads the directory answered.
+    directory_reads: prometheus_client::metrics::counter::Counter,
     fetched: Arc<DashMap<RevisionKey, Fetched>>,
     pending: Arc<DashMap<RevisionKey, Read>>,
     /// Revisions of the subsets that list this node, with the generation their subset says
@@ -78,10 +80,15 @@ pub struct RevisionCache {
 type Read = Shared<BoxFuture<'static, Result<Option<Arc<Revision>>, Arc<kube::Error>>>>;
 
 impl RevisionCache {
-    pub fn new(client: Client, directory: Option<super::directory::Directory>) -> Self {
+    pub fn new(
+        client: Client,
+        directory: Option<super::directory::Directory>,
+        directory_reads: prometheus_client::metrics::counter::Counter,
+    ) -> Self {
         Self {
             client,
             directory,
+            directory_reads,
             fetched: Arc::new(DashMap::new()),
             pending: Arc::new(DashMap::new()),
             pinned: Arc::new(DashMap::new()),
@@ -296,6 +303,9 @@ impl RevisionCache {
         let found = d.lookup(&q).await.ok()??;
         let generation = found.revision.metadata.generation;
         let fresh = min_generation.is_none_or(|g| generation.is_some_and(|have| have >= g));
+        if fresh {
+            self.directory_reads.inc();
+        }
         fresh.then_some(found.revision)
     }
 

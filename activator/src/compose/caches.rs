@@ -48,7 +48,11 @@ impl Watches {
     ) -> (Self, UnboundedReceiver<MemberEvent>) {
         let (member_of_tx, member_of) = tokio::sync::mpsc::unbounded_channel();
         let directory = Directory::start(&cfg.directory, client.clone(), stop.child_token());
-        let revisions = RevisionCache::new(client.clone(), directory.clone());
+        let revisions = RevisionCache::new(
+            client.clone(),
+            directory.clone(),
+            streams.revisions_read.clone(),
+        );
         let source = match directory.clone() {
             Some(directory) if cfg.members_streamed => MemberSource::Streamed(Box::new(Streamed {
                 directory,
@@ -99,12 +103,13 @@ impl Caches {
         let (moved_tx, moved) = tokio::sync::mpsc::unbounded_channel();
         let moved_tx = cfg.host_routing.then_some(moved_tx);
         let (watches, member_of) =
-            Watches::start(cfg, client, stop, metrics.member_stream.clone(), moved_tx);
+            Watches::start(cfg, client, stop, metrics.from_directory.clone(), moved_tx);
         // Off, no Host lookup is ever made (requests must name their revision by headers).
         let hosts = cfg.host_routing.then(|| {
             let hosts = HostCache::new(
                 client.clone(),
                 watches.directory.clone(),
+                metrics.from_directory.host_claims_read.clone(),
                 cfg.host_ttl,
                 cfg.host_miss_ttl,
                 metrics.clone(),

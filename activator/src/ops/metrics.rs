@@ -266,9 +266,10 @@ impl PrepullMetrics {
     }
 }
 
-/// What this node's membership stream counts (`cache::member_stream`).
+/// What this node reads from the directory: its membership stream (`cache::member_stream`),
+/// and Revisions and Host claims asked of a replica before the API server.
 #[derive(Clone, Default)]
-pub struct MemberStreamCounters {
+pub struct DirectoryCounters {
     /// Streams opened (a first one, resumes, reconnects).
     pub opened: Counter,
     /// Attempts that failed: no connection, a refusal, a frame that could not be read.
@@ -277,6 +278,9 @@ pub struct MemberStreamCounters {
     pub doubted: Counter,
     /// Times the API server's watch took over, all replicas unreachable.
     pub fallbacks: Counter,
+    /// Revisions (`cache::revisions`) and Host claims (`cache::hosts`) a replica answered.
+    pub revisions_read: Counter,
+    pub host_claims_read: Counter,
 }
 
 /// Why a host was read again before its TTL was past.
@@ -408,9 +412,9 @@ pub struct Metrics {
     /// a pod it still had.
     pub served_as_former_member: Counter,
     pub directory_failed: Counter,
-    /// This node's membership stream (`cache::member_stream`): opened, failed, first
-    /// states asked again, fallbacks to the API server's watch.
-    pub member_stream: MemberStreamCounters,
+    /// What this node reads from the directory: its membership stream (opened, failed, first
+    /// states asked again, fallbacks to the API server's watch), Revisions and Host claims.
+    pub from_directory: DirectoryCounters,
     /// New pods, by where their address came from first (the node agent or the pod watch).
     pub pod_address: Family<AddressFrom, Counter>,
     /// Questions to the node agent that failed (unreachable, an error answer, a protocol
@@ -468,7 +472,7 @@ impl Default for Metrics {
             directory_answered: Counter::default(),
             served_as_former_member: Counter::default(),
             directory_failed: Counter::default(),
-            member_stream: Default::default(),
+            from_directory: Default::default(),
             pod_address: Family::default(),
             agent_errors: Counter::default(),
             drained_to_peers: Counter::default(),
@@ -606,7 +610,7 @@ impl Metrics {
             "Host or revision lookups neither the API server nor the directory answered",
             self.directory_failed.clone(),
         );
-        let s = &self.member_stream;
+        let s = &self.from_directory;
         r.register(
             "member_streams_opened",
             "Membership streams opened from a directory replica (a first one, resumes)",
@@ -627,6 +631,18 @@ impl Metrics {
             "Times no directory replica answered long enough that the API server's watch of \
              this node's memberships took over",
             s.fallbacks.clone(),
+        );
+        r.register(
+            "directory_revisions_read",
+            "Revisions read from a directory replica (a read ahead, a request's read) instead of \
+             the API server",
+            s.revisions_read.clone(),
+        );
+        r.register(
+            "directory_host_claims_read",
+            "Host lookups a directory replica answered instead of a label-selected list on the \
+             API server",
+            s.host_claims_read.clone(),
         );
         r.register(
             "pod_address",
