@@ -38,6 +38,11 @@ use crate::key::ObjectKey;
 pub const STREAM_PATH: &str = "/v1/member-stream/";
 /// The largest frame a client reads: a sync of a few hundred subsets (an object is ~1 KiB).
 pub const MAX_FRAME_BYTES: usize = 4 * 1024 * 1024;
+/// Why a replica never streams (answered `501`, not `503`): it watches one namespace, not
+/// every subset. An activator then follows the member-label watch at once: this is the
+/// configuration, not an outage.
+pub const ONE_NAMESPACE: &str = "this replica watches one namespace, not every subset";
+
 /// The content type of the stream.
 pub const CONTENT_TYPE: &str = "application/x-ndjson";
 

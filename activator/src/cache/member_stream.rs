@@ -34,6 +34,14 @@ use tracing::{debug, info, warn};
 
 use super::directory::Directory;
 
+/// A replica's answer that it never streams (it watches one namespace): the watch at once.
+const NOT_SERVED: &str = "this replica does not stream memberships (it watches one namespace)";
+
+/// While the API server's watch stands in, how often a replica is asked again, and how long
+/// that one try may take (the watch's events wait meanwhile).
+const PROBE_EVERY: Duration = Duration::from_secs(10);
+const PROBE_LIMIT: Duration = Duration::from_secs(2);
+
 /// The membership events, as the watch gives them.
 pub type Events = BoxStream<'static, Result<Event<ActivationEndpoints>, watcher::Error>>;
 
@@ -106,6 +114,7 @@ pub fn events(source: Source) -> Events {
         api_watch: None,
         retry: crds::backoff::WatchBackoff::new(source.tuning.retry_first, source.tuning.retry_cap),
         last_failed: None,
+        next_probe: Instant::now(),
         source,
     };
     futures::stream::unfold(m, |mut m| async move {
@@ -144,6 +153,8 @@ struct Machine {
     api_watch: Option<BoxStream<'static, Result<Event<ActivationEndpoints>, watcher::Error>>>,
     retry: crds::backoff::WatchBackoff,
     last_failed: Option<SocketAddr>,
+    /// While the watch stands in: when a replica is asked again.
+    next_probe: Instant,
 }
 
 /// What reading a stream gave.
@@ -187,11 +198,36 @@ impl Machine {
     }
 
     /// Opens a stream; while none opens, waits (or, past the bound, follows the API
-    /// server's watch, whose items are returned).
+    /// server's watch, whose items are returned, asking a replica again every
+    /// [`PROBE_EVERY`]).
     async fn open_or_fall_back(
         &mut self,
     ) -> Option<Result<Event<ActivationEndpoints>, watcher::Error>> {
-        match self.open().await {
+        if let Some(w) = &mut self.api_watch
+            && Instant::now() < self.next_probe
+        {
+            return match tokio::time::timeout_at(self.next_probe, w.next()).await {
+                Ok(Some(item)) => {
+                    // Its first state given, a stream afterwards gives only what changed.
+                    if matches!(item, Ok(Event::InitDone)) {
+                        self.started = true;
+                    }
+                    Some(item)
+                }
+                Ok(None) => {
+                    self.api_watch = None;
+                    None
+                }
+                Err(_) => None,
+            };
+        }
+        let limit = if self.api_watch.is_some() {
+            PROBE_LIMIT
+        } else {
+            self.source.tuning.idle
+        };
+        self.next_probe = Instant::now() + PROBE_EVERY;
+        let not_served = match self.open(limit).await {
             Ok(r) => {
                 if self.api_watch.take().is_some() {
                     info!("a directory replica answers again: memberships streamed, not watched");
@@ -205,14 +241,18 @@ impl Machine {
             Err(e) => {
                 self.source.counters.failed.inc();
                 debug!(error = %e, "no membership stream");
+                e.ends_with(NOT_SERVED)
             }
-        }
+        };
         let now = Instant::now();
         let since = *self.unreachable_since.get_or_insert(now);
         let t = &self.source.tuning;
         // Before a first state the activator is not Ready: its start waits a shorter bound
-        // (a DaemonSet rollout paces starts), one already serving the long one.
-        let (after, spread) = if self.started {
+        // (a DaemonSet rollout paces starts), one already serving the long one. A replica
+        // that never streams is the configuration, not an outage: the watch at once.
+        let (after, spread) = if not_served {
+            (Duration::ZERO, Duration::ZERO)
+        } else if self.started {
             (t.fallback_after, t.fallback_spread)
         } else {
             (t.start_fallback_after, t.start_fallback_spread)
@@ -222,36 +262,24 @@ impl Machine {
             since + after + Duration::from_millis(rand::random_range(0..=spread))
         });
         if now >= at && self.api_watch.is_none() {
-            warn!("no directory replica answered for long: the API server's watch takes over");
+            warn!("no directory replica streams memberships: the API server's watch takes over");
             self.source.counters.fallbacks.inc();
             self.api_watch = Some(
                 watcher::watcher(self.source.api.clone(), self.source.fallback.clone()).boxed(),
             );
             // Its list replaces the held state: a stream afterwards starts from a first state.
             self.version = None;
+            self.next_probe = Instant::now() + PROBE_EVERY;
+            return None;
         }
-        let wait = self.retry.next_wait();
-        match &mut self.api_watch {
-            Some(w) => match tokio::time::timeout(wait, w.next()).await {
-                Ok(Some(item)) => {
-                    self.started = true;
-                    Some(item)
-                }
-                Ok(None) => {
-                    self.api_watch = None;
-                    None
-                }
-                Err(_) => None,
-            },
-            None => {
-                tokio::time::sleep(wait).await;
-                None
-            }
+        if self.api_watch.is_none() {
+            tokio::time::sleep(self.retry.next_wait()).await;
         }
+        None
     }
 
     /// A replica drawn at random (not the one that failed last, when there are others).
-    async fn open(&mut self) -> Result<Reading, String> {
+    async fn open(&mut self, limit: Duration) -> Result<Reading, String> {
         let replicas = self.source.directory.replicas();
         let choices: Vec<_> = replicas
             .iter()
@@ -263,7 +291,7 @@ impl Machine {
         let path = stream_path(&self.source.node, self.version);
         let (proof, max_age) = (self.source.proof.clone(), self.source.tuning.max_age);
         let opened = connect(addr, path, proof, max_age);
-        match tokio::time::timeout(self.source.tuning.idle, opened).await {
+        match tokio::time::timeout(limit, opened).await {
             Ok(Ok(r)) => Ok(r),
             Ok(Err(e)) => {
                 self.last_failed = Some(addr);
@@ -458,6 +486,9 @@ async fn connect(
         .send_request(req)
         .await
         .map_err(|e| format!("request: {e}"))?;
+    if resp.status() == http::StatusCode::NOT_IMPLEMENTED {
+        return Err(NOT_SERVED.into());
+    }
     if resp.status() != http::StatusCode::OK {
         return Err(format!("answered {}", resp.status()));
     }

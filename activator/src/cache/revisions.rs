@@ -130,7 +130,7 @@ impl RevisionCache {
     /// Reads `key` for a membership (shared with a request's read of it, if one is in
     /// flight); a failure is left for the first request to meet again.
     pub async fn read_ahead(&self, key: &RevisionKey, of: &SubsetOf) {
-        if let Err(e) = self.fetch_shared(key, of.generation).await {
+        if let Err(e) = self.fetch_shared(key, of.clone()).await {
             tracing::debug!(revision = %key, error = %e, "reading a member revision ahead");
         }
     }
@@ -148,7 +148,7 @@ impl RevisionCache {
         {
             return Ok(Some(rev));
         }
-        self.fetch_shared(key, of.generation)
+        self.fetch_shared(key, of.clone())
             .await
             .map_err(|e| match &*e {
                 kube::Error::Api(s) => kube::Error::Api(s.clone()),
@@ -186,11 +186,13 @@ impl RevisionCache {
         if let Some(known) = self.cached(key, Instant::now()) {
             return Ok(known);
         }
-        self.fetch_shared(key, None).await.map_err(|e| match &*e {
-            // kube::Error is not Clone: keep the API status where there is one.
-            kube::Error::Api(s) => kube::Error::Api(s.clone()),
-            other => kube::Error::Service(other.to_string().into()),
-        })
+        self.fetch_shared(key, SubsetOf::default())
+            .await
+            .map_err(|e| match &*e {
+                // kube::Error is not Clone: keep the API status where there is one.
+                kube::Error::Api(s) => kube::Error::Api(s.clone()),
+                other => kube::Error::Service(other.to_string().into()),
+            })
     }
 
     /// What an earlier read says about `key` at `now`, without IO: `Some(Some(_))` the
@@ -232,7 +234,7 @@ impl RevisionCache {
     async fn fetch_shared(
         &self,
         key: &RevisionKey,
-        min_generation: Option<i64>,
+        want: SubsetOf,
     ) -> Result<Option<Arc<Revision>>, Arc<kube::Error>> {
         let shared = self
             .pending
@@ -240,7 +242,7 @@ impl RevisionCache {
             .or_insert_with(|| {
                 let (this, key) = (self.clone(), key.clone());
                 async move {
-                    let r = this.fetch(&key, min_generation).await.map_err(Arc::new);
+                    let r = this.fetch(&key, &want).await.map_err(Arc::new);
                     this.pending.remove(&key);
                     r
                 }
@@ -251,18 +253,19 @@ impl RevisionCache {
         shared.await
     }
 
-    /// Reads `key` from the API server's cache (a miss, or a copy older than
-    /// `min_generation`, from etcd): see [`super::read`].
+    /// Reads `key` from a directory replica when one holds the Revision `want` names, else from
+    /// the API server's cache (a miss, or a copy older than `want`'s generation, from etcd):
+    /// see [`super::read`].
     async fn fetch(
         &self,
         key: &RevisionKey,
-        min_generation: Option<i64>,
+        want: &SubsetOf,
     ) -> Result<Option<Arc<Revision>>, kube::Error> {
-        let revision = match self.directory_copy(key, min_generation).await {
+        let revision = match self.directory_copy(key, want).await {
             Some(r) => Some(r),
             None => {
                 let api: Api<Revision> = Api::namespaced(self.client.clone(), &key.namespace);
-                get_cache_first(&api, &key.name, min_generation).await?
+                get_cache_first(&api, &key.name, want.generation).await?
             }
         }
         .map(|r| Arc::new(super::trim::revision(r)));
@@ -289,20 +292,17 @@ impl RevisionCache {
         Ok(revision)
     }
 
-    /// `key` as a directory replica holds it, if one answers it at `min_generation` or later.
-    async fn directory_copy(
-        &self,
-        key: &RevisionKey,
-        min_generation: Option<i64>,
-    ) -> Option<Revision> {
+    /// `key` as a directory replica holds it, if one answers the Revision `want` names (its
+    /// uid, at its generation or later): a replica that still holds a deleted Revision of the
+    /// same name, or an older generation, sends the read to the API server.
+    async fn directory_copy(&self, key: &RevisionKey, want: &SubsetOf) -> Option<Revision> {
         let q = crds::directory::DirectoryQuery::Revision {
             namespace: key.namespace.clone(),
             name: key.name.clone(),
         };
         let d = self.directory.as_ref().filter(|d| d.worth_asking())?;
         let found = d.lookup(&q).await.ok()??;
-        let generation = found.revision.metadata.generation;
-        let fresh = min_generation.is_none_or(|g| generation.is_some_and(|have| have >= g));
+        let fresh = want.held_by(&found.revision);
         if fresh {
             self.directory_reads.inc();
         }
@@ -315,7 +315,7 @@ impl RevisionCache {
         }
         let (this, key, flag) = (self.clone(), key.clone(), hit.refreshing.clone());
         tokio::spawn(async move {
-            if let Err(e) = this.fetch(&key, None).await {
+            if let Err(e) = this.fetch(&key, &SubsetOf::default()).await {
                 tracing::debug!(revision = %key, error = %e, "refreshing revision");
                 flag.store(false, Ordering::Release);
             }

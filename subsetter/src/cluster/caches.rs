@@ -110,7 +110,7 @@ impl Caches {
         node: &str,
     ) -> std::result::Result<crds::directory::MembersAnswer, &'static str> {
         if !self.all_namespaces {
-            return Err("this replica watches one namespace, not every subset");
+            return Err(crds::member_stream::ONE_NAMESPACE);
         }
         let label = crds::contract::member_label(node);
         let m = self
@@ -133,7 +133,7 @@ impl Caches {
         host: &str,
     ) -> std::result::Result<crds::directory::MembersAnswer, &'static str> {
         if !self.all_namespaces {
-            return Err("this replica watches one namespace, not every subset");
+            return Err(crds::member_stream::ONE_NAMESPACE);
         }
         let label = crate::pure::hosts::label_of_normalized(host);
         let mut keys = self.shared.hosts.locked().claimants(host);

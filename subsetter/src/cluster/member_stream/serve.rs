@@ -99,6 +99,9 @@ pub async fn respond(
     let sub = hub.subscribe(&label);
     let (at, held, items) = match source.member_sync(&q.node, q.since) {
         Ok(s) => s,
+        Err(why) if why == crds::member_stream::ONE_NAMESPACE => {
+            return text(StatusCode::NOT_IMPLEMENTED, &format!("{why}\n"));
+        }
         Err(why) => return text(StatusCode::SERVICE_UNAVAILABLE, &format!("{why}\n")),
     };
     let sync = Frame::Sync {
