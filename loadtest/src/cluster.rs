@@ -217,6 +217,9 @@ pub struct SimCluster {
     directory: Option<SocketAddr>,
     /// The activators' `--members-from-directory`, for those started from now on.
     members_from_directory: std::sync::atomic::AtomicBool,
+    /// Whether the subsetter watches every namespace: only then does it stream memberships
+    /// (one watching a namespace answers 501), so activators beside it watch theirs.
+    members_streamed: bool,
     /// The hop secret every activator of this cluster shares (as the DaemonSet mounts one).
     hop: activator::pipeline::hop::HopAuth,
 }
@@ -380,6 +383,7 @@ impl SimCluster {
             subsetter_metrics: Arc::default(),
             directory: None,
             members_from_directory: opts.members_from_directory.into(),
+            members_streamed: opts.revision_namespace.is_none(),
             hop: activator::pipeline::hop::HopAuth::new(&format!(
                 "{:032x}",
                 rand::random::<u128>()
@@ -647,6 +651,7 @@ impl SimCluster {
         cfg.members_from_directory = self
             .members_from_directory
             .load(std::sync::atomic::Ordering::Relaxed);
+        cfg.members_streamed = self.members_streamed;
         Ok(cfg)
     }
 

@@ -244,6 +244,18 @@ impl Machine {
                 e.ends_with(NOT_SERVED)
             }
         };
+        if self.fall_back_if_due(not_served) {
+            return None;
+        }
+        if self.api_watch.is_none() {
+            tokio::time::sleep(self.retry.next_wait()).await;
+        }
+        None
+    }
+
+    /// Starts the API server's watch once no replica has streamed for the bound (at once for
+    /// a replica that never streams); true when it just started.
+    fn fall_back_if_due(&mut self, not_served: bool) -> bool {
         let now = Instant::now();
         let since = *self.unreachable_since.get_or_insert(now);
         let t = &self.source.tuning;
@@ -264,18 +276,21 @@ impl Machine {
         if now >= at && self.api_watch.is_none() {
             warn!("no directory replica streams memberships: the API server's watch takes over");
             self.source.counters.fallbacks.inc();
+            // With the same bounded back-off as every other watch (crds::backoff): through an
+            // API server outage it retries about once a second, not at once.
             self.api_watch = Some(
-                watcher::watcher(self.source.api.clone(), self.source.fallback.clone()).boxed(),
+                crds::backoff::resilient(watcher::watcher(
+                    self.source.api.clone(),
+                    self.source.fallback.clone(),
+                ))
+                .boxed(),
             );
             // Its list replaces the held state: a stream afterwards starts from a first state.
             self.version = None;
             self.next_probe = Instant::now() + PROBE_EVERY;
-            return None;
+            return true;
         }
-        if self.api_watch.is_none() {
-            tokio::time::sleep(self.retry.next_wait()).await;
-        }
-        None
+        false
     }
 
     /// A replica drawn at random (not the one that failed last, when there are others).
