@@ -105,6 +105,11 @@ pub struct Snapshot {
     /// Watches the server closed because their watcher fell behind
     /// (`apiserver_terminated_watchers_total`, all resources).
     pub terminated_watchers: f64,
+    /// The same, by resource (`activationendpoints.local-activator.dev`, `pods`).
+    pub terminated_by_resource: BTreeMap<String, f64>,
+    /// WATCH requests made, by resource (the `+Inf` bucket of their latency histogram: the
+    /// histogram's SLOs leave watches out, but it counts them).
+    pub watch_requests: BTreeMap<String, f64>,
 }
 
 /// A sample line: its name, labels and value (floats, as the API server writes them).
@@ -142,6 +147,10 @@ impl Snapshot {
             match name {
                 "apiserver_request_duration_seconds_bucket" => {
                     let verb = labels.get("verb").copied().unwrap_or_default();
+                    if verb == "WATCH" && labels.get("le") == Some(&"+Inf") {
+                        let resource = labels.get("resource").copied().unwrap_or("");
+                        *s.watch_requests.entry(resource.to_string()).or_default() += value;
+                    }
                     if verb == "WATCH" || verb == "CONNECT" {
                         continue;
                     }
@@ -176,7 +185,13 @@ impl Snapshot {
                 }
                 "process_resident_memory_bytes" => s.rss_bytes = value,
                 "process_cpu_seconds_total" => s.cpu_secs = value,
-                "apiserver_terminated_watchers_total" => s.terminated_watchers += value,
+                "apiserver_terminated_watchers_total" => {
+                    s.terminated_watchers += value;
+                    let resource = labels.get("resource").copied().unwrap_or("");
+                    *s.terminated_by_resource
+                        .entry(resource.to_string())
+                        .or_default() += value;
+                }
                 _ => {}
             }
         }
@@ -202,8 +217,16 @@ impl Snapshot {
             .map(|(k, h)| (k.clone(), h.since(before.latency.get(k))))
             .filter(|(_, h)| h.count() > 0.0)
             .collect();
+        let delta = |now: &BTreeMap<String, f64>, was: &BTreeMap<String, f64>| {
+            now.iter()
+                .map(|(k, v)| (k.clone(), (v - was.get(k).copied().unwrap_or(0.0)).max(0.0)))
+                .filter(|(_, v)| *v > 0.0)
+                .collect()
+        };
         Phase {
             requests,
+            terminated: delta(&self.terminated_by_resource, &before.terminated_by_resource),
+            watch_requests: delta(&self.watch_requests, &before.watch_requests),
             watches: self.watches,
             rss_bytes: self.rss_bytes,
             cpu_secs: (self.cpu_secs - before.cpu_secs).max(0.0),
@@ -215,6 +238,10 @@ impl Snapshot {
 #[derive(Debug, Clone, Default)]
 pub struct Phase {
     pub requests: BTreeMap<Series, Histogram>,
+    /// Watches the server closed for falling behind, by resource.
+    pub terminated: BTreeMap<String, f64>,
+    /// WATCH requests made, by resource.
+    pub watch_requests: BTreeMap<String, f64>,
     pub watches: f64,
     pub rss_bytes: f64,
     pub cpu_secs: f64,
@@ -325,11 +352,25 @@ impl Phase {
             })
             .collect();
         let breaches = figures.iter().filter(|f| f.breach).count();
+        let ae = "activationendpoints";
+        let ae_lists: u64 = figures
+            .iter()
+            .filter(|f| f.verb == "LIST" && f.resource == ae)
+            .map(|f| f.count)
+            .sum();
+        let ae_watches = self.watch_requests.get(ae).copied().unwrap_or(0.0);
+        let forced: f64 = self.terminated.values().sum();
+        let forced_by: Vec<String> = self
+            .terminated
+            .iter()
+            .map(|(r, n)| format!("{r} {n:.0}"))
+            .collect();
         format!(
-            "API server requests {} ({}); {}; SLO breaches {breaches}; {:.0} watches open; RSS {:.0} MiB; {:.0} s CPU",
+            "API server requests {} ({}); {}; SLO breaches {breaches}; ActivationEndpoints LIST {ae_lists}, WATCH {ae_watches:.0}; forced watch closes {forced:.0}{}; {:.0} watches open; RSS {:.0} MiB; {:.0} s CPU",
             figures.iter().map(|f| f.count).sum::<u64>(),
             verbs.join(", "),
             worst.join("; "),
+            if forced_by.is_empty() { String::new() } else { format!(" ({})", forced_by.join(", ")) },
             self.watches,
             self.rss_bytes / (1024.0 * 1024.0),
             self.cpu_secs,
@@ -341,6 +382,8 @@ impl Phase {
             "by_verb": self.by_verb(),
             "series": self.figures(),
             "slo_breaches": self.figures().iter().filter(|f| f.breach).count(),
+            "forced_watch_closes": self.terminated,
+            "watch_requests": self.watch_requests,
             "watches_open": self.watches,
             "rss_mib": self.rss_bytes / (1024.0 * 1024.0),
             "cpu_s": self.cpu_secs,
@@ -426,6 +469,27 @@ apiserver_terminated_watchers_total{resource=\"pods\"} 5
         assert_eq!(s.rss_bytes, 104_857_600.0);
         assert_eq!(s.cpu_secs, 12.5);
         assert_eq!(s.terminated_watchers, 250.0, "summed over resources");
+        assert_eq!(
+            s.terminated_by_resource["activationendpoints.local-activator.dev"],
+            245.0
+        );
+        assert_eq!(s.watch_requests["pods"], 7.0, "the +Inf bucket of WATCH");
+    }
+
+    #[test]
+    fn a_phase_counts_forced_closes_and_watches_made_in_it_only() {
+        let before = Snapshot::parse(TEXT);
+        let later = TEXT
+            .replace("} 245\n", "} 250\n")
+            .replace("verb=\"WATCH\",version=\"v1\",le=\"+Inf\"} 7", "verb=\"WATCH\",version=\"v1\",le=\"+Inf\"} 9");
+        let p = Snapshot::parse(&later).since(&before);
+        assert_eq!(
+            p.terminated.get("activationendpoints.local-activator.dev"),
+            Some(&5.0)
+        );
+        assert!(!p.terminated.contains_key("pods"), "pods' closes did not grow");
+        assert_eq!(p.watch_requests.get("pods"), Some(&2.0));
+        assert!(p.line().contains("forced watch closes 5"), "{}", p.line());
     }
 
     #[test]

@@ -143,6 +143,9 @@ pub struct ClusterOptions {
     pub subsetter_write_qps: f64,
     /// The subsetter's reconciles at once (its `--concurrency`).
     pub subsetter_concurrency: u16,
+    /// Directory replicas in all: the subsetter's own, and this many less one beside it
+    /// (`--directory-only`, each with its own watch), every one named to the activators.
+    pub directory_replicas: usize,
     /// How long the subsetter keeps an activator lost on a Ready node as a member for its
     /// replacement (its `--replacement-hold-seconds`).
     pub subsetter_replacement_hold: Duration,
@@ -176,6 +179,7 @@ impl Default for ClusterOptions {
             real_activators: None,
             subsetter_write_qps: subsetter::Config::default().write_qps,
             subsetter_concurrency: subsetter::Config::default().concurrency,
+            directory_replicas: 1,
             subsetter_replacement_hold: subsetter::Config::default().replacement_hold,
         }
     }
@@ -213,8 +217,11 @@ pub struct SimCluster {
     subsetter: tokio::task::JoinHandle<()>,
     /// The in-process subsetter's metrics.
     subsetter_metrics: Arc<subsetter::metrics::Metrics>,
-    /// Where the in-process subsetter answers directory lookups (`crds::directory`).
-    directory: Option<SocketAddr>,
+    /// Where the in-process subsetter answers directory lookups (`crds::directory`), and
+    /// the replicas beside it after it.
+    directory: Vec<SocketAddr>,
+    /// The replicas beside the subsetter's own, which a scenario may kill.
+    replicas: std::sync::Mutex<Vec<crate::directory_replica::DirectoryReplica>>,
     /// The activators' `--members-from-directory`, for those started from now on.
     members_from_directory: std::sync::atomic::AtomicBool,
     /// Whether the subsetter watches every namespace: only then does it stream memberships
@@ -381,7 +388,8 @@ impl SimCluster {
             stop_subsetter: CancellationToken::new(),
             subsetter: tokio::spawn(async {}),
             subsetter_metrics: Arc::default(),
-            directory: None,
+            directory: Vec::new(),
+            replicas: Default::default(),
             members_from_directory: opts.members_from_directory.into(),
             members_streamed: opts.revision_namespace.is_none(),
             hop: activator::pipeline::hop::HopAuth::new(&format!(
@@ -418,7 +426,20 @@ impl SimCluster {
         )
         .await
         .map_err(|e| Error::Options(format!("binding the subsetter's directory: {e}")))?;
-        cluster.directory = Some(directory);
+        cluster.directory = vec![directory];
+        for _ in 1..opts.directory_replicas {
+            match crate::directory_replica::DirectoryReplica::start(&sub, DIRECTORY_IP.into()).await {
+                Ok(r) => {
+                    cluster.directory.push(r.addr);
+                    cluster.replicas.get_mut().unwrap_or_else(|e| e.into_inner()).push(r);
+                }
+                Err(e) => {
+                    directory_task.abort();
+                    cluster.shutdown().await;
+                    return Err(e);
+                }
+            }
+        }
         let started = match cluster.start_activators(&opts).await {
             // The subsetter plans a revision with the activators its own watch has shown: a
             // harness that creates revisions as soon as its watch sees them Ready would have
@@ -645,8 +666,9 @@ impl SimCluster {
         cfg.hop = self.hop.clone();
         // The sidecar shares the activator's pod, so its node's socket.
         cfg.node_agent = sim.agent_socket().map(std::path::Path::to_path_buf);
-        if let Some(d) = self.directory {
-            cfg.directory = activator::cache::directory::DirectorySource::Static(vec![d]);
+        if !self.directory.is_empty() {
+            cfg.directory =
+                activator::cache::directory::DirectorySource::Static(self.directory.clone());
         }
         cfg.members_from_directory = self
             .members_from_directory
@@ -833,6 +855,15 @@ impl SimCluster {
         out
     }
 
+    /// Kills the last directory replica beside the subsetter's own, as a pod killed; returns
+    /// the member labels of the nodes that were streaming from it (None: no such replica).
+    pub fn kill_directory_replica(&self) -> Option<Vec<String>> {
+        let replica = self.replicas.lock().unwrap_or_else(|e| e.into_inner()).pop()?;
+        let streaming = replica.streaming();
+        replica.kill();
+        Some(streaming)
+    }
+
     /// Whether activators started from now on take their memberships from the directory
     /// (`--members-from-directory`).
     pub fn set_members_from_directory(&self, on: bool) {
@@ -857,6 +888,7 @@ impl SimCluster {
     }
 
     pub async fn shutdown(mut self) {
+        self.replicas.get_mut().unwrap_or_else(|e| e.into_inner()).clear();
         self.stop_subsetter.cancel();
         let _ = (&mut self.subsetter).await;
         for a in std::mem::take(&mut self.activators) {

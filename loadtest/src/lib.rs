@@ -7,6 +7,7 @@ pub mod anatomy;
 pub mod apiserver_metrics;
 pub mod cluster;
 pub mod demo;
+pub mod directory_replica;
 pub mod driver;
 pub mod error;
 pub mod image_pull;

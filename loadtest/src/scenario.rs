@@ -191,6 +191,11 @@ pub struct Knobs {
     /// Revisions created per second in the steady creation (scale; default 20).
     #[arg(long)]
     pub steady_create_rate: Option<f64>,
+    /// Directory replicas (scale; default 1: the subsetter's own). With 2 or more and
+    /// stand-ins, one beside the subsetter's is killed halfway through the bulk creation,
+    /// and the activators that streamed from it are timed to their next stream.
+    #[arg(long)]
+    pub directory_replicas: Option<usize>,
     /// The `activator` binary to run one node's activator as its own process, for its memory
     /// idle and with its subsets (scale, on the embedded cluster; default: the one beside
     /// this program, if any).
@@ -268,6 +273,7 @@ impl Knobs {
             rollout_compare,
             steady_creates,
             steady_create_rate,
+            directory_replicas,
             activator_binary,
             routing,
             ingress,

@@ -7,6 +7,10 @@
 //! watch when it has one, and a Revision read
 //! for every subset the node joins (`node::warm`, which this follows with no pool).
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
 use kube::Client;
 use tokio_util::sync::CancellationToken;
 
@@ -17,6 +21,10 @@ use crate::cache::pods::PodCache;
 use crate::cache::revisions::RevisionCache;
 use crate::config::ActivatorConfig;
 use crate::node::read_ahead::ReadAhead;
+use crate::ops::metrics::DirectoryCounters;
+
+/// When each membership (namespace, revision) first reached this node's caches.
+type Joined = Arc<Mutex<HashMap<(String, String), Instant>>>;
 
 /// The API reads of one node's activator, stopped when dropped.
 pub struct WatchOnly {
@@ -24,6 +32,8 @@ pub struct WatchOnly {
     pods: PodCache,
     revisions: RevisionCache,
     _directory: Option<Directory>,
+    counters: DirectoryCounters,
+    joined: Joined,
     stop: CancellationToken,
 }
 
@@ -32,8 +42,9 @@ impl WatchOnly {
     /// [`super::Activator::start`] does ([`Watches::start`]).
     pub fn start(cfg: &ActivatorConfig, client: Client) -> Self {
         let stop = CancellationToken::new();
+        let counters = DirectoryCounters::default();
         let (watches, mut member_of) =
-            Watches::start(cfg, &client, &stop, Default::default(), None);
+            Watches::start(cfg, &client, &stop, counters.clone(), None);
         let Watches {
             revisions,
             endpoints,
@@ -44,6 +55,8 @@ impl WatchOnly {
         // without the pools a minScale share would start.
         let mut ahead = ReadAhead::new(revisions.clone(), cfg.read_ahead, None, None);
         let done = stop.child_token();
+        let joined = Joined::default();
+        let first_seen = Arc::clone(&joined);
         tokio::spawn(async move {
             loop {
                 let event = tokio::select! {
@@ -54,7 +67,14 @@ impl WatchOnly {
                 match event {
                     MemberEvent::Member {
                         key, of, listed, ..
-                    } => ahead.member(key, of, listed),
+                    } => {
+                        first_seen
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .entry((key.namespace.clone(), key.name.clone()))
+                            .or_insert_with(Instant::now);
+                        ahead.member(key, of, listed)
+                    }
                     MemberEvent::Left(key) => ahead.left(key),
                 }
             }
@@ -64,6 +84,8 @@ impl WatchOnly {
             pods,
             revisions,
             _directory: directory,
+            counters,
+            joined,
             stop,
         }
     }
@@ -72,6 +94,25 @@ impl WatchOnly {
     pub async fn synced(&self) {
         self.endpoints.synced().await;
         self.pods.synced().await;
+    }
+
+    /// Membership streams opened so far (a first one, resumes, reconnects).
+    pub fn streams_opened(&self) -> u64 {
+        self.counters.opened.get()
+    }
+
+    /// Times the API server's member-label watch took over from the streams.
+    pub fn member_fallbacks(&self) -> u64 {
+        self.counters.fallbacks.get()
+    }
+
+    /// When a subset first listed this node for `namespace`/`revision`, as its caches saw it.
+    pub fn joined_at(&self, namespace: &str, revision: &str) -> Option<Instant> {
+        self.joined
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&(namespace.to_string(), revision.to_string()))
+            .copied()
     }
 
     /// (subsets listing this node, Revisions read for them, pods on the node) held now.

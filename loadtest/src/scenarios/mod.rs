@@ -11,6 +11,7 @@ pub mod floor;
 pub mod idle;
 pub mod maxscale;
 pub mod node_failure;
+pub mod replica_kill;
 pub mod scale;
 pub mod scale_control_plane;
 pub mod steady;

@@ -207,6 +207,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
             // activator's memberships whole, as the rollout's do.
             o.revision_namespace = None;
             o.members_from_directory = from_directory;
+            o.directory_replicas = k.directory_replicas.unwrap_or(1).max(1);
         },
         async |cluster, ns| {
             let nodes: Vec<String> = cluster.fleet.nodes().map(|n| n.name().to_string()).collect();
@@ -251,7 +252,35 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
             ctx.step(format!("creating {} revisions; the subsetter assigns them", names.len()));
             let requests_start = cluster.api_requests_by_component();
             let cpu_cluster = cpu_secs();
-            let creation = create_revisions_timed(cluster, ns, &names, |_| {}).await?;
+            // With a second directory replica, one is killed halfway through the creates.
+            let kill_at = (k.directory_replicas.unwrap_or(1) > 1 && !stand_ins.is_empty())
+                .then_some(names.len() / 2);
+            let started = std::sync::atomic::AtomicUsize::new(0);
+            let half = tokio::sync::Notify::new();
+            let (creation, replica_kill) = tokio::join!(
+                async {
+                    let c = create_revisions_timed(cluster, ns, &names, |_| {
+                        let i = started.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if Some(i) == kill_at {
+                            half.notify_one();
+                        }
+                    })
+                    .await;
+                    // A creation that failed early must not leave the kill waiting.
+                    half.notify_one();
+                    c
+                },
+                async {
+                    kill_at?;
+                    half.notified().await;
+                    ctx.step("killing a directory replica");
+                    super::replica_kill::run(cluster, &stand_ins, Duration::from_secs(120)).await
+                }
+            );
+            let creation = creation?;
+            if let Some(r) = &replica_kill {
+                ctx.note(&r.text());
+            }
             let assign = creation.assigned;
             // The goal is about what is left once the creates end: the subsetter assigns
             // while they run.
@@ -278,7 +307,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                     let rate = k.steady_create_rate.unwrap_or(20.0).max(0.01);
                     ctx.step(format!("creating {count} more revisions at {rate}/s"));
                     let names = steady_creation::names(count);
-                    let s = steady_creation::run(
+                    let mut s = steady_creation::run(
                         cluster,
                         ns,
                         &names,
@@ -288,6 +317,18 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                         &ctx.cancel,
                     )
                     .await;
+                    if !stand_ins.is_empty() {
+                        s.applied_ms = Some(
+                            steady_creation::applied_on_nodes(
+                                &s,
+                                ns,
+                                &members,
+                                &stand_ins,
+                                Duration::from_secs(30),
+                            )
+                            .await,
+                        );
+                    }
                     if let Some(cp) = &mut cp {
                         cp.phase("steady creation", ctx).await;
                     }
@@ -355,7 +396,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                 .filter(|n| m.get(*n).is_some_and(|s| !s.is_empty()))
                 .count();
             let entries = cluster.entries();
-            let sender = Sender::new(ns, false);
+            let sender = Sender::new(ns, k.by_host()?);
             let mut samples: Vec<Sample> = Vec::new();
             ctx.step(format!("waking {} active revisions", active.len()));
             for (rev, node) in &active {
@@ -758,6 +799,10 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                 control.push_str(&s.text());
                 control.push('\n');
             }
+            if let Some(r) = &replica_kill {
+                control.push_str(&r.text());
+                control.push('\n');
+            }
             let mut api_server_mib = serde_json::Value::Null;
             if let Some(cp) = &cp {
                 control.push_str(&cp.text());
@@ -821,6 +866,7 @@ pub async fn run(ctx: &Ctx) -> Result<Report, Error> {
                     })),
                     "rollout": rollout.as_ref().map(|r| rollout_json(r, stand_in_counts.len(), replacement_hold)),
                     "steady_creation": steady_creation,
+                    "replica_kill": replica_kill,
                     "rollout_listed": rollout_listed.as_ref().map(|r| rollout_json(r, stand_in_counts.len(), replacement_hold)),
                     "control_plane": cp.as_ref().map(|c| c.json()),
                     "api_server_product_mib": api_server_mib,

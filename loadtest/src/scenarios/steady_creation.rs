@@ -37,6 +37,12 @@ pub struct SteadyCreation {
     pub unassigned: usize,
     /// From the first create to the last assignment seen (or the limit).
     pub took_s: f64,
+    /// From each create's answer until each member node's activator held the membership
+    /// ([`applied_on_nodes`]; None: not measured, no stand-ins).
+    pub applied_ms: Option<Latency>,
+    /// When each create was answered (by name): where the applied-on-its-node times start.
+    #[serde(skip)]
+    pub answered: HashMap<String, Instant>,
 }
 
 impl SteadyCreation {
@@ -48,10 +54,21 @@ impl SteadyCreation {
                 "failed".into()
             }
         };
+        let applied = self.applied_ms.map_or(String::new(), |a| {
+            format!(
+                "; applied on its member nodes after the create ({} memberships) p50 {} / p99 {} \
+                 / max {} ms ({} never held)",
+                a.count,
+                ms(a.p50),
+                ms(a.p99),
+                ms(a.max),
+                a.failed
+            )
+        });
         format!(
             "steady creation: {} revisions at {:.1}/s in {:.1} s; create p50 {} / p99 {} ms \
              ({} failed); assigned after its create p50 {} / p99 {} / max {} ms ({} not assigned \
-             within the limit)",
+             within the limit){applied}",
             self.count,
             self.rate,
             self.took_s,
@@ -171,5 +188,55 @@ pub async fn run(
         failed: run.errors(),
         unassigned,
         took_s: took.as_secs_f64(),
+        applied_ms: None,
+        answered: answered
+            .into_iter()
+            .filter_map(|(i, t)| Some((names.get(i)?.clone(), t)))
+            .collect(),
     }
+}
+
+/// From each create's answer until every member node's activator (a stand-in) held the
+/// membership: a change applied on its node, the stream's or watch's delay included with the
+/// subsetter's. Members with no stand-in (a real activator, the separate process) are left
+/// out; a membership a stand-in does not hold within `limit` ranks last, as failed. (Held
+/// times are stamped as each stand-in's events arrive; the wait only decides when to stop.)
+pub async fn applied_on_nodes(
+    s: &SteadyCreation,
+    namespace: &str,
+    members: &MemberWatch,
+    stand_ins: &[(String, activator::WatchOnly)],
+    limit: Duration,
+) -> Latency {
+    let by_node: HashMap<&str, &activator::WatchOnly> =
+        stand_ins.iter().map(|(n, w)| (n.as_str(), w)).collect();
+    let now = members.members();
+    let due: Vec<(&Instant, &activator::WatchOnly, &String)> = s
+        .answered
+        .iter()
+        .flat_map(|(name, answered)| {
+            now.get(name)
+                .into_iter()
+                .flatten()
+                .filter_map(|node| by_node.get(node.as_str()))
+                .map(move |w| (answered, *w, name))
+        })
+        .collect();
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline
+        && due
+            .iter()
+            .any(|(_, w, name)| w.joined_at(namespace, name).is_none())
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Latency::of_fates(due.iter().map(|(answered, w, name)| {
+        match w.joined_at(namespace, name) {
+            Some(t) => (
+                t.saturating_duration_since(**answered),
+                crate::open_loop::Fate::Answered,
+            ),
+            None => (Duration::ZERO, crate::open_loop::Fate::Failed),
+        }
+    }))
 }

@@ -64,8 +64,15 @@ where
     let bound = listener.local_addr()?;
     let respond = Arc::new(respond);
     let task = tokio::spawn(async move {
+        // The connections belong to this task: aborting it (a replica stopping) ends them,
+        // streams included, as a process exiting would; finished ones are reaped as we go.
+        let mut connections = tokio::task::JoinSet::new();
         loop {
-            let (stream, peer) = match listener.accept().await {
+            let accepted = tokio::select! {
+                a = listener.accept() => a,
+                Some(_) = connections.join_next() => continue,
+            };
+            let (stream, peer) = match accepted {
                 Ok(a) => a,
                 Err(e) => {
                     tracing::warn!(error = %e, "{what} accept failed");
@@ -78,7 +85,7 @@ where
                 let r = respond(req, peer);
                 async move { Ok::<_, Infallible>(r.await) }
             });
-            tokio::spawn(async move {
+            connections.spawn(async move {
                 let _ = auto::Builder::new(TokioExecutor::new())
                     .serve_connection(TokioIo::new(stream), svc)
                     .await;
@@ -132,5 +139,34 @@ mod tests {
             StatusCode::SERVICE_UNAVAILABLE
         );
         assert_eq!(answer("/readyz", &m, true).status(), StatusCode::OK);
+    }
+}
+
+#[cfg(test)]
+mod stopping {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A replica stopping must end the connections it holds, not only its listener: an
+    /// activator's kept-alive connection (its membership stream's) would otherwise go on
+    /// being answered by a replica that is gone.
+    #[tokio::test]
+    async fn aborting_the_task_closes_the_connections_it_accepted() {
+        let (addr, task) = serve_plain("test", "127.0.0.1:0".parse().unwrap(), |_| {
+            Response::new(Full::new(Bytes::from_static(b"ok")))
+        })
+        .await
+        .unwrap();
+        let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+        conn.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = vec![0u8; 1024];
+        let n = conn.read(&mut buf).await.unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "answered while serving");
+        task.abort();
+        // Kept alive until now; the abort ends it: end of file, or a reset.
+        let end = conn.read(&mut buf).await;
+        assert!(matches!(end, Ok(0) | Err(_)), "still open: {end:?}");
     }
 }

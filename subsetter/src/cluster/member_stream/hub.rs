@@ -77,6 +77,11 @@ impl MemberHub {
         self.subs.locked().values().map(Vec::len).sum()
     }
 
+    /// The member labels of the nodes with a stream open here now.
+    pub fn labels(&self) -> Vec<String> {
+        self.subs.locked().keys().map(|l| l.to_string()).collect()
+    }
+
     /// A new stream of the node whose member label is `label`. Taken before its first state is
     /// read, so no change made after that read is missed.
     pub fn subscribe(self: &Arc<Self>, label: &str) -> Subscription {
@@ -267,6 +272,9 @@ mod tests {
         assert!(s3.rx.try_recv().is_err(), "not concerned");
         drop(s3);
         assert_eq!(hub.streams(), 2);
+        let mut labels = hub.labels();
+        labels.sort();
+        assert_eq!(labels, ["m/1", "m/2"], "a stream gone leaves the labels");
         hub.hosts_changed(6, vec!["h/x".into()]);
         assert!(
             s1.rx
