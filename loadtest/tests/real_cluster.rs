@@ -847,7 +847,29 @@ async fn a_directory_replica_killed_under_warm_traffic_loses_nothing() {
     let lp = ListParams::default().labels("app.kubernetes.io/component=subsetter");
     let replicas = pods.list(&lp).await.unwrap().items;
     assert!(replicas.len() >= 2, "two directory replicas to kill one of");
-    let victim = replicas[0].name_any();
+    // Each activator streams from a replica it drew at random (and draws again at its
+    // stream's maximum age): the victim is the replica holding the most streams now, so
+    // that some activator must resume (with 3 activators on 2 replicas, one holds all of
+    // them an eighth of the time).
+    let mut held = Vec::new();
+    for p in &replicas {
+        let ip = p.status.as_ref().and_then(|s| s.pod_ip.as_deref());
+        let streams = match ip.and_then(|ip| ip.parse::<std::net::IpAddr>().ok()) {
+            Some(ip) => loadtest::activator_metrics::fetch(SocketAddr::new(ip, 9091), "/metrics")
+                .await
+                .map_or(0, |text| {
+                    loadtest::activator_metrics::parse(&text, "subsetter_member_streams")
+                        .into_iter()
+                        .map(|(_, v)| v)
+                        .sum::<u64>()
+                }),
+            None => 0,
+        };
+        held.push((streams, p.name_any()));
+    }
+    held.sort();
+    eprintln!("membership streams by replica: {held:?}");
+    let victim = held.last().expect("replicas").1.clone();
     pods.delete(&victim, &DeleteParams::default().grace_period(0))
         .await
         .unwrap();
@@ -1687,8 +1709,10 @@ async fn control_plane_outage(test: &str, component: &'static str, outage: Durat
             None
         })
     };
-    // The kubelets' back-off (above) can hold a new pod for up to a minute after an outage.
-    let within = Duration::from_secs(90);
+    // The kubelets' back-off (above) can hold a new pod for a minute or more after an
+    // outage (seen: 50-96 s): the product is held to the kubelets' own figure below, and
+    // this is only where waiting stops.
+    let within = Duration::from_secs(150);
     let served = join_all(acts.iter().map(|(node, a)| {
         let env = &env;
         async move {
@@ -1723,25 +1747,8 @@ async fn control_plane_outage(test: &str, component: &'static str, outage: Durat
         }
     }))
     .await;
-    for (node, after, tries, last) in &served {
-        match after {
-            Some(d) => eprintln!(
-                "new revision served via {node} {} ms after it was created, {} ms after \
-                 {component} was back ({tries} tries)",
-                d.as_millis(),
-                (*d + t_created.duration_since(t_up)).as_millis()
-            ),
-            None => {
-                eprintln!(
-                    "new revision NOT served via {node} within 90 s ({tries} tries), last {last:?}"
-                );
-                problems.push(format!(
-                    "'after' not served via {node} within 90 s: {last:?}"
-                ));
-            }
-        }
-    }
-    for (node, d) in kubelets.await.expect("the kubelet measurement ends") {
+    let kubelets = kubelets.await.expect("the kubelet measurement ends");
+    for (node, d) in &kubelets {
         match d {
             Some(d) => eprintln!(
                 "kubelet on {node}: a pod created once {component} was back got its first \
@@ -1749,6 +1756,44 @@ async fn control_plane_outage(test: &str, component: &'static str, outage: Durat
                 d.as_millis()
             ),
             None => eprintln!("kubelet on {node}: never wrote a new pod's status"),
+        }
+    }
+    // A new revision's pod cannot run before its node's kubelet watches pods again: the
+    // product is allowed 30 s beyond the slowest kubelet's own figure (a bare pod bound to
+    // its node), never less than the 90 s it was held to before.
+    let slowest_kubelet = kubelets.iter().filter_map(|(_, d)| *d).max();
+    let allowed = slowest_kubelet
+        .map_or(within, |k| k + Duration::from_secs(30))
+        .clamp(Duration::from_secs(90), within);
+    for (node, after, tries, last) in &served {
+        match after {
+            Some(d) => {
+                eprintln!(
+                    "new revision served via {node} {} ms after it was created, {} ms after \
+                     {component} was back ({tries} tries)",
+                    d.as_millis(),
+                    (*d + t_created.duration_since(t_up)).as_millis()
+                );
+                if *d > allowed {
+                    problems.push(format!(
+                        "'after' served via {node} {} ms after its create: more than {} ms \
+                         (the slowest kubelet's {:?} + 30 s)",
+                        d.as_millis(),
+                        allowed.as_millis(),
+                        slowest_kubelet
+                    ));
+                }
+            }
+            None => {
+                eprintln!(
+                    "new revision NOT served via {node} within {} s ({tries} tries), last {last:?}",
+                    within.as_secs()
+                );
+                problems.push(format!(
+                    "'after' not served via {node} within {} s: {last:?}",
+                    within.as_secs()
+                ));
+            }
         }
     }
     match assigned.await.expect("the subset measurement ends") {
