@@ -359,7 +359,8 @@ impl Phase {
             .map(|f| f.count)
             .sum();
         let ae_watches = self.watch_requests.get(ae).copied().unwrap_or(0.0);
-        let forced: f64 = self.terminated.values().sum();
+        // Folded from +0: an empty f64 sum is -0, printed "-0".
+        let forced = self.terminated.values().fold(0.0, |a, b| a + b);
         let forced_by: Vec<String> = self
             .terminated
             .iter()
@@ -370,7 +371,11 @@ impl Phase {
             figures.iter().map(|f| f.count).sum::<u64>(),
             verbs.join(", "),
             worst.join("; "),
-            if forced_by.is_empty() { String::new() } else { format!(" ({})", forced_by.join(", ")) },
+            if forced_by.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", forced_by.join(", "))
+            },
             self.watches,
             self.rss_bytes / (1024.0 * 1024.0),
             self.cpu_secs,
@@ -479,17 +484,27 @@ apiserver_terminated_watchers_total{resource=\"pods\"} 5
     #[test]
     fn a_phase_counts_forced_closes_and_watches_made_in_it_only() {
         let before = Snapshot::parse(TEXT);
-        let later = TEXT
-            .replace("} 245\n", "} 250\n")
-            .replace("verb=\"WATCH\",version=\"v1\",le=\"+Inf\"} 7", "verb=\"WATCH\",version=\"v1\",le=\"+Inf\"} 9");
+        let later = TEXT.replace("} 245\n", "} 250\n").replace(
+            "verb=\"WATCH\",version=\"v1\",le=\"+Inf\"} 7",
+            "verb=\"WATCH\",version=\"v1\",le=\"+Inf\"} 9",
+        );
         let p = Snapshot::parse(&later).since(&before);
         assert_eq!(
             p.terminated.get("activationendpoints.local-activator.dev"),
             Some(&5.0)
         );
-        assert!(!p.terminated.contains_key("pods"), "pods' closes did not grow");
+        assert!(
+            !p.terminated.contains_key("pods"),
+            "pods' closes did not grow"
+        );
         assert_eq!(p.watch_requests.get("pods"), Some(&2.0));
         assert!(p.line().contains("forced watch closes 5"), "{}", p.line());
+        let quiet = Snapshot::parse(TEXT).since(&before);
+        assert!(
+            quiet.line().contains("forced watch closes 0;"),
+            "{}",
+            quiet.line()
+        );
     }
 
     #[test]

@@ -428,10 +428,15 @@ impl SimCluster {
         .map_err(|e| Error::Options(format!("binding the subsetter's directory: {e}")))?;
         cluster.directory = vec![directory];
         for _ in 1..opts.directory_replicas {
-            match crate::directory_replica::DirectoryReplica::start(&sub, DIRECTORY_IP.into()).await {
+            match crate::directory_replica::DirectoryReplica::start(&sub, DIRECTORY_IP.into()).await
+            {
                 Ok(r) => {
                     cluster.directory.push(r.addr);
-                    cluster.replicas.get_mut().unwrap_or_else(|e| e.into_inner()).push(r);
+                    cluster
+                        .replicas
+                        .get_mut()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(r);
                 }
                 Err(e) => {
                     directory_task.abort();
@@ -858,7 +863,11 @@ impl SimCluster {
     /// Kills the last directory replica beside the subsetter's own, as a pod killed; returns
     /// the member labels of the nodes that were streaming from it (None: no such replica).
     pub fn kill_directory_replica(&self) -> Option<Vec<String>> {
-        let replica = self.replicas.lock().unwrap_or_else(|e| e.into_inner()).pop()?;
+        let replica = self
+            .replicas
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()?;
         let streaming = replica.streaming();
         replica.kill();
         Some(streaming)
@@ -888,7 +897,10 @@ impl SimCluster {
     }
 
     pub async fn shutdown(mut self) {
-        self.replicas.get_mut().unwrap_or_else(|e| e.into_inner()).clear();
+        self.replicas
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
         self.stop_subsetter.cancel();
         let _ = (&mut self.subsetter).await;
         for a in std::mem::take(&mut self.activators) {

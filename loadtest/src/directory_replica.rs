@@ -19,10 +19,9 @@ impl DirectoryReplica {
     /// Starts `sub`'s caches afresh and serves them on `ip` (any port).
     pub async fn start(sub: &subsetter::Subsetter, ip: std::net::IpAddr) -> Result<Self, Error> {
         let caches = Arc::new(sub.start_caches());
-        let (addr, task) =
-            subsetter::directory::serve(SocketAddr::new(ip, 0), Arc::clone(&caches))
-                .await
-                .map_err(|e| Error::Options(format!("binding a directory replica: {e}")))?;
+        let (addr, task) = subsetter::directory::serve(SocketAddr::new(ip, 0), Arc::clone(&caches))
+            .await
+            .map_err(|e| Error::Options(format!("binding a directory replica: {e}")))?;
         Ok(Self { addr, caches, task })
     }
 

@@ -103,6 +103,16 @@ pub struct Latency {
     pub max: f64,
 }
 
+/// A percentile of a [`Latency`] in whole milliseconds, or `failed` where it falls among the
+/// requests that never got an answer (ranked last, infinite).
+pub fn whole_ms(v: f64) -> String {
+    if v.is_finite() {
+        format!("{v:.0}")
+    } else {
+        "failed".into()
+    }
+}
+
 impl Latency {
     /// Of plain samples, all answered.
     pub fn of(samples: impl IntoIterator<Item = Duration>) -> Self {

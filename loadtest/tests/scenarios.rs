@@ -356,10 +356,29 @@ async fn scale_stands_in_for_every_activator_and_rolls_them() {
             // Long enough for a wave's pods to be replaced on 20 simulated nodes; the
             // activator that leaves waits it out.
             replacement_hold_secs: Some(10.0),
+            // A second directory replica, killed halfway through the creates: the stand-ins
+            // that streamed from it resume on the subsetter's own.
+            directory_replicas: Some(2),
+            steady_creates: Some(10),
+            steady_create_rate: Some(20.0),
             ..Knobs::default()
         },
     )
     .await;
+    let kill = &f["replica_kill"];
+    let streaming = num(kill, "streaming");
+    assert_eq!(
+        num(&kill["resumed_ms"], "count"),
+        streaming,
+        "{}",
+        report.text
+    );
+    assert_eq!(num(&kill["resumed_ms"], "failed"), 0.0, "{}", report.text);
+    assert_eq!(num(kill, "fallbacks"), 0.0, "{}", report.text);
+    // Every steady revision's membership reached its members' stand-ins.
+    let applied = &f["steady_creation"]["applied_ms"];
+    assert!(num(applied, "count") >= 10.0, "{}", report.text);
+    assert_eq!(num(applied, "failed"), 0.0, "{}", report.text);
     let s = &f["stand_ins"];
     assert_eq!(num(s, "nodes"), 20.0, "{}", report.text);
     // 100 revisions × 3 members over 20 nodes: each stand-in holds its node's subsets and has

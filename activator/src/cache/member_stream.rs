@@ -307,7 +307,10 @@ impl Machine {
         let (proof, max_age) = (self.source.proof.clone(), self.source.tuning.max_age);
         let opened = connect(addr, path, proof, max_age);
         match tokio::time::timeout(limit, opened).await {
-            Ok(Ok(r)) => Ok(r),
+            Ok(Ok(r)) => {
+                debug!(replica = %addr, version = ?self.version, "membership stream opened");
+                Ok(r)
+            }
             Ok(Err(e)) => {
                 self.last_failed = Some(addr);
                 Err(format!("{addr}: {e}"))

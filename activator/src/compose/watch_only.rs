@@ -43,8 +43,7 @@ impl WatchOnly {
     pub fn start(cfg: &ActivatorConfig, client: Client) -> Self {
         let stop = CancellationToken::new();
         let counters = DirectoryCounters::default();
-        let (watches, mut member_of) =
-            Watches::start(cfg, &client, &stop, counters.clone(), None);
+        let (watches, mut member_of) = Watches::start(cfg, &client, &stop, counters.clone(), None);
         let Watches {
             revisions,
             endpoints,

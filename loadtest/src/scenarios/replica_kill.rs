@@ -24,13 +24,7 @@ pub struct ReplicaKill {
 
 impl ReplicaKill {
     pub fn text(&self) -> String {
-        let ms = |v: f64| {
-            if v.is_finite() {
-                format!("{v:.0}")
-            } else {
-                "failed".into()
-            }
-        };
+        let ms = crate::open_loop::whole_ms;
         format!(
             "a directory replica killed halfway through the creation: {} activators streamed \
              from it; each on another stream after p50 {} / p99 {} / max {} ms ({} not within \

@@ -47,13 +47,7 @@ pub struct SteadyCreation {
 
 impl SteadyCreation {
     pub fn text(&self) -> String {
-        let ms = |v: f64| {
-            if v.is_finite() {
-                format!("{v:.0}")
-            } else {
-                "failed".into()
-            }
-        };
+        let ms = crate::open_loop::whole_ms;
         let applied = self.applied_ms.map_or(String::new(), |a| {
             format!(
                 "; applied on its member nodes after the create ({} memberships) p50 {} / p99 {} \
@@ -230,13 +224,14 @@ pub async fn applied_on_nodes(
     {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    Latency::of_fates(due.iter().map(|(answered, w, name)| {
-        match w.joined_at(namespace, name) {
-            Some(t) => (
-                t.saturating_duration_since(**answered),
-                crate::open_loop::Fate::Answered,
-            ),
-            None => (Duration::ZERO, crate::open_loop::Fate::Failed),
-        }
-    }))
+    Latency::of_fates(
+        due.iter()
+            .map(|(answered, w, name)| match w.joined_at(namespace, name) {
+                Some(t) => (
+                    t.saturating_duration_since(**answered),
+                    crate::open_loop::Fate::Answered,
+                ),
+                None => (Duration::ZERO, crate::open_loop::Fate::Failed),
+            }),
+    )
 }
