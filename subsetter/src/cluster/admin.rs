@@ -163,7 +163,10 @@ mod stopping {
             .unwrap();
         let mut buf = vec![0u8; 1024];
         let n = conn.read(&mut buf).await.unwrap();
-        assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "answered while serving");
+        assert!(
+            buf[..n].starts_with(b"HTTP/1.1 200"),
+            "answered while serving"
+        );
         task.abort();
         // Kept alive until now; the abort ends it: end of file, or a reset.
         let end = conn.read(&mut buf).await;
