@@ -187,14 +187,12 @@ fn the_overlays_change_what_they_say() {
             .unwrap()
             .contains(&"--policy=least-loaded".into())
     );
-    // A large cluster's ingress names revisions: Host routing off there only.
+    // Host routing on everywhere: a large cluster resolves Hosts from the directory, not by
+    // a label-selected list each (docs/member-stream.md).
     let activator_args = |docs: &[Value]| {
         render::first_container(render::find(docs, "DaemonSet", "activator"))["args"].clone()
     };
-    assert_eq!(
-        activator_args(&large),
-        serde_json::json!(["--host-routing=false"])
-    );
+    assert_eq!(activator_args(&large), serde_json::json!([]));
     assert_eq!(activator_args(&small), serde_json::json!([]));
 }
 
