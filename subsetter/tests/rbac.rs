@@ -95,6 +95,15 @@ const NOT_TRIGGERED: &[(&str, &str, &str, &str, &str)] = &[
     ),
     (
         SUBSETTER,
+        "local-activator.dev",
+        "activationendpoints",
+        "get",
+        "the subsetter reads a subset back by name when its create answered 409 AlreadyExists \
+         (an earlier create landed but its answer was lost, or its watch had not shown it yet), \
+         to take it over; seen once in a CI run of this test, not in most",
+    ),
+    (
+        SUBSETTER,
         "events.k8s.io",
         "events",
         "patch",
